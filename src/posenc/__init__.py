@@ -1,0 +1,51 @@
+"""posenc: Transformer position encodings behind one attention interface.
+
+Shape notation used in every docstring and reshape comment:
+
+====  ==========================================================
+B     batch size
+L     sequence length (``Lq`` queries, ``Lk`` keys)
+D     model width
+H     attention heads
+Dh    head dimension (``D / H`` unless given)
+i, j  query index / position, key index / position
+R     number of relative distances in a table
+====  ==========================================================
+
+Where position enters attention, for one head (see :mod:`posenc.base`)::
+
+    x_i ──[input: embed]──► h_i ──W_Q──► q_i ──[q/k: rotate]──► q̃_i
+    s_ij = scale·(q̃_i·k̃_j + score_terms_ij) + bias_ij + mask_ij
+    o_i  = Σ_j softmax_j(s)_ij · v_j + value_term_i
+
+Public names::
+
+    posenc.available()                 # registered encodings
+    posenc.build(name, heads=, head_dim=, max_len=None, causal=True, **options)
+    posenc.register                    # class decorator for new encodings
+    posenc.PositionEncoding, posenc.Stage
+    posenc.Attention(dim, heads, encoding="rope", causal=True, **options)
+    posenc.TransformerLM(vocab_size, dim, depth, heads, encoding="alibi", max_len=128)
+"""
+
+from .attention import BACKENDS, Attention, KVCache, select_backend, supported_backends
+from .base import PositionEncoding, Stage, available, build, get_class, register
+from .model import ModelCache, TransformerLM
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Attention",
+    "BACKENDS",
+    "KVCache",
+    "ModelCache",
+    "PositionEncoding",
+    "Stage",
+    "TransformerLM",
+    "available",
+    "build",
+    "get_class",
+    "register",
+    "select_backend",
+    "supported_backends",
+]

@@ -1,0 +1,380 @@
+"""One multi-head attention layer for every position encoding, with a KV cache.
+
+The layer projects ``x`` to ``q, k, v``, calls the stages its encoding declares, and
+dispatches to the fastest backend that can run them:
+
+============  ======================================  =====================================
+backend       runs                                    how
+============  ======================================  =====================================
+``sdpa``      input and q/k stages only               ``F.scaled_dot_product_attention``
+                                                      (flash / memory-efficient kernels)
+``flex``      + scalar ``bias`` with a ``score_mod``   FlexAttention, no L×L tensor
+                                                      (compiled on CUDA; CPU: forward only)
+``dense``     + scalar ``bias``                       SDPA with the bias as a float mask
+``relative``  every stage                             per-distance logits gathered into
+                                                      place, chunked over queries (memory
+                                                      O(chunk·Lk + L·Dh), never L²·Dh)
+``eager``     every stage                             everything materialised at once, in
+                                                      float32: the oracle
+============  ======================================  =====================================
+
+``backend="auto"`` picks ``sdpa`` when it can, then ``flex`` on CUDA (``dense`` on CPU,
+where FlexAttention has no backward), then ``relative``. Tests force each backend and
+compare it with ``eager``.
+
+Masks are by *index*, not by position: query ``t`` of a call made with ``c`` tokens in
+the cache sees keys ``0 .. c + t``. Positions only feed the encoding, so left padding,
+shifted or randomized positions change nothing in the masking.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from .base import PositionEncoding, Stage, as_positions, build
+
+__all__ = ["Attention", "KVCache", "BACKENDS", "select_backend", "supported_backends"]
+
+BACKENDS = ("auto", "sdpa", "flex", "dense", "relative", "eager")
+
+_compiled_flex = None
+
+
+def _flex_attention(device_type: str):
+    """FlexAttention: compiled on CUDA (fused kernel); the eager reference elsewhere."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    global _compiled_flex
+    if device_type != "cuda":
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def supported_backends(enc: PositionEncoding) -> list[str]:
+    """Backends able to run ``enc`` (every one of them equals ``eager``)."""
+    st = enc.stages
+    out = []
+    if not st & (Stage.BIAS | Stage.TERMS | Stage.VALUE) and not enc.rotates_value:
+        out.append("sdpa")
+    if not st & (Stage.TERMS | Stage.VALUE) and not enc.rotates_value:
+        if st & Stage.BIAS:
+            out.append("flex")
+        out.append("dense")
+    return out + ["relative", "eager"]
+
+
+def select_backend(enc: PositionEncoding, device_type: str, needs_grad: bool) -> str:
+    """The backend ``auto`` picks for ``enc`` on ``device_type``.
+
+    FlexAttention is chosen on CUDA only: on CPU it has no backward, and its compiled
+    forward costs a long compile for each new shape.
+    """
+    ok = supported_backends(enc)
+    if "sdpa" in ok:
+        return "sdpa"
+    if "flex" in ok and enc.has_score_mod and device_type == "cuda":
+        return "flex"
+    if "dense" in ok:
+        return "dense"
+    return "relative"
+
+
+class KVCache(nn.Module):
+    """Keys, values and key positions of past tokens for one attention layer.
+
+    Shapes: ``k, v``: ``(B, H, Lmax, Dh)``; ``pos``: ``(B, Lmax)``. The keys are stored
+    after ``rotate`` unless the encoding sets ``cache_raw_keys`` (then before, and the
+    whole cache is rotated again at each step).
+    """
+
+    def __init__(self, batch_size: int, max_len: int, heads: int, head_dim: int, *, dtype=None, device=None):
+        super().__init__()
+        if batch_size < 1 or max_len < 1:
+            raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
+        shape = (batch_size, heads, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer(
+            "pos", torch.zeros(batch_size, max_len, dtype=torch.long, device=device), persistent=False
+        )
+        self.length = 0
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def update(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Append ``k, v`` ``(B, H, L, Dh)`` at ``pos`` ``(B|1, L)``; return all cached so far."""
+        B, _, L, _ = k.shape
+        start, end = self.length, self.length + L
+        if B != self.k.shape[0]:
+            raise ValueError(f"cache was made for batch size {self.k.shape[0]}, got {B}")
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: {start} cached + {L} new > max_len={self.max_len}")
+        self.k[:, :, start:end] = k.to(self.k.dtype)
+        self.v[:, :, start:end] = v.to(self.v.dtype)
+        self.pos[:, start:end] = pos.expand(B, L)
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end], self.pos[:, :end]
+
+
+class Attention(nn.Module):
+    """Multi-head attention with a pluggable position encoding.
+
+    Args:
+        dim: model width ``D``.
+        heads: number of heads ``H``.
+        encoding: a registered name (see :func:`posenc.available`) or a built
+            :class:`~posenc.PositionEncoding` (e.g. one shared with other layers).
+        head_dim: ``Dh``; ``dim // heads`` by default.
+        causal: causal (decoder) or bidirectional masking.
+        max_len: training length, passed to the encoding.
+        backend: one of :data:`BACKENDS`; ``"auto"`` picks the fastest that can run.
+        qkv_bias: bias terms on the q/k/v/o projections.
+        apply_input_stage: run the encoding's input stage on ``x`` here; a model that
+            applies it once to its embeddings passes False.
+        chunk_size: query chunk of the ``relative`` backend.
+        **options: encoding options (``base``, ``num_buckets``, ...).
+
+    Shape notation: ``x``: ``(B, L, D)`` -> ``(B, L, D)``; ``pos``: ``(L,)`` or ``(B, L)``
+    int64; ``key_padding_mask``: ``(B, Lk)`` bool, True = attend.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        encoding: str | PositionEncoding = "nope",
+        *,
+        head_dim: int | None = None,
+        causal: bool = True,
+        max_len: int | None = None,
+        backend: str = "auto",
+        qkv_bias: bool = False,
+        apply_input_stage: bool = True,
+        chunk_size: int = 1024,
+        **options,
+    ) -> None:
+        super().__init__()
+        if not isinstance(dim, int) or dim < 1 or not isinstance(heads, int) or heads < 1:
+            raise ValueError(f"dim and heads must be positive ints, got dim={dim!r}, heads={heads!r}")
+        if head_dim is None:
+            if dim % heads:
+                raise ValueError(f"dim={dim} is not divisible by heads={heads}; pass head_dim explicitly")
+            head_dim = dim // heads
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.dim, self.heads, self.head_dim, self.causal = dim, heads, head_dim, causal
+        self.backend = backend
+        self.chunk_size = chunk_size
+        self.apply_input_stage = apply_input_stage
+        if isinstance(encoding, PositionEncoding):
+            if options:
+                raise ValueError(f"options {sorted(options)} given with an already built encoding")
+            if (encoding.heads, encoding.head_dim) != (heads, head_dim):
+                raise ValueError(
+                    f"encoding built for heads={encoding.heads}, head_dim={encoding.head_dim}; "
+                    f"attention has heads={heads}, head_dim={head_dim}"
+                )
+            if encoding.causal != causal:
+                raise ValueError(f"encoding built with causal={encoding.causal}, attention has causal={causal}")
+            self.encoding = encoding
+        else:
+            self.encoding = build(encoding, heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
+        if backend != "auto" and backend not in supported_backends(self.encoding):
+            raise ValueError(
+                f"backend {backend!r} cannot run encoding {self.encoding.name!r}; "
+                f"supported: {supported_backends(self.encoding)}"
+            )
+        inner = heads * head_dim
+        self.q_proj = nn.Linear(dim, inner, bias=qkv_bias)
+        self.k_proj = nn.Linear(dim, inner, bias=qkv_bias)
+        self.v_proj = nn.Linear(dim, inner, bias=qkv_bias)
+        self.o_proj = nn.Linear(inner, dim, bias=qkv_bias)
+
+    def extra_repr(self) -> str:
+        return f"backend={self.backend!r}, causal={self.causal}"
+
+    def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> KVCache:
+        w = self.q_proj.weight
+        return KVCache(
+            batch_size, max_len, self.heads, self.head_dim, dtype=dtype or w.dtype, device=device or w.device
+        )
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        x: Tensor,
+        pos: Tensor | None = None,
+        cache: KVCache | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        backend: str | None = None,
+    ) -> Tensor:
+        """Attend. See the class docstring for shapes.
+
+        Raises:
+            ValueError: ``x`` not ``(B, L, dim)``; bad positions (see
+                :func:`posenc.functional.check_positions`); unknown backend.
+            TypeError: float positions.
+        """
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a Tensor, got {type(x).__name__}")
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
+        offset = cache.length if cache is not None else 0
+        pos2 = as_positions(pos, x.shape[1], offset=offset, device=x.device, batch=x.shape[0])
+        return self._forward(x, pos2, cache, key_padding_mask=key_padding_mask, backend=backend)
+
+    def _forward(
+        self,
+        x: Tensor,
+        pos: Tensor,
+        cache: KVCache | None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        backend: str | None = None,
+    ) -> Tensor:
+        """Forward with positions already validated as ``(B|1, L)`` int64."""
+        enc = self.encoding
+        B, L, _ = x.shape
+        if self.apply_input_stage and enc.stages & Stage.INPUT:
+            x = enc.embed(x, pos)
+        q = self.q_proj(x).view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+        k = self.k_proj(x).view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+        v = self.v_proj(x).view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+
+        offset = 0
+        q_pos = k_pos = pos
+        if enc.rotates_value:
+            v = enc.rotate_value(v, pos)
+        if cache is None:
+            q, k = enc.rotate(q, k, q_pos, k_pos)
+        elif enc.cache_raw_keys:
+            offset = cache.length
+            k, v, k_pos = cache.update(k, v, pos)
+            q, k = enc.rotate(q, k, q_pos, k_pos)
+        else:
+            offset = cache.length
+            q, k = enc.rotate(q, k, q_pos, k_pos)
+            k, v, k_pos = cache.update(k, v, pos)
+        k, v = k.to(q.dtype), v.to(q.dtype)
+
+        name = backend or self.backend
+        if name == "auto":
+            needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+            name = select_backend(enc, x.device.type, needs_grad)
+        elif name not in supported_backends(enc):
+            raise ValueError(f"backend {name!r} cannot run encoding {enc.name!r}; supported: {supported_backends(enc)}")
+        run = getattr(self, f"_attend_{name}")
+        out = run(q, k, v, q_pos, k_pos, offset, key_padding_mask)  # (B, H, L, Dh)
+        out = out.transpose(1, 2).reshape(B, L, self.heads * self.head_dim)
+        return self.o_proj(out)
+
+    # ------------------------------------------------------------------ masks
+    def _bool_mask(self, Lq: int, Lk: int, offset: int, kpm: Tensor | None, device) -> Tensor | None:
+        """``(B|1, 1, Lq, Lk)`` bool, True = attend; None when everything is visible."""
+        mask = None
+        if self.causal and not (Lq == 1 and offset == Lk - 1):
+            i = torch.arange(Lq, device=device).unsqueeze(-1) + offset
+            j = torch.arange(Lk, device=device)
+            mask = (j <= i)[None, None]
+        if kpm is not None:
+            if kpm.shape[-1] != Lk or kpm.dtype != torch.bool:
+                raise ValueError(f"key_padding_mask must be bool of shape (B, {Lk}), got {kpm.dtype} {tuple(kpm.shape)}")
+            pad = kpm[:, None, None, :]
+            mask = pad if mask is None else mask & pad
+        return mask
+
+    # ------------------------------------------------------------------ backends
+    def _attend_sdpa(self, q, k, v, q_pos, k_pos, offset, kpm):
+        Lq, Lk = q.shape[2], k.shape[2]
+        scale = self.encoding.scale
+        if self.causal and kpm is None and offset == 0 and Lq == Lk:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        mask = self._bool_mask(Lq, Lk, offset, kpm, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+    def _attend_dense(self, q, k, v, q_pos, k_pos, offset, kpm):
+        Lq, Lk = q.shape[2], k.shape[2]
+        bias = self.encoding.bias(q_pos, k_pos)  # (B|1, H, Lq, Lk) float32
+        mask = self._bool_mask(Lq, Lk, offset, kpm, q.device)
+        if mask is not None:
+            bias = bias.masked_fill(~mask, float("-inf"))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=self.encoding.scale)
+
+    def _attend_flex(self, q, k, v, q_pos, k_pos, offset, kpm):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        B, _, Lq, _ = q.shape
+        Lk = k.shape[2]
+        score_mod = self.encoding.score_mod(q_pos.expand(B, Lq), k_pos.expand(B, Lk))
+        block_mask = None
+        if self.causal or kpm is not None:
+            causal = self.causal
+
+            def mask_mod(b, h, i, j):
+                keep = (j <= i + offset) if causal else (j >= 0)
+                if kpm is not None:
+                    keep = keep & kpm[b, j]
+                return keep
+
+            block_mask = create_block_mask(
+                mask_mod, B if kpm is not None else None, None, Lq, Lk, device=q.device.type
+            )
+        flex = _flex_attention(q.device.type)
+        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=self.encoding.scale)
+
+    def _attend_eager(self, q, k, v, q_pos, k_pos, offset, kpm):
+        """The oracle: every term materialised, float32 throughout."""
+        dtype = q.dtype
+        out = self._attend_chunk(q.float(), k.float(), v.float(), q_pos, k_pos, offset, kpm)
+        return out.to(dtype)
+
+    def _attend_relative(self, q, k, v, q_pos, k_pos, offset, kpm):
+        """Chunk over queries; with gradients, recompute each chunk in backward."""
+        Lq = q.shape[2]
+        c = self.chunk_size
+        if Lq <= c:
+            return self._attend_chunk(q, k, v, q_pos, k_pos, offset, kpm)
+        recompute = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        outs = []
+        for s in range(0, Lq, c):
+            e = min(s + c, Lq)
+            qp = q_pos[:, s:e]
+            args = (q[:, :, s:e], k, v, qp, k_pos, offset + s, kpm)
+            if recompute:
+                outs.append(checkpoint(self._attend_chunk, *args, use_reentrant=False))
+            else:
+                outs.append(self._attend_chunk(*args))
+        return torch.cat(outs, dim=2)
+
+    def _attend_chunk(self, q, k, v, q_pos, k_pos, offset, kpm):
+        """Scores, softmax and output for a block of queries (all keys)."""
+        enc = self.encoding
+        st = enc.stages
+        Lq, Lk = q.shape[2], k.shape[2]
+        s = q @ k.transpose(-1, -2)  # (B, H, Lq, Lk)
+        if st & Stage.TERMS:
+            s = s + enc.score_terms(q, k, q_pos, k_pos)
+        s = s.float() * enc.scale
+        if st & Stage.BIAS:
+            s = s + enc.bias(q_pos, k_pos)
+        mask = self._bool_mask(Lq, Lk, offset, kpm, q.device)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        attn = torch.softmax(s, dim=-1).to(v.dtype)
+        out = attn @ v  # (B, H, Lq, Dh)
+        if st & Stage.VALUE:
+            out = out + enc.value_term(attn, q_pos, k_pos).to(out.dtype)
+        return out

@@ -1,0 +1,263 @@
+"""The :class:`PositionEncoding` base class, its stage flags, and the registry.
+
+Every position encoding is a choice of *where position enters attention* (see
+``posenc/__init__.py`` for the picture). One class declares which of five stages it
+uses and implements only those methods; :class:`posenc.Attention` calls them and
+picks the fastest backend that can run them.
+
+The score every backend computes, for one head::
+
+    s_ij = scale · (q̃_i·k̃_j + score_terms_ij) + bias_ij + mask_ij
+    o_i  = Σ_j softmax_j(s)_ij · v_j + value_term_i
+
+with ``q̃, k̃ = rotate(q, k)`` and ``scale = encoding.scale`` (``Dh^-1/2`` unless the
+encoding says otherwise: T5 optionally uses 1, DeBERTa ``(Dh·(1+#terms))^-1/2``).
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from . import functional as PF
+
+__all__ = ["Stage", "PositionEncoding", "register", "build", "available", "get_class", "ScoreMod"]
+
+# FlexAttention's score_mod signature: (score, b, h, q_idx, kv_idx) -> score
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+class Stage(enum.Flag):
+    """Where an encoding enters attention."""
+
+    NONE = 0
+    INPUT = enum.auto()  # embed(x, pos): before the projections
+    QK = enum.auto()  # rotate(q, k, q_pos, k_pos): on queries and keys
+    BIAS = enum.auto()  # bias(q_pos, k_pos) / score_mod: a scalar per (h, i, j)
+    TERMS = enum.auto()  # score_terms(q, k, q_pos, k_pos): content-dependent relative terms
+    VALUE = enum.auto()  # value_term(attn, q_pos, k_pos): relative vectors on the values
+
+    def names(self) -> list[str]:
+        return [s.name.lower() for s in Stage if s in self and s is not Stage.NONE]
+
+
+class PositionEncoding(nn.Module):
+    """Base class of every encoding.
+
+    Subclasses set the class attributes below, call ``super().__init__`` with the
+    common arguments, and override the stage methods they declare in ``stages``.
+
+    Class attributes:
+        name: registry name.
+        family: "none", "absolute", "rotary", "bias", "relative".
+        paper, year: the paper the encoding comes from.
+        stages: the :class:`Stage` flags used.
+        causal_only: raise when built with ``causal=False``.
+        share_across_layers: one instance serves every layer of a model by default
+            (T5's bucket table, as the paper does).
+        input_every_layer: an input-stage encoding the paper applies before every layer
+            (FLOATER) rather than once on the embeddings.
+        builds_embedding: the input stage builds the token embedding itself from token
+            ids (``embed_tokens``), e.g. Complex Order.
+        cache_raw_keys: the KV cache stores keys before ``rotate`` and re-rotates all of
+            them at every step (for rotations that depend on the whole length, such as
+            dynamic NTK); otherwise it stores rotated keys.
+    """
+
+    name: ClassVar[str] = ""
+    family: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+    year: ClassVar[int] = 0
+    stages: ClassVar[Stage] = Stage.NONE
+    causal_only: ClassVar[bool] = False
+    share_across_layers: ClassVar[bool] = False
+    input_every_layer: ClassVar[bool] = False
+    builds_embedding: ClassVar[bool] = False
+    cache_raw_keys: ClassVar[bool] = False
+
+    def __init__(self, *, heads: int, head_dim: int, max_len: int | None = None, causal: bool = True) -> None:
+        super().__init__()
+        for arg, val in (("heads", heads), ("head_dim", head_dim)):
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                raise ValueError(f"{arg} must be a positive int, got {val!r}")
+        if max_len is not None and (not isinstance(max_len, int) or max_len < 1):
+            raise ValueError(f"max_len must be a positive int or None, got {max_len!r}")
+        if self.causal_only and not causal:
+            raise ValueError(f"encoding {self.name!r} is causal only; build it with causal=True")
+        self.heads = heads
+        self.head_dim = head_dim
+        self.dim = heads * head_dim
+        self.max_len = max_len
+        self.causal = causal
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def relative(self) -> bool:
+        """Scores are unchanged when every position shifts by the same amount."""
+        raise NotImplementedError
+
+    @property
+    def extrapolates(self) -> bool:
+        """The encoding works for positions at or past ``max_len``."""
+        return True
+
+    @property
+    def scale(self) -> float:
+        """Multiplier of ``q̃·k̃ + score_terms``; ``Dh^-1/2`` by default."""
+        return self.head_dim**-0.5
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, head_dim={self.head_dim}, max_len={self.max_len}, causal={self.causal}"
+
+    # ------------------------------------------------------------------ buffers
+    def init_buffers(self) -> None:
+        """(Re)build non-persistent cached tables; call after ``to_empty`` from ``meta``."""
+
+    def check_length(self, pos: Tensor) -> None:
+        """Raise ``ValueError`` if a non-extrapolating encoding sees a position >= max_len."""
+        if self.extrapolates or self.max_len is None or torch.compiler.is_compiling():
+            return
+        if pos.device.type == "meta" or pos.numel() == 0:
+            return
+        hi = int(pos.max())
+        if hi >= self.max_len:
+            raise ValueError(
+                f"encoding {self.name!r} supports positions 0..{self.max_len - 1} (max_len={self.max_len}), "
+                f"got position {hi}; it does not extrapolate"
+            )
+
+    # ------------------------------------------------------------------ stages
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        """Input stage. ``x``: ``(B, L, D)``, ``pos``: ``(L,)`` or ``(B, L)`` -> ``(B, L, D)``."""
+        return x
+
+    def embed_tokens(self, tokens: Tensor, pos: Tensor) -> Tensor:
+        """Input stage for encodings that build the embedding (``builds_embedding``).
+
+        ``tokens``: ``(B, L)`` int64 -> ``(B, L, D)``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not build token embeddings")
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """q/k stage. ``q``: ``(B, H, Lq, Dh)``, ``k``: ``(B, H, Lk, Dh)``; same shapes out."""
+        return q, k
+
+    def rotate_value(self, v: Tensor, k_pos: Tensor) -> Tensor:
+        """Optional rotation of values (RoFormer's ``rotary_value``); identity by default."""
+        return v
+
+    @property
+    def rotates_value(self) -> bool:
+        return False
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """Scalar score stage: ``(H, Lq, Lk)`` for 1-D positions, ``(B, H, Lq, Lk)`` for 2-D.
+
+        Float32, added after ``scale``.
+        """
+        raise NotImplementedError
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+        """The same bias as a FlexAttention ``score_mod`` closure.
+
+        ``q_pos``/``k_pos`` are ``(B, L)``; the closure maps ``(score, b, h, q_idx, kv_idx)``
+        to ``score + bias[b, h, q_idx, kv_idx]`` without an ``L×L`` tensor. The default
+        indexes the dense :meth:`bias` and is meant only as a fallback.
+        """
+        dense = self.bias(q_pos, k_pos)
+
+        def mod(score, b, h, q_idx, kv_idx):
+            return score + dense[b, h, q_idx, kv_idx]
+
+        return mod
+
+    @property
+    def has_score_mod(self) -> bool:
+        """True when :meth:`score_mod` is a real elementwise form (not the dense fallback)."""
+        return type(self).score_mod is not PositionEncoding.score_mod
+
+    def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """Vector score stage: ``(B, H, Lq, Lk)`` added to ``q̃·k̃`` before ``scale``."""
+        raise NotImplementedError
+
+    def value_term(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """Value stage: ``attn`` ``(B, H, Lq, Lk)`` -> ``(B, H, Lq, Dh)`` added to ``attn @ v``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def rel_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """``j - i`` for every pair: ``(..., Lq, Lk)`` int64 (broadcast over a batch dim)."""
+        return k_pos.unsqueeze(-2) - q_pos.unsqueeze(-1)
+
+
+# ============================================================================ registry
+_REGISTRY: dict[str, type[PositionEncoding]] = {}
+
+
+def register(cls: type[PositionEncoding]) -> type[PositionEncoding]:
+    """Class decorator: add an encoding to the registry under ``cls.name``."""
+    if not (isinstance(cls, type) and issubclass(cls, PositionEncoding)):
+        raise TypeError(f"register expects a PositionEncoding subclass, got {cls!r}")
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"an encoding named {cls.name!r} is already registered ({_REGISTRY[cls.name].__name__})")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _ensure_loaded() -> None:
+    from . import encodings  # noqa: F401  (registers the built-in encodings)
+
+
+def available() -> list[str]:
+    """Names of every registered encoding, sorted."""
+    _ensure_loaded()
+    return sorted(_REGISTRY)
+
+
+def get_class(name: str) -> type[PositionEncoding]:
+    _ensure_loaded()
+    if not isinstance(name, str):
+        raise TypeError(f"encoding name must be a str, got {type(name).__name__}")
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown encoding {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def options_of(cls: type[PositionEncoding]) -> list[str]:
+    """Keyword options an encoding accepts beyond heads, head_dim, max_len, causal."""
+    params = inspect.signature(cls.__init__).parameters
+    return [p for p in params if p not in ("self", "heads", "head_dim", "max_len", "causal")]
+
+
+def build(
+    name: str, *, heads: int, head_dim: int, max_len: int | None = None, causal: bool = True, **options
+) -> PositionEncoding:
+    """Build a registered encoding.
+
+    Raises:
+        ValueError: unknown name or option (the message lists the valid ones), or an
+            option value out of range.
+    """
+    cls = get_class(name)
+    valid = options_of(cls)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for encoding {name!r}; valid options: {', '.join(valid) or '(none)'}"
+        )
+    return cls(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
+
+
+def as_positions(pos: Tensor | None, length: int, *, offset: int = 0, device=None, batch=None) -> Tensor:
+    """Positions as ``(B or 1, L)`` int64: ``None`` means ``arange(offset, offset+L)``."""
+    if pos is None:
+        return PF.default_positions(length, offset=offset, device=device).unsqueeze(0)
+    return PF.check_positions(pos, length, batch=batch)

@@ -1,0 +1,102 @@
+"""The ``posenc`` command: ``list``, ``compare``, ``analyze``, ``bench``.
+
+Each subcommand other than ``list`` lives in its own package and exposes two functions,
+``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .base import available as _available
+from .base import get_class, options_of
+
+# subcommand -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "compare": ("posenc.compare.cli", "train small models per encoding; quality and length extrapolation"),
+    "analyze": ("posenc.analysis.cli", "properties of encodings: decomposition, invariance, decay, ..."),
+    "bench": ("posenc.bench.cli", "speed and memory of each encoding against references"),
+}
+
+
+def encoding_rows() -> list[dict[str, str]]:
+    """One row per registered encoding: the data behind ``posenc list`` and the README table."""
+    rows = []
+    for name in _available():
+        cls = get_class(name)
+        # properties may depend on options; report the defaults of a small instance
+        enc = cls(heads=2, head_dim=8, max_len=16, causal=True)
+        rows.append(
+            {
+                "name": name,
+                "family": cls.family,
+                "stages": ", ".join(cls.stages.names()) or "none",
+                "relative": "yes" if enc.relative else "no",
+                "extrapolates": "yes" if enc.extrapolates else "no",
+                "paper": cls.paper,
+                "year": str(cls.year),
+            }
+        )
+    return rows
+
+
+COLUMNS = ("name", "family", "stages", "relative", "extrapolates", "paper", "year")
+
+
+def markdown_table(rows: list[dict[str, str]]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(f"`{r[c]}`" if c == "name" else r[c] for c in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    rows = encoding_rows()
+    if args.format == "markdown":
+        print(markdown_table(rows))
+        return 0
+    if args.options:
+        for r in rows:
+            r["options"] = ", ".join(options_of(get_class(r["name"])))
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"posenc: {len(rows)} encodings")
+    cols = list(COLUMNS) + (["options"] if args.options else [])
+    for c in cols:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*(r[c] for c in cols))
+    Console(width=200 if not sys.stdout.isatty() else None).print(table)
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="posenc", description="Transformer position encodings: use, compare, understand.")
+    sub = p.add_subparsers(dest="command", required=True)
+    pl = sub.add_parser("list", help="table of every registered encoding")
+    pl.add_argument("--format", choices=("table", "markdown"), default="table")
+    pl.add_argument("--options", action="store_true", help="also list each encoding's options")
+    pl.set_defaults(func=cmd_list)
+    for name, (module, help_) in SUBCOMMANDS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name and module.startswith(e.name):  # not built yet: leave the subcommand out
+                continue
+            raise
+        sp = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip().splitlines()[0])
+        mod.add_arguments(sp)
+        sp.set_defaults(func=mod.run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

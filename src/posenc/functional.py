@@ -1,0 +1,214 @@
+"""Pure functions shared by the encodings: tables, rotations, buckets, slopes, gathers.
+
+Shape notation (see :mod:`posenc`): ``B`` batch, ``L`` length, ``H`` heads, ``Dh`` head
+dim, ``i`` query, ``j`` key, ``R`` number of relative distances in a table.
+
+Everything here computes angles and biases in float32 whatever the input dtype, and
+takes integer positions (``int64``) so positions past 2**24 stay exact until the
+final float conversion.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "check_positions",
+    "default_positions",
+    "sinusoidal_table",
+    "sinusoidal_inv_freq",
+    "rope_angles",
+    "apply_rope_half",
+    "apply_rope_interleaved",
+    "interleaved_to_half_perm",
+    "alibi_slopes",
+    "t5_relative_position_bucket",
+    "gather_relative_logits",
+    "scatter_relative_values",
+]
+
+
+# --------------------------------------------------------------------------- positions
+def default_positions(length: int, *, offset: int = 0, device=None) -> Tensor:
+    """``arange(offset, offset + length)`` as int64 of shape ``(L,)``."""
+    return torch.arange(offset, offset + length, device=device, dtype=torch.long)
+
+
+def check_positions(pos: Tensor, length: int, name: str = "pos", batch: int | None = None) -> Tensor:
+    """Validate user positions and return them as a 2-D ``(B or 1, L)`` int64 tensor.
+
+    Raises:
+        TypeError: ``pos`` is not an integer tensor.
+        ValueError: wrong rank, wrong length, mismatched batch, or negative values.
+    """
+    if not isinstance(pos, Tensor):
+        raise TypeError(f"{name} must be an integer torch.Tensor or None, got {type(pos).__name__}")
+    if pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
+        raise TypeError(f"{name} must have an integer dtype (int32/int64), got {pos.dtype}")
+    if pos.dim() not in (1, 2):
+        raise ValueError(f"{name} must have shape (L,) or (B, L), got shape {tuple(pos.shape)}")
+    if pos.shape[-1] != length:
+        raise ValueError(f"{name} has length {pos.shape[-1]} but the sequence has length {length}")
+    if batch is not None and pos.dim() == 2 and pos.shape[0] not in (1, batch):
+        raise ValueError(f"{name} has batch size {pos.shape[0]}, expected 1 or {batch}")
+    if not torch.compiler.is_compiling() and pos.device.type != "meta" and pos.numel() > 0:
+        lo = int(pos.min())
+        if lo < 0:
+            raise ValueError(f"{name} must be non-negative, got minimum {lo}")
+    pos = pos.long()
+    return pos if pos.dim() == 2 else pos.unsqueeze(0)
+
+
+# --------------------------------------------------------------------------- sinusoids
+def sinusoidal_inv_freq(dim: int, base: float = 10000.0, device=None) -> Tensor:
+    """``base ** (-2k / dim)`` for ``k = 0 .. ceil(dim/2) - 1``, float32, shape ``(ceil(dim/2),)``."""
+    return 1.0 / (base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
+
+
+def sinusoidal_table(pos: Tensor, dim: int, *, base: float = 10000.0, layout: str = "interleaved") -> Tensor:
+    """Sinusoidal position vectors, float32, shape ``pos.shape + (dim,)``.
+
+    ``layout="interleaved"`` is Vaswani et al. / DistilBERT / ``positional-encodings``:
+    ``[sin θ0, cos θ0, sin θ1, cos θ1, ...]``. ``layout="halves"`` is Transformer-XL /
+    RoFormer / Marian: ``[sin θ0 .. sin θ(d/2-1), cos θ0 .. cos θ(d/2-1)]``.
+    For odd ``dim`` the last cosine is dropped.
+    """
+    inv_freq = sinusoidal_inv_freq(dim, base, device=pos.device)
+    angles = pos.to(torch.float64).unsqueeze(-1) * inv_freq.to(torch.float64)  # (..., ceil(dim/2))
+    sin, cos = angles.sin().float(), angles.cos().float()
+    if layout == "interleaved":
+        out = torch.stack((sin, cos), dim=-1).flatten(-2)
+    elif layout == "halves":
+        out = torch.cat((sin, cos), dim=-1)
+    else:
+        raise ValueError(f"layout must be 'interleaved' or 'halves', got {layout!r}")
+    return out[..., :dim]
+
+
+# --------------------------------------------------------------------------- rotary
+def rope_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
+    """Rotation angles ``pos * inv_freq`` in float32, shape ``pos.shape + (Dr/2,)``.
+
+    The product is formed in float64 and rounded once, so large positions keep full
+    float32 accuracy.
+    """
+    return (pos.to(torch.float64).unsqueeze(-1) * inv_freq.to(torch.float64)).float()
+
+
+def apply_rope_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate split-halves pairs ``(x_k, x_{k+Dr/2})`` (HF Llama / GPT-NeoX layout).
+
+    ``x`` is ``(..., Dr)``; ``cos``/``sin`` broadcast to ``(..., Dr/2)``, float32. The
+    result has the dtype of ``x``; math runs in float32.
+    """
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out.to(x.dtype)
+
+
+def apply_rope_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate interleaved pairs ``(x_{2k}, x_{2k+1})`` (RoFormer / GPT-J / Meta Llama layout)."""
+    xf = x.float().unflatten(-1, (-1, 2))
+    x1, x2 = xf[..., 0], xf[..., 1]
+    out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return out.to(x.dtype)
+
+
+def interleaved_to_half_perm(dim: int) -> Tensor:
+    """Permutation ``[0, 2, 4, ..., 1, 3, 5, ...]`` of head dimensions.
+
+    ``apply_rope_interleaved(x)[..., perm] == apply_rope_half(x[..., perm])``: permuting
+    W_Q/W_K rows per head with it converts an interleaved checkpoint to split halves.
+    """
+    if dim % 2:
+        raise ValueError(f"rotary dim must be even, got {dim}")
+    return torch.cat((torch.arange(0, dim, 2), torch.arange(1, dim, 2)))
+
+
+# --------------------------------------------------------------------------- ALiBi
+def alibi_slopes(heads: int) -> Tensor:
+    """ALiBi head slopes (Press et al. 2022), float32 ``(H,)``.
+
+    For a power of two ``n``: ``2^(-8k/n)``, k = 1..n. Otherwise the official recipe
+    (and Bloom's ``_get_alibi_slopes``): the slopes of the closest lower power of two
+    ``c``, then every other slope of ``2c`` for the remaining heads.
+    """
+    if heads < 1:
+        raise ValueError(f"heads must be >= 1, got {heads}")
+    c = 2 ** math.floor(math.log2(heads))
+    base = 2.0 ** (-8.0 / c)
+    slopes = [base**k for k in range(1, c + 1)]
+    if c != heads:
+        extra = 2.0 ** (-4.0 / c)  # = 2^(-8 / 2c)
+        slopes += [extra**k for k in range(1, 2 * (heads - c), 2)]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------- T5
+def t5_relative_position_bucket(
+    relative_position: Tensor, *, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+) -> Tensor:
+    """T5's bucket of ``relative_position = j - i`` (key minus query), int64.
+
+    Bidirectional: half the buckets for ``j > i``; causal: ``max(i - j, 0)`` so future
+    keys share bucket 0. The first half of each side is exact, the rest log-spaced up to
+    ``max_distance`` and clamped (Raffel et al. 2020; HF ``T5Attention``).
+    """
+    rel = relative_position.long()
+    buckets = torch.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (rel > 0).long() * num_buckets
+        n = rel.abs()
+    else:
+        n = (-rel).clamp(min=0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    # n.float() / max_exact is >= 1 where used; the clamp keeps log() finite elsewhere.
+    large = max_exact + (
+        torch.log(n.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).to(torch.long)
+    large = large.clamp(max=num_buckets - 1)
+    return buckets + torch.where(is_small, n, large)
+
+
+# --------------------------------------------------------------------------- relative gathers
+def gather_relative_logits(rel_logits: Tensor, index: Tensor) -> Tensor:
+    """Place per-distance logits into the (i, j) grid.
+
+    Args:
+        rel_logits: ``(B, H, Lq, R)``: query i dotted with each of the R relative vectors.
+        index: ``(Bp, Lq, Lk)`` or ``(Lq, Lk)`` int64 in ``[0, R)``: which vector pair (i, j) uses.
+
+    Returns:
+        ``(B, H, Lq, Lk)`` with ``out[b, h, i, j] = rel_logits[b, h, i, index[i, j]]``.
+        Memory O(Lq·Lk); never an ``(Lq, Lk, Dh)`` tensor.
+    """
+    B, H, Lq, _ = rel_logits.shape
+    if index.dim() == 2:
+        index = index.unsqueeze(0)
+    index = index.unsqueeze(1).expand(B, H, Lq, index.shape[-1])
+    return torch.gather(rel_logits, -1, index)
+
+
+def scatter_relative_values(attn: Tensor, index: Tensor, num_rel: int) -> Tensor:
+    """Sum attention mass per relative distance.
+
+    Args:
+        attn: ``(B, H, Lq, Lk)`` attention probabilities.
+        index: ``(Bp, Lq, Lk)`` or ``(Lq, Lk)`` int64 in ``[0, R)``.
+        num_rel: ``R``.
+
+    Returns:
+        ``(B, H, Lq, R)`` with ``out[b, h, i, r] = Σ_j attn[b, h, i, j]·[index[i, j] = r]``;
+        multiply by an ``(R, Dh)`` table to get ``Σ_j a_ij R_ij``.
+    """
+    B, H, Lq, Lk = attn.shape
+    if index.dim() == 2:
+        index = index.unsqueeze(0)
+    index = index.unsqueeze(1).expand(B, H, Lq, Lk)
+    out = attn.new_zeros(B, H, Lq, num_rel)
+    return out.scatter_add(-1, index, attn)

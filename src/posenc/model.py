@@ -1,0 +1,214 @@
+"""The reference model: a decoder-only, pre-norm Transformer LM with any encoding.
+
+Read top to bottom: :class:`ModelCache`, :class:`MLP`, :class:`Block`,
+:class:`TransformerLM`. The encoding is chosen by name; where position enters is the
+encoding's business (see :mod:`posenc.base`):
+
+* input-stage encodings (``learned``, ``sinusoidal``) are applied once to the token
+  embeddings, unless the encoding asks for every layer (``input_every_layer``);
+* encodings that build the embedding from token ids (``builds_embedding``) replace
+  the token embedding;
+* every other stage runs inside each layer's :class:`posenc.Attention`; encodings whose
+  paper shares one table across layers (T5) get one shared instance
+  (``share_encoding=None`` follows the encoding; True/False force it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import Attention, KVCache
+from .base import PositionEncoding, Stage, as_positions, build, get_class
+
+__all__ = ["TransformerLM", "ModelCache"]
+
+
+@dataclass
+class ModelCache:
+    """One :class:`KVCache` per layer; ``length`` tokens are cached so far."""
+
+    layers: list[KVCache]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    @property
+    def max_len(self) -> int:
+        return self.layers[0].max_len
+
+    def reset(self) -> None:
+        for c in self.layers:
+            c.reset()
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int, dropout: float):
+        super().__init__()
+        self.fc = nn.Linear(dim, hidden)
+        self.proj = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm block: ``x + attn(LN(x))``, then ``x + mlp(LN(x))``."""
+
+    def __init__(self, dim: int, attn: Attention, mlp_ratio: float, dropout: float):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = attn
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = MLP(dim, int(dim * mlp_ratio), dropout)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, pos: Tensor, cache: KVCache | None) -> Tensor:
+        x = x + self.drop(self.attn._forward(self.ln1(x), pos, cache))
+        return x + self.mlp(self.ln2(x))
+
+
+class TransformerLM(nn.Module):
+    """Decoder-only language model.
+
+    Args:
+        vocab_size: number of token ids.
+        dim: model width ``D``.
+        depth: number of blocks.
+        heads: attention heads ``H`` (``Dh = D / H`` unless ``head_dim`` is given).
+        encoding: a registered encoding name.
+        max_len: training length, passed to the encoding (``learned`` needs it).
+        causal: causal LM (True) or a bidirectional encoder stack (False).
+        mlp_ratio: MLP hidden width over ``D``.
+        dropout: residual and MLP dropout.
+        backend: attention backend for every layer (see :mod:`posenc.attention`).
+        share_encoding: one encoding instance for all layers; None follows the encoding.
+        tie_embeddings: share the token embedding with the output layer.
+        **options: encoding options.
+
+    Shapes: ``tokens`` ``(B, L)`` int64 -> logits ``(B, L, vocab_size)``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int,
+        depth: int,
+        heads: int,
+        encoding: str = "rope",
+        max_len: int | None = None,
+        *,
+        head_dim: int | None = None,
+        causal: bool = True,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        backend: str = "auto",
+        share_encoding: bool | None = None,
+        tie_embeddings: bool = True,
+        **options,
+    ) -> None:
+        super().__init__()
+        for arg, val in (("vocab_size", vocab_size), ("dim", dim), ("depth", depth), ("heads", heads)):
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                raise ValueError(f"{arg} must be a positive int, got {val!r}")
+        if head_dim is None:
+            if dim % heads:
+                raise ValueError(f"dim={dim} is not divisible by heads={heads}; pass head_dim explicitly")
+            head_dim = dim // heads
+        self.vocab_size, self.dim, self.depth, self.heads, self.head_dim = vocab_size, dim, depth, heads, head_dim
+        self.max_len, self.causal, self.encoding_name = max_len, causal, encoding
+        cls = get_class(encoding)
+        share = cls.share_across_layers if share_encoding is None else share_encoding
+
+        def make() -> PositionEncoding:
+            return build(encoding, heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
+
+        first = make()
+        # Input stage at the bottom of the stack, once, unless the paper injects it per layer.
+        self.input_encoding: PositionEncoding | None = None
+        if first.stages & Stage.INPUT and not first.input_every_layer:
+            self.input_encoding = first
+            share = True  # the layers only run its other stages (if any): one instance
+        self.tok_emb = None if first.builds_embedding else nn.Embedding(vocab_size, dim)
+        self.drop = nn.Dropout(dropout)
+        blocks = []
+        for i in range(depth):
+            enc = first if (share or i == 0) else make()
+            attn = Attention(
+                dim, heads, enc, head_dim=head_dim, causal=causal, backend=backend,
+                apply_input_stage=self.input_encoding is None,
+            )
+            blocks.append(Block(dim, attn, mlp_ratio, dropout))
+        self.blocks = nn.ModuleList(blocks)
+        self.ln_f = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+        self._init_weights()
+        if tie_embeddings and self.tok_emb is not None:
+            self.head.weight = self.tok_emb.weight
+
+    def _init_weights(self) -> None:
+        """GPT-2 init, N(0, 0.02²), for everything but the encodings (they init themselves)."""
+        own = {id(m) for e in self.modules() if isinstance(e, PositionEncoding) for m in e.modules()}
+        for m in self.modules():
+            if id(m) in own:
+                continue
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    @property
+    def encodings(self) -> list[PositionEncoding]:
+        """The distinct encoding instances of the model (one if shared)."""
+        seen: dict[int, PositionEncoding] = {}
+        for b in self.blocks:
+            seen.setdefault(id(b.attn.encoding), b.attn.encoding)
+        return list(seen.values())
+
+    def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> ModelCache:
+        """An empty KV cache for ``batch_size`` sequences of up to ``max_len`` tokens."""
+        return ModelCache([b.attn.init_cache(batch_size, max_len, dtype=dtype, device=device) for b in self.blocks])
+
+    def embed(self, tokens: Tensor, pos: Tensor) -> Tensor:
+        """Token embeddings plus the input stage: ``(B, L)`` -> ``(B, L, D)``."""
+        enc = self.input_encoding or self.blocks[0].attn.encoding
+        if enc.builds_embedding:
+            enc.check_length(pos)
+            return enc.embed_tokens(tokens, pos)
+        x = self.tok_emb(tokens)
+        if self.input_encoding is not None:
+            x = self.input_encoding.embed(x, pos)
+        return x
+
+    def forward(self, tokens: Tensor, pos: Tensor | None = None, cache: ModelCache | None = None) -> Tensor:
+        """Logits ``(B, L, vocab_size)``; with ``cache``, append to it and advance it.
+
+        Raises:
+            ValueError: ``tokens`` not ``(B, L)``, bad positions, cache overflow, or a
+                position past ``max_len`` for an encoding that does not extrapolate.
+            TypeError: non-integer tokens or positions.
+        """
+        if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be an integer tensor, got {getattr(tokens, 'dtype', type(tokens))}")
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must have shape (B, L), got {tuple(tokens.shape)}")
+        B, L = tokens.shape
+        if cache is not None and len(cache.layers) != self.depth:
+            raise ValueError(f"cache has {len(cache.layers)} layers, model has {self.depth}")
+        offset = cache.length if cache is not None else 0
+        pos = as_positions(pos, L, offset=offset, device=tokens.device, batch=B)  # (B|1, L)
+        for enc in self.encodings:
+            enc.check_length(pos)
+        x = self.drop(self.embed(tokens, pos))
+        for i, block in enumerate(self.blocks):
+            x = block(x, pos, cache.layers[i] if cache is not None else None)
+        return self.head(self.ln_f(x))
+
+    def num_params(self) -> int:
+        """Distinct trainable parameters (tied and shared tensors counted once)."""
+        return sum(p.numel() for p in self.parameters())
