@@ -30,7 +30,7 @@ Public names::
 
 from .attention import BACKENDS, Attention, KVCache, select_backend, supported_backends
 from .base import PositionEncoding, Stage, available, build, get_class, register
-from .model import ModelCache, TransformerLM
+from .model import ModelCache, TransformerLM, load_checkpoint, save_checkpoint
 
 __version__ = "0.1.0"
 
@@ -45,6 +45,8 @@ __all__ = [
     "available",
     "build",
     "get_class",
+    "load_checkpoint",
+    "save_checkpoint",
     "register",
     "select_backend",
     "supported_backends",

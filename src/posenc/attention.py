@@ -99,9 +99,7 @@ class KVCache(nn.Module):
         shape = (batch_size, heads, max_len, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer(
-            "pos", torch.zeros(batch_size, max_len, dtype=torch.long, device=device), persistent=False
-        )
+        self.register_buffer("pos", torch.zeros(batch_size, max_len, dtype=torch.long, device=device), persistent=False)
         self.length = 0
 
     @property
@@ -272,7 +270,9 @@ class Attention(nn.Module):
 
         name = backend or self.backend
         if name == "auto":
-            needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+            needs_grad = torch.is_grad_enabled() and (
+                x.requires_grad or any(p.requires_grad for p in self.parameters())
+            )
             name = select_backend(enc, x.device.type, needs_grad)
         elif name not in supported_backends(enc):
             raise ValueError(f"backend {name!r} cannot run encoding {enc.name!r}; supported: {supported_backends(enc)}")
@@ -291,7 +291,9 @@ class Attention(nn.Module):
             mask = (j <= i)[None, None]
         if kpm is not None:
             if kpm.shape[-1] != Lk or kpm.dtype != torch.bool:
-                raise ValueError(f"key_padding_mask must be bool of shape (B, {Lk}), got {kpm.dtype} {tuple(kpm.shape)}")
+                raise ValueError(
+                    f"key_padding_mask must be bool of shape (B, {Lk}), got {kpm.dtype} {tuple(kpm.shape)}"
+                )
             pad = kpm[:, None, None, :]
             mask = pad if mask is None else mask & pad
         return mask
@@ -329,9 +331,7 @@ class Attention(nn.Module):
                     keep = keep & kpm[b, j]
                 return keep
 
-            block_mask = create_block_mask(
-                mask_mod, B if kpm is not None else None, None, Lq, Lk, device=q.device.type
-            )
+            block_mask = create_block_mask(mask_mod, B if kpm is not None else None, None, Lq, Lk, device=q.device.type)
         flex = _flex_attention(q.device.type)
         return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=self.encoding.scale)
 

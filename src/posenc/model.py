@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from .attention import Attention, KVCache
 from .base import PositionEncoding, Stage, as_positions, build, get_class
 
-__all__ = ["TransformerLM", "ModelCache"]
+__all__ = ["TransformerLM", "ModelCache", "save_checkpoint", "load_checkpoint"]
 
 
 @dataclass
@@ -122,6 +122,23 @@ class TransformerLM(nn.Module):
             head_dim = dim // heads
         self.vocab_size, self.dim, self.depth, self.heads, self.head_dim = vocab_size, dim, depth, heads, head_dim
         self.max_len, self.causal, self.encoding_name = max_len, causal, encoding
+        # everything needed to rebuild the model (see save_checkpoint / load_checkpoint)
+        self.config = dict(
+            vocab_size=vocab_size,
+            dim=dim,
+            depth=depth,
+            heads=heads,
+            encoding=encoding,
+            max_len=max_len,
+            head_dim=head_dim,
+            causal=causal,
+            mlp_ratio=mlp_ratio,
+            dropout=dropout,
+            backend=backend,
+            share_encoding=share_encoding,
+            tie_embeddings=tie_embeddings,
+            **options,
+        )
         cls = get_class(encoding)
         share = cls.share_across_layers if share_encoding is None else share_encoding
 
@@ -140,7 +157,12 @@ class TransformerLM(nn.Module):
         for i in range(depth):
             enc = first if (share or i == 0) else make()
             attn = Attention(
-                dim, heads, enc, head_dim=head_dim, causal=causal, backend=backend,
+                dim,
+                heads,
+                enc,
+                head_dim=head_dim,
+                causal=causal,
+                backend=backend,
                 apply_input_stage=self.input_encoding is None,
             )
             blocks.append(Block(dim, attn, mlp_ratio, dropout))
@@ -212,3 +234,18 @@ class TransformerLM(nn.Module):
     def num_params(self) -> int:
         """Distinct trainable parameters (tied and shared tensors counted once)."""
         return sum(p.numel() for p in self.parameters())
+
+
+def save_checkpoint(path, model: TransformerLM, **extra) -> None:
+    """Save ``model`` (config + weights) and any ``extra`` picklable data to ``path``."""
+    torch.save({"model_config": model.config, "model": model.state_dict(), **extra}, path)
+
+
+def load_checkpoint(path, *, map_location="cpu") -> tuple[TransformerLM, dict]:
+    """Rebuild a model saved by :func:`save_checkpoint`; returns ``(model, extra)``."""
+    ckpt = torch.load(path, map_location=map_location, weights_only=False)
+    if "model_config" not in ckpt or "model" not in ckpt:
+        raise ValueError(f"{path} is not a posenc checkpoint (keys: {sorted(ckpt)})")
+    model = TransformerLM(**ckpt.pop("model_config"))
+    model.load_state_dict(ckpt.pop("model"))
+    return model, ckpt

@@ -58,7 +58,9 @@ class Sinusoidal(PositionEncoding):
     year = 2017
     stages = Stage.INPUT
 
-    def __init__(self, *, heads, head_dim, max_len=None, causal=True, base: float = 10000.0, layout: str = "interleaved"):
+    def __init__(
+        self, *, heads, head_dim, max_len=None, causal=True, base: float = 10000.0, layout: str = "interleaved"
+    ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
         if layout not in ("interleaved", "halves"):
             raise ValueError(f"layout must be 'interleaved' or 'halves', got {layout!r}")
