@@ -1,0 +1,12 @@
+"""``posenc analyze``: the properties papers argue about, measured and drawn.
+
+One module per analysis, each a function over models (random or trained) that returns
+plain data, plus a plot function; :mod:`posenc.analysis.cli` wires them to the command.
+
+* :mod:`.decompose` — content/position terms of the attention logits;
+* :mod:`.invariance` — change of logits and probabilities when every position shifts;
+* :mod:`.similarity` — position-position structure and how much is a function of ``i - j``;
+* :mod:`.decay` — long-range decay: RoPE's bound, biases and measured attention vs distance;
+* :mod:`.padding` — Islam et al.'s padding probe in 1-D;
+* :mod:`.attention_maps` — attention at the training length and at 4× it.
+"""

@@ -1,0 +1,366 @@
+"""Measure and draw the properties papers argue about: decompose, invariance, similarity, decay, padding-probe, attention-maps.
+
+Each subcommand prints a short table and writes ``<out>/<name>.json`` and
+``<out>/<name>.png``; ``posenc analyze all --out DIR`` runs every one of them (this is
+how ``docs/figures`` is made). Encodings are given as ``name`` or ``name@{json options}``
+(``rope@{"base": 500000}``); names not registered in this checkout are skipped with a
+note. Trained models come from ``--checkpoint`` (a ``.pt`` saved by ``posenc compare`` or
+a run directory holding ``checkpoints/*.pt``) or from ``--train-steps N``, which trains a
+tiny LM per encoding on repeated random blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from . import common as C
+
+# Defaults name the encodings the design lists; the unregistered ones are skipped with a note.
+DEFAULTS = {
+    "decompose": [
+        "learned",
+        "sinusoidal",
+        "hierarchical",
+        "multiplicative",
+        "floater",
+        "recurrent",
+        "complex-order",
+        "conv",
+        "rope",
+        "xpos",
+        "t5",
+        "alibi",
+        "kerple",
+        "fire",
+        "cope",
+        "tupe",
+        "shaw",
+        "xl",
+        "deberta",
+        "nope",
+        "all",
+    ],
+    "invariance": ["all", *C.EXPECTED],
+    "similarity": [
+        "sinusoidal",
+        "learned",
+        "hierarchical",
+        "multiplicative",
+        "floater",
+        "recurrent",
+        "complex-order",
+        "conv",
+        "rope",
+        "xpos",
+        "t5",
+        "alibi",
+        "kerple",
+        "fire",
+        "shaw",
+        "xl",
+        "deberta",
+        "tupe",
+    ],
+    "decay": [
+        "rope",
+        'rope@{"base": 500000}',
+        'rope@{"rope_scaling": {"rope_type": "linear", "factor": 4.0}}',
+        'rope@{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}',
+        "xpos",
+        "alibi",
+        "t5",
+        "kerple",
+        "fire",
+        "nope",
+    ],
+    "attention-maps": ["nope", "learned", "sinusoidal", "rope", "xpos", "alibi", "t5", "kerple", "fire", "shaw", "xl"],
+}
+
+SUBCOMMANDS = ("decompose", "invariance", "similarity", "decay", "padding-probe", "attention-maps")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="analysis", required=True, metavar="ANALYSIS")
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--out", type=Path, default=Path("analysis"), help="output folder (default: ./analysis)")
+    common.add_argument("--seed", type=int, default=0)
+    common.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+    models = argparse.ArgumentParser(add_help=False)
+    models.add_argument(
+        "--encodings",
+        nargs="+",
+        default=None,
+        metavar="SPEC",
+        help='encodings with random weights: name or name@{json options}; "all" = every registered one',
+    )
+    models.add_argument(
+        "--checkpoint",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="trained models: posenc checkpoints (.pt) or run directories (<run>/checkpoints/*.pt)",
+    )
+    models.add_argument(
+        "--train-steps",
+        type=int,
+        default=None,
+        help="also train a tiny LM per encoding for N steps (default: 0, no; 'all': 200)",
+    )
+    models.add_argument("--train-dir", type=Path, default=None, help="where --train-steps keeps its checkpoints")
+    models.add_argument("--max-len", type=int, default=256, help="max_len of the random-weight models")
+
+    def add(name, help_, parents):
+        return sub.add_parser(name, help=help_, description=help_, parents=parents)
+
+    p = add("decompose", "content/position terms of the attention logits and their variance shares", [common, models])
+    p.add_argument("--length", type=int, default=64)
+    p.add_argument("--layer", type=int, default=0)
+
+    p = add("invariance", "change of attention logits/probabilities when every position shifts by s", [common, models])
+    p.add_argument("--length", type=int, default=32)
+    p.add_argument("--shifts", type=int, nargs="+", default=[1, 4, 16, 64, 128, 256, 1024])
+
+    p = add("similarity", "position-position heatmaps and their share explained by i - j", [common, models])
+    p.add_argument("--length", type=int, default=64)
+
+    p = add("decay", "RoPE's long-range bound; bias and measured attention against distance", [common, models])
+    p.add_argument("--length", type=int, default=256, help="sequence length of the measured attention")
+    p.add_argument("--max-distance", type=int, default=2048, help="largest distance of the RoPE bound")
+    p.add_argument("--head-dim", type=int, default=128, help="head dim of the random-weight models (Su uses 128)")
+
+    p = add("padding-probe", "Islam et al. 2020 in 1-D: position from CNN features, zero vs circular", [common])
+    p.add_argument("--length", type=int, default=64)
+    p.add_argument("--depth", type=int, default=8)
+    p.add_argument("--channels", type=int, default=32)
+    p.add_argument("--kernel", type=int, default=9)
+    p.add_argument("--task", choices=("token", "majority"), default="token")
+    p.add_argument("--train-steps", type=int, default=100, help="steps of the CNN on the position-free task")
+    p.add_argument("--probe-steps", type=int, default=200)
+
+    p = add("attention-maps", "attention maps at the training length and at 4x it", [common, models])
+    p.add_argument("--factor", type=int, default=4)
+    p.add_argument("--layer", type=int, default=-1)
+    p.add_argument("--data", choices=("repeat", "random"), default="repeat")
+    p.add_argument("--train-len", type=int, default=32, help="training length of --train-steps models")
+
+    p = add("all", "run every analysis into --out (regenerates docs/figures)", [common, models])
+    p.add_argument("--train-len", type=int, default=32, help="training length of --train-steps models")
+    parser.set_defaults(_parser=parser)
+
+
+# ============================================================================ subjects
+def _subjects(args, name: str, notes: list[str], *, random=True, **build_kw) -> list[C.Subject]:
+    specs, more = C.resolve(args.encodings or DEFAULTS[name])
+    notes.extend(more)
+    subjects = C.build_subjects(specs, notes, max_len=args.max_len, seed=args.seed, **build_kw) if random else []
+    return subjects + C.load_subjects(_checkpoints(args, specs, notes), notes)
+
+
+def _checkpoints(args, specs: list[C.Spec], notes: list[str]) -> list[str]:
+    paths = list(args.checkpoint)
+    if args.train_steps:
+        if args.train_dir is None:
+            args.train_dir = Path(tempfile.mkdtemp(prefix="posenc-analyze-"))
+        paths += C.tiny_checkpoints(
+            specs, args.train_dir, notes, steps=args.train_steps, length=getattr(args, "train_len", 32)
+        )
+    return paths
+
+
+def _write(args, name: str, results, notes: list[str], plot) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = "posenc analyze " + " ".join(shlex.quote(a) for a in getattr(args, "_argv", []) or [name])
+    C.write_json(args.out / f"{name}.json", {"analysis": name, "command": command, "notes": notes, "results": results})
+    if results:
+        plot(results, args.out / f"{name}.png")
+    print(f"wrote {args.out / name}.json" + (f" and {args.out / name}.png" if results else " (nothing to plot)"))
+
+
+def _tag(s: str) -> str:
+    return "random" if s == "random" else "trained"
+
+
+# ============================================================================ commands
+def cmd_decompose(args) -> int:
+    from .decompose import TERM_ORDER, plot_decompose, run_decompose
+
+    notes: list[str] = []
+    res = run_decompose(_subjects(args, "decompose", notes), length=args.length, layer=args.layer, seed=args.seed)
+    cols = [t for t in TERM_ORDER if any(t in r["shares"] for r in res)]
+    rows = [[r["label"], _tag(r["source"]), *[r["shares"].get(t, "") for t in cols]] for r in res]
+    C.print_table(f"decompose: variance share of each term (layer {args.layer})", ["model", "", *cols], rows, notes)
+    _write(args, "decompose", res, notes, plot_decompose)
+    return 0
+
+
+def cmd_invariance(args) -> int:
+    from .invariance import plot_invariance, run_invariance
+
+    notes: list[str] = []
+    res = run_invariance(_subjects(args, "invariance", notes), shifts=args.shifts, length=args.length, seed=args.seed)
+    shifts = sorted({row["shift"] for r in res for row in r["shifts"]})
+    rows = []
+    for r in res:
+        by = {row["shift"]: row["logits"] for row in r["shifts"]}
+        rows.append([r["label"], _tag(r["source"]), "yes" if r["relative"] else "no", *[by.get(s, "") for s in shifts]])
+    cols = ["model", "", "relative", *[f"s={s}" for s in shifts]]
+    C.print_table("invariance: relative change of attention logits (max over layers)", cols, rows, notes)
+    _write(args, "invariance", res, notes, plot_invariance)
+    return 0
+
+
+def cmd_similarity(args) -> int:
+    from .similarity import plot_similarity, run_similarity
+
+    notes: list[str] = []
+    res = run_similarity(_subjects(args, "similarity", notes), length=args.length)
+    cols = ["model", "", "vectors", "p·p share", "p·p offdiag", "logits share", "logits offdiag"]
+    rows = [
+        [
+            r["label"],
+            _tag(r["source"]),
+            r["vectors"],
+            *[_share(r.get(k)) for k in ("gram_share", "gram_share_offdiag", "logits_share", "logits_share_offdiag")],
+        ]
+        for r in res
+    ]
+    C.print_table("similarity: variance explained by the mean along each diagonal", cols, rows, notes)
+    _write(args, "similarity", res, notes, plot_similarity)
+    return 0
+
+
+def _share(v) -> str:
+    return "n/a" if v is None else f"{v:.4f}"
+
+
+def cmd_decay(args) -> int:
+    from .decay import plot_decay, run_decay, summarize
+
+    notes: list[str] = []
+    heads = 2
+    subjects = _subjects(args, "decay", notes, dim=heads * args.head_dim, heads=heads)
+    res = run_decay(subjects, notes, length=args.length, max_distance=args.max_distance, seed=args.seed)
+    summaries = [summarize(r) for r in res]
+    keys = list(dict.fromkeys(k for s in summaries for k in s))
+    rows = [[r["label"], _tag(r["source"]), *[s.get(k, "") for k in keys]] for r, s in zip(res, summaries, strict=True)]
+    C.print_table("decay", ["model", "", *keys], rows, notes)
+    _write(args, "decay", res, notes, plot_decay)
+    return 0
+
+
+def cmd_padding(args) -> int:
+    from .padding import plot_padding, run_padding
+
+    res = run_padding(
+        seed=args.seed,
+        length=args.length,
+        depth=args.depth,
+        channels=args.channels,
+        kernel=args.kernel,
+        task=args.task,
+        train_steps=args.train_steps,
+        probe_steps=args.probe_steps,
+    )
+    rows = [[r["padding"], r["accuracy"], r["chance"], r["mean_abs_error"], r["task_loss"]] for r in res]
+    C.print_table(
+        "padding-probe: linear probe of absolute position from 1-D CNN features",
+        ["padding", "accuracy", "chance", "mean |error|", "CNN task loss"],
+        rows,
+    )
+    _write(args, "padding-probe", res, [], plot_padding)
+    return 0
+
+
+def cmd_attention_maps(args) -> int:
+    from .attention_maps import plot_attention_maps, run_attention_maps
+
+    notes: list[str] = []
+    if not args.checkpoint and args.train_steps is None:
+        args.train_steps = 200
+        notes.append("no --checkpoint: trained tiny models for 200 steps (--train-steps)")
+    subjects = _subjects(args, "attention-maps", notes, random=False)
+    res = run_attention_maps(subjects, notes, factor=args.factor, layer=args.layer, data=args.data, seed=args.seed)
+    rows = []
+    for r in res:
+        cells = []
+        for mp in r["maps"]:
+            cells += ["n/a", "n/a"] if "error" in mp else [mp["entropy"], mp["mean_distance"]]
+        rows.append([r["label"], *cells])
+    cols = ["model", "entropy@T", "distance@T", f"entropy@{args.factor}T", f"distance@{args.factor}T"]
+    C.print_table(f"attention-maps: layer {args.layer}, normalised entropy and mean distance", cols, rows, notes)
+    _write(args, "attention-maps", res, notes, plot_attention_maps)
+    return 0
+
+
+def cmd_all(args) -> int:
+    """Every analysis with its defaults; the tiny trained models are shared."""
+    if args.encodings:
+        raise ValueError("'all' uses each analysis' default encodings; run a single analysis for --encodings")
+    if args.train_steps is None:
+        args.train_steps = 200
+    if args.train_steps > 0 and not args.checkpoint:
+        notes: list[str] = []
+        specs, _ = C.resolve(DEFAULTS["attention-maps"])
+        args.train_dir = args.train_dir or Path(tempfile.mkdtemp(prefix="posenc-analyze-"))
+        args.checkpoint = C.tiny_checkpoints(
+            specs, args.train_dir, notes, steps=args.train_steps, length=args.train_len
+        )
+        for n in notes:
+            print(f"note: {n}")
+    parser = args._parser
+    ckpt = ["--checkpoint", *args.checkpoint] if args.checkpoint else []
+    base = ["--out", str(args.out), "--seed", str(args.seed)]
+    if args.threads:
+        base += ["--threads", str(args.threads)]
+    runs = [
+        ["decompose", *base, *ckpt],
+        ["invariance", *base, *ckpt],
+        ["similarity", *base, *ckpt],
+        ["decay", *base],
+        ["padding-probe", *base],
+        ["attention-maps", *base, *ckpt],
+    ]
+    for argv in runs:
+        print(f"\n$ posenc analyze {' '.join(shlex.quote(a) for a in argv)}")
+        sub_args = parser.parse_args(argv)
+        sub_args._argv = argv
+        rc = run(sub_args)
+        if rc:
+            return rc
+    return 0
+
+
+COMMANDS = {
+    "decompose": cmd_decompose,
+    "invariance": cmd_invariance,
+    "similarity": cmd_similarity,
+    "decay": cmd_decay,
+    "padding-probe": cmd_padding,
+    "attention-maps": cmd_attention_maps,
+    "all": cmd_all,
+}
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not hasattr(args, "_argv"):
+        args._argv = _argv_after("analyze")
+    try:
+        return COMMANDS[args.analysis](args)
+    except ValueError as e:
+        print(f"posenc analyze {args.analysis}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _argv_after(word: str) -> list[str]:
+    argv = sys.argv[1:]
+    return argv[argv.index(word) + 1 :] if word in argv else argv

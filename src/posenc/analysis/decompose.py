@@ -1,0 +1,173 @@
+"""``decompose``: split attention logits into content and position terms.
+
+For an additive absolute encoding, ``q_i = (x_i + p_i)W_Q`` and ``k_j = (x_j + p_j)W_K``,
+so ``q_i·k_j`` is the sum of content·content, content·position, position·content and
+position·position (Ke et al., "Rethinking Positional Encoding in Language Pre-training"
+(TUPE), ICLR 2021, §2). The model normalises ``x + p`` first; LayerNorm is linear once its
+per-token mean and deviation are fixed, so with ``σ_i`` from the sum the split is exact:
+``LN(x+p) = [γ(x - x̄)/σ + β] + [γ(p - p̄)/σ]`` (β goes with the content).
+
+The same split for encodings that keep other terms, read from the stage interface:
+
+* ``rotate`` is linear in ``q``/``k``, so each input term is rotated separately;
+* ``score_terms(q, k)`` is split by evaluating it with ``q`` or ``k`` set to zero:
+  ``T(0,0)`` (relative·relative, Transformer-XL's ``v·W_R R``), ``T(q,0) - T(0,0)``
+  (query·relative, c2p), ``T(0,k) - T(0,0)`` (relative·key, p2c, XL's ``u·k``) and the
+  rest (terms that multiply ``q`` and ``k``, e.g. CoPE's gates);
+* ``bias`` is a position-only term (T5, ALiBi, TUPE's position-position term).
+
+Each term's share is ``Var(term) / Σ_t Var(t)`` over the visible ``(b, h, i, j)`` entries.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..base import Stage
+from .common import Subject, _project, causal_mask, layer_inputs, masked_values, score_parts
+
+TERM_ORDER = (
+    "content·content",
+    "content·position",
+    "position·content",
+    "position·position",
+    "query·rel (c2p)",
+    "rel·key (p2c)",
+    "rel·rel",
+    "terms rest",
+    "bias",
+)
+
+
+def _ln_split(ln, c: Tensor, p: Tensor) -> tuple[Tensor, Tensor]:
+    """``ln(c + p)`` as ``(content, position)`` parts that sum to it exactly."""
+    x = c + p
+    sigma = torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + ln.eps)
+    w = ln.weight if ln.weight is not None else 1.0
+    b = ln.bias if ln.bias is not None else 0.0
+    content = w * (c - c.mean(-1, keepdim=True)) / sigma + b
+    position = w * (p - p.mean(-1, keepdim=True)) / sigma
+    return content, position
+
+
+def input_split(model, layer: int, tokens: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, str]:
+    """The attention input of ``layer`` as ``(content, position)`` and how it was split."""
+    attn = model.blocks[layer].attn
+    enc = attn.encoding
+    x = layer_inputs(model, tokens, pos)[layer]
+    ln = model.blocks[layer].ln1
+    if layer == 0 and model.input_encoding is not None and model.tok_emb is not None:
+        c = model.tok_emb(tokens)  # (B, L, D)
+        return (*_ln_split(ln, c, x - c), "x + p at the embeddings, split through ln1")
+    h = ln(x)
+    if attn.apply_input_stage and enc.stages & Stage.INPUT:
+        return h, enc.embed(h, pos) - h, "embed(h) - h inside the layer"
+    how = "no input stage" if not enc.stages & Stage.INPUT else f"layer {layer} > 0: position already mixed in"
+    if model.input_encoding is not None and model.input_encoding.builds_embedding:
+        how = "the encoding builds the embedding: content and position not separable"
+    return h, torch.zeros_like(h), how
+
+
+@torch.no_grad()
+def decompose_terms(model, tokens: Tensor, *, layer: int = 0) -> tuple[dict[str, Tensor], str, float]:
+    """The logits of ``layer`` as named ``(B, H, L, L)`` terms.
+
+    Returns ``(terms, how the input was split, max |total - Σ terms|)``.
+    """
+    B, L = tokens.shape
+    pos = torch.arange(L).unsqueeze(0)
+    attn = model.blocks[layer].attn
+    enc = attn.encoding
+    c, p, how = input_split(model, layer, tokens, pos)
+    qc, kc = _project(attn, c)  # projection biases stay with the content
+    qp = (p @ attn.q_proj.weight.t()).view(B, L, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+    kp = (p @ attn.k_proj.weight.t()).view(B, L, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+    qc, kc = enc.rotate(qc, kc, pos, pos)  # rotations are linear: rotate each part
+    qp, kp = enc.rotate(qp, kp, pos, pos)
+    s = enc.scale
+    terms = {
+        "content·content": (qc @ kc.transpose(-1, -2)).float() * s,
+        "content·position": (qc @ kp.transpose(-1, -2)).float() * s,
+        "position·content": (qp @ kc.transpose(-1, -2)).float() * s,
+        "position·position": (qp @ kp.transpose(-1, -2)).float() * s,
+    }
+    if enc.stages & Stage.TERMS:
+        q, k = qc + qp, kc + kp
+        zq, zk = torch.zeros_like(q), torch.zeros_like(k)
+        t00 = enc.score_terms(zq, zk, pos, pos).float()
+        tq0 = enc.score_terms(q, zk, pos, pos).float()
+        t0k = enc.score_terms(zq, k, pos, pos).float()
+        tqk = enc.score_terms(q, k, pos, pos).float()
+        terms["query·rel (c2p)"] = (tq0 - t00) * s
+        terms["rel·key (p2c)"] = (t0k - t00) * s
+        terms["rel·rel"] = t00 * s
+        terms["terms rest"] = (tqk - tq0 - t0k + t00) * s
+    if enc.stages & Stage.BIAS:
+        terms["bias"] = enc.bias(pos, pos).float().expand(B, -1, -1, -1)
+    x = layer_inputs(model, tokens, pos)[layer]
+    total = sum(score_parts(attn, model.blocks[layer].ln1(x), pos).values())
+    residual = float((total - sum(terms.values())).abs().max())
+    return terms, how, residual
+
+
+@torch.no_grad()
+def run_decompose(subjects: list[Subject], *, length=64, batch=8, layer=0, seed=0) -> list[dict]:
+    """Variance shares of every term for each subject (random tokens as content)."""
+    results = []
+    for sub in subjects:
+        g = torch.Generator().manual_seed(seed)
+        L = min(length, sub.model.max_len or length)
+        tokens = torch.randint(0, sub.model.vocab_size, (batch, L), generator=g)
+        terms, how, residual = decompose_terms(sub.model, tokens, layer=layer)
+        mask = causal_mask(sub.model, L)
+        var = {k: float(masked_values(v, mask).double().var()) for k, v in terms.items()}
+        total_var = sum(var.values())
+        shares = {k: (v / total_var if total_var > 0 else 0.0) for k, v in var.items()}
+        # drop terms that are identically zero for this encoding (e.g. no position part)
+        present = {k: shares[k] for k in TERM_ORDER if k in terms and float(terms[k].abs().max()) > 0}
+        results.append(
+            {
+                "label": sub.label,
+                "encoding": sub.name,
+                "source": sub.source,
+                "layer": layer,
+                "length": L,
+                "split": how,
+                "shares": present,
+                "variance": {k: var[k] for k in present},
+                "residual_max_abs": residual,
+            }
+        )
+    return results
+
+
+def plot_decompose(results: list[dict], path) -> None:
+    from .common import pyplot
+
+    plt = pyplot()
+    names = [t for t in TERM_ORDER if any(t in r["shares"] for r in results)]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(results) + 1.6))
+    colors = plt.get_cmap("tab10")
+    for row, r in enumerate(results):
+        left = 0.0
+        for k, t in enumerate(names):
+            w = r["shares"].get(t, 0.0)
+            ax.barh(row, w, left=left, color=colors(k), label=t if row == 0 else None)
+            left += w
+    for k, t in enumerate(names):  # legend entries for terms absent from the first row
+        ax.barh(0, 0, color=colors(k), label=t)
+    handles, labels = ax.get_legend_handles_labels()
+    uniq = dict(zip(labels, handles, strict=True))
+    ax.legend(uniq.values(), uniq.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize=8)
+    ax.set_yticks(
+        range(len(results)),
+        [f"{r['label']} [{r['source'] if r['source'] == 'random' else 'trained'}]" for r in results],
+    )
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel(f"share of logit variance, layer {results[0]['layer'] if results else 0}")
+    ax.set_title("Attention logits split into content and position terms")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

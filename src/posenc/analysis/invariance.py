@@ -1,0 +1,93 @@
+"""``invariance``: how much do attention logits and probabilities change when every
+position shifts by ``s``?
+
+A relative encoding (``enc.relative``) leaves them unchanged up to float rounding; an
+absolute one shows how far from translation invariant it is. For an additive absolute
+encoding the change comes from the content·position and position·position terms (see
+:mod:`.decompose`), the "noise" Ke et al. (TUPE, ICLR 2021) argue about; comparing a
+random model with a trained one shows what training does to it.
+
+Measured on every layer with the same random tokens at positions ``0..L-1`` and
+``s..s+L-1``; the change is ``‖new - ref‖ / ‖ref‖`` over the visible entries, and the
+reported number is the largest over layers. Encodings that do not extrapolate are only
+shifted up to ``max_len - L``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .common import Subject, attention_scores, causal_mask, masked_values, rel_change
+
+DEFAULT_SHIFTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@torch.no_grad()
+def shift_change(model, tokens, shift: int) -> tuple[list[float], list[float]]:
+    """Per-layer relative change of logits and of probabilities under a shift of ``shift``."""
+    L = tokens.shape[1]
+    pos = torch.arange(L).unsqueeze(0)
+    mask = causal_mask(model, L)
+    ref = attention_scores(model, tokens, pos)
+    new = attention_scores(model, tokens, pos + shift)
+    d_logit, d_prob = [], []
+    for a, b in zip(ref, new, strict=True):
+        d_logit.append(rel_change(masked_values(b, mask), masked_values(a, mask)))
+        if mask is not None:
+            a, b = a.masked_fill(~mask, float("-inf")), b.masked_fill(~mask, float("-inf"))
+        d_prob.append(rel_change(torch.softmax(b, -1), torch.softmax(a, -1)))
+    return d_logit, d_prob
+
+
+def run_invariance(subjects: list[Subject], *, shifts=DEFAULT_SHIFTS, length=32, batch=4, seed=0) -> list[dict]:
+    results = []
+    for sub in subjects:
+        m = sub.model
+        g = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, m.vocab_size, (batch, length), generator=g)
+        limit = None
+        if any(not e.extrapolates for e in m.encodings) and m.max_len:
+            limit = m.max_len - length
+        rows = []
+        for s in shifts:
+            if limit is not None and s > limit:
+                continue
+            d_logit, d_prob = shift_change(m, tokens, s)
+            rows.append({"shift": s, "logits": max(d_logit), "probs": max(d_prob), "per_layer_logits": d_logit})
+        results.append(
+            {
+                "label": sub.label,
+                "encoding": sub.name,
+                "source": sub.source,
+                "relative": bool(all(e.relative for e in m.encodings)),
+                "length": length,
+                "max_shift": limit,
+                "shifts": rows,
+            }
+        )
+    return results
+
+
+def plot_invariance(results: list[dict], path, *, floor=1e-9) -> None:
+    from .common import pyplot
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    for r in results:
+        xs = [row["shift"] for row in r["shifts"]]
+        style = "-" if r["source"] == "random" else "--"
+        for ax, key in zip(axes, ("logits", "probs"), strict=True):
+            ys = [max(row[key], floor) for row in r["shifts"]]
+            ax.plot(xs, ys, style, marker="o", ms=3, label=f"{r['label']} [{'rel' if r['relative'] else 'abs'}]")
+    for ax, key in zip(axes, ("attention logits", "attention probabilities"), strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.axhline(1e-5, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel("shift s of every position")
+        ax.set_ylabel(f"relative change of {key}")
+        ax.set_title(f"{key}: ‖Δ‖/‖·‖ (floor {floor:g})")
+    axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.suptitle("Translation invariance (solid: random weights, dashed: trained; dotted line: 1e-5)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

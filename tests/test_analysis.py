@@ -1,0 +1,237 @@
+"""Tests of ``posenc analyze``: the numerical claims and the command."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import posenc
+from posenc.analysis import common as C
+from posenc.analysis.decay import ones_curve, su_bound
+from posenc.analysis.decompose import decompose_terms
+from posenc.analysis.invariance import shift_change
+from posenc.analysis.padding import probe_padding
+from posenc.analysis.similarity import position_vectors
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small tensors: one thread is faster, and the test machine is shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def small_model(name: str, **kw) -> posenc.TransformerLM:
+    return C.random_model(C.Spec(name), dim=32, depth=2, heads=2, max_len=64, vocab_size=50, seed=0, **kw)
+
+
+def tokens(B=2, L=16, vocab=50, seed=0):
+    return torch.randint(0, vocab, (B, L), generator=torch.Generator().manual_seed(seed))
+
+
+# ============================================================================ invariance
+@pytest.mark.parametrize("name", posenc.available())
+def test_invariance_matches_relative_flag(name):
+    """Relative encodings: logits and probabilities unchanged to 1e-5 under shifts up to 1000.
+
+    Absolute ones must move by far more (so the test can fail both ways). Shifts of
+    non-extrapolating encodings stay inside max_len.
+    """
+    model = small_model(name)
+    x = tokens()
+    relative = all(e.relative for e in model.encodings)
+    shifts = (1, 7, 1000) if all(e.extrapolates for e in model.encodings) else (1, 7, 40)
+    for s in shifts:
+        d_logit, d_prob = shift_change(model, x, s)
+        if relative:
+            assert max(d_logit) < 1e-5, (name, s, d_logit)
+            assert max(d_prob) < 1e-5, (name, s, d_prob)
+        else:
+            assert max(d_logit) > 1e-2, (name, s, d_logit)
+
+
+# ============================================================================ similarity
+def test_diagonal_share_toeplitz_and_noise():
+    L = 48
+    i = torch.arange(L)
+    toeplitz = torch.cos(0.3 * (i[:, None] - i[None, :]).double()) + 0.01 * (i[:, None] - i[None, :]).double() ** 2
+    assert C.diagonal_share(toeplitz) == pytest.approx(1.0, abs=1e-12)
+    noise = torch.randn(L, L, generator=torch.Generator().manual_seed(0))
+    # 2L - 1 diagonal means fitted to L² i.i.d. entries: expected share (2L-1)/L² ≈ 0.04
+    assert C.diagonal_share(noise) < 0.1
+    assert C.diagonal_share(torch.ones(L, L)) is None  # nothing to explain
+
+
+def test_sinusoidal_gram_is_a_function_of_distance():
+    """p_i·p_j = Σ_k cos((i-j)ω_k) exactly, so the diagonal share is 1 up to float32.
+
+    Threshold 0.9999: the table is float32 (relative error ~1e-7 per entry), which can
+    leave at most ~1e-12 of unexplained variance; 1e-4 of slack also covers summation
+    order. Learned vectors at initialisation are i.i.d. noise: off the main diagonal
+    their share is near chance, (2L-1)/L² ≈ 0.03 at L = 64.
+    """
+    model = small_model("sinusoidal")
+    p, how = position_vectors(model, 64)
+    assert how == "embed(0, pos)"
+    gram = p @ p.t()
+    assert C.diagonal_share(gram) > 0.9999
+    assert C.diagonal_share(gram, skip_main=True) > 0.9999
+    learned, _ = position_vectors(small_model("learned"), 64)
+    assert C.diagonal_share(learned @ learned.t(), skip_main=True) < 0.1
+
+
+# ============================================================================ decompose
+@pytest.mark.parametrize("name", posenc.available())
+def test_decomposition_terms_sum_to_the_logits(name):
+    model = small_model(name)
+    terms, how, residual = decompose_terms(model, tokens())
+    assert residual < 1e-5, (name, residual)
+    enc = model.blocks[0].attn.encoding
+    additive_input = model.input_encoding is not None and not model.input_encoding.builds_embedding
+    pos_terms = ("content·position", "position·content", "position·position")
+    if additive_input:
+        assert all(float(terms[t].abs().max()) > 0 for t in pos_terms), how
+    elif not enc.stages & posenc.Stage.INPUT:
+        assert all(float(terms[t].abs().max()) == 0 for t in pos_terms), how
+    assert ("bias" in terms) == bool(enc.stages & posenc.Stage.BIAS)
+    assert ("query·rel (c2p)" in terms) == bool(enc.stages & posenc.Stage.TERMS)
+
+
+def test_decomposition_of_sinusoidal_by_hand():
+    """Layer 0 of a sinusoidal model: the four terms of the LN'd (x + p), transcribed directly."""
+    model = small_model("sinusoidal")
+    x = tokens(B=1, L=8)
+    terms, _, _ = decompose_terms(model, x)
+    attn, ln = model.blocks[0].attn, model.blocks[0].ln1
+    c = model.tok_emb(x)[0].double()
+    p = posenc.functional.sinusoidal_table(torch.arange(8), 32).double()
+    h = c + p
+    sigma = torch.sqrt(h.var(-1, unbiased=False, keepdim=True) + ln.eps)
+    cn = ln.weight.double() * (c - c.mean(-1, keepdim=True)) / sigma + ln.bias.double()
+    pn = ln.weight.double() * (p - p.mean(-1, keepdim=True)) / sigma
+    wq, wk = attn.q_proj.weight.double(), attn.k_proj.weight.double()
+    head = slice(0, 16)  # head 0
+    qc, qp = (cn @ wq.t())[:, head], (pn @ wq.t())[:, head]
+    kc, kp = (cn @ wk.t())[:, head], (pn @ wk.t())[:, head]
+    s = 16**-0.5
+    expect = {
+        "content·content": qc @ kc.t() * s,
+        "content·position": qc @ kp.t() * s,
+        "position·content": qp @ kc.t() * s,
+        "position·position": qp @ kp.t() * s,
+    }
+    for k, v in expect.items():
+        torch.testing.assert_close(terms[k][0, 0].double(), v, rtol=1e-5, atol=1e-6)
+
+
+# ============================================================================ decay
+def test_su_bound_direct_transcription():
+    """(1/K) Σ_{j=1..K} |Σ_{k<j} e^{i m θ_k}|, written as loops (RoFormer §3.4.3)."""
+    inv = posenc.functional.sinusoidal_inv_freq(16)  # K = 8
+    got = su_bound(inv, 40)
+    for m in (0, 1, 5, 40):
+        total = 0.0
+        for j in range(1, 9):
+            re = sum(math.cos(m * float(inv[k])) for k in range(j))
+            im = sum(math.sin(m * float(inv[k])) for k in range(j))
+            total += math.hypot(re, im)
+        assert float(got[m]) == pytest.approx(total / 8, rel=1e-6)
+    assert float(got[0]) == pytest.approx((8 + 1) / 2)
+
+
+def test_ones_curve_of_rope_is_mean_cosine():
+    enc = posenc.build("rope", heads=2, head_dim=16)
+    got = ones_curve(enc, 50)
+    inv = posenc.functional.sinusoidal_inv_freq(16).double()
+    m = torch.arange(51, dtype=torch.float64)
+    torch.testing.assert_close(got, torch.cos(m[:, None] * inv).mean(-1), rtol=1e-5, atol=1e-6)
+
+
+# ============================================================================ padding probe
+def test_padding_probe_zero_far_above_circular():
+    """Islam et al. in 1-D, fixed seed: zero padding decodes position, circular does not.
+
+    Chance is 1/32. Circular padding makes the stack equivariant to cyclic shifts of a
+    stationary input, so the probe cannot beat chance beyond sampling noise (2× chance
+    allowed); zero padding must be at least 5× chance and 4× circular.
+    """
+    kw = dict(length=32, depth=4, kernel=9, channels=16, train_steps=30, probe_steps=150, n_probe=48, n_test=32)
+    zero = probe_padding("zeros", seed=0, **kw)
+    circ = probe_padding("circular", seed=0, **kw)
+    chance = 1 / 32
+    assert circ["accuracy"] < 2 * chance, circ["accuracy"]
+    assert zero["accuracy"] > 5 * chance, zero["accuracy"]
+    assert zero["accuracy"] > 4 * circ["accuracy"]
+
+
+def test_padding_probe_rejects_bad_options():
+    with pytest.raises(ValueError, match="padding_mode"):
+        probe_padding("reflect", length=8, train_steps=0, probe_steps=1)
+    with pytest.raises(ValueError, match="kernel must be odd"):
+        probe_padding("zeros", kernel=4, length=8, train_steps=0, probe_steps=1)
+
+
+# ============================================================================ checkpoints
+def test_checkpoint_run_directory_and_attention_maps(tmp_path):
+    """A tiny model trained a few steps, saved as posenc compare saves it, is analysed."""
+    from posenc.analysis.attention_maps import run_attention_maps
+
+    (tmp_path / "checkpoints").mkdir()
+    for name in ("rope", "learned"):
+        model, extra = C.train_tiny(C.Spec(name), steps=3, length=16, batch=4, dim=32, heads=2, vocab_size=20)
+        posenc.save_checkpoint(tmp_path / "checkpoints" / f"{name}.pt", model, **extra)
+    notes: list[str] = []
+    subjects = C.load_subjects([str(tmp_path)], notes)
+    assert sorted(s.name for s in subjects) == ["learned", "rope"] and not notes
+    assert all(s.train_len == 16 for s in subjects)
+    res = {r["encoding"]: r for r in run_attention_maps(subjects, notes, factor=4)}
+    assert [m["length"] for m in res["rope"]["maps"]] == [16, 64]
+    assert all("attention" in m for m in res["rope"]["maps"])
+    # learned cannot run at 4× its table: a note, not a crash
+    assert "error" in res["learned"]["maps"][1] and "max_len" in res["learned"]["maps"][1]["error"]
+    assert any("learned" in n for n in notes)
+    probs = torch.tensor(res["rope"]["maps"][0]["attention"])
+    torch.testing.assert_close(probs.sum(-1), torch.ones(16))
+
+
+def test_checkpoint_path_errors(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        C.checkpoint_paths(tmp_path / "nope")
+    with pytest.raises(ValueError, match="no checkpoints"):
+        C.checkpoint_paths(tmp_path)
+
+
+# ============================================================================ specs and the command
+def test_resolve_skips_unregistered_names_with_a_note():
+    missing = [n for n in C.EXPECTED if n not in posenc.available()]
+    specs, notes = C.resolve(["sinusoidal", "no-such-encoding", *missing[:1]])
+    assert [s.name for s in specs] == ["sinusoidal"]
+    assert any("no-such-encoding" in n and "unknown encoding" in n for n in notes)
+    if missing:
+        assert any(missing[0] in n and "not registered yet" in n for n in notes)
+
+
+def test_spec_parse():
+    assert C.Spec.parse('rope@{"base": 500000}').options == {"base": 500000}
+    with pytest.raises(ValueError, match="not valid JSON"):
+        C.Spec.parse("rope@{base}")
+    with pytest.raises(ValueError, match="JSON object"):
+        C.Spec.parse("rope@[1]")
+
+
+def test_command_writes_json_and_png(tmp_path, capsys):
+    from posenc.cli import main
+
+    rc = main(["analyze", "decompose", "--encodings", "sinusoidal", "t5", "no-such-encoding", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "decompose.json").read_text())
+    assert [r["encoding"] for r in data["results"]] == ["sinusoidal", "t5"]
+    assert any("no-such-encoding" in n for n in data["notes"])
+    assert (tmp_path / "decompose.png").stat().st_size > 1000
+    out = capsys.readouterr().out
+    assert "content·content" in out and "no-such-encoding" in out
