@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import Subject, attention_probs, causal_mask
+from .common import Subject, attention_probs, causal_mask, panel_grid
 
 
 def sequence(kind: str, length: int, vocab: int, seed: int, period: int = 7) -> torch.Tensor:
@@ -64,11 +64,10 @@ def plot_attention_maps(results: list[dict], path) -> None:
     from .common import pyplot
 
     plt = pyplot()
-    n = max(len(results), 1)
-    fig, axes = plt.subplots(n, 2, figsize=(7.5, 3.3 * n), squeeze=False)
+    fig, axes_of = panel_grid(plt, len(results), 2, 2, size=(3.6, 3.2))
     for row, r in enumerate(results):
         for col, mp in enumerate(r["maps"]):
-            ax = axes[row][col]
+            ax = axes_of(row)[col]
             ax.set_xticks([])
             ax.set_yticks([])
             if "error" in mp:

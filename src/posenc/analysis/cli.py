@@ -82,6 +82,8 @@ DEFAULTS = {
     "attention-maps": ["nope", "learned", "sinusoidal", "rope", "xpos", "alibi", "t5", "kerple", "fire", "shaw", "xl"],
 }
 
+TRAIN_STEPS = 600  # tiny models trained when no checkpoint is given
+
 SUBCOMMANDS = ("decompose", "invariance", "similarity", "decay", "padding-probe", "attention-maps")
 
 
@@ -112,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--train-steps",
         type=int,
         default=None,
-        help="also train a tiny LM per encoding for N steps (default: 0, no; 'all': 200)",
+        help=f"also train a tiny LM per encoding for N steps (default: 0, no; 'all' and 'attention-maps': {TRAIN_STEPS})",
     )
     models.add_argument("--train-dir", type=Path, default=None, help="where --train-steps keeps its checkpoints")
     models.add_argument("--max-len", type=int, default=256, help="max_len of the random-weight models")
@@ -284,8 +286,8 @@ def cmd_attention_maps(args) -> int:
 
     notes: list[str] = []
     if not args.checkpoint and args.train_steps is None:
-        args.train_steps = 200
-        notes.append("no --checkpoint: trained tiny models for 200 steps (--train-steps)")
+        args.train_steps = TRAIN_STEPS
+        notes.append(f"no --checkpoint: trained tiny models for {TRAIN_STEPS} steps (--train-steps)")
     subjects = _subjects(args, "attention-maps", notes, random=False)
     res = run_attention_maps(subjects, notes, factor=args.factor, layer=args.layer, data=args.data, seed=args.seed)
     rows = []
@@ -305,7 +307,7 @@ def cmd_all(args) -> int:
     if args.encodings:
         raise ValueError("'all' uses each analysis' default encodings; run a single analysis for --encodings")
     if args.train_steps is None:
-        args.train_steps = 200
+        args.train_steps = TRAIN_STEPS
     if args.train_steps > 0 and not args.checkpoint:
         notes: list[str] = []
         specs, _ = C.resolve(DEFAULTS["attention-maps"])

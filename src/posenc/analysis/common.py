@@ -105,14 +105,17 @@ def resolve(specs: list[str], *, want=None) -> tuple[list[Spec], list[str]]:
     for s in specs:
         expanded.extend(names if s == "all" else [s])
     seen = set()
+    pending: list[str] = []
     for text in expanded:
         spec = Spec.parse(text)
         if spec.label in seen:
             continue
         seen.add(spec.label)
         if spec.name not in names:
-            why = "expected but not registered yet" if spec.name in EXPECTED else "unknown encoding"
-            notes.append(f"skipped {spec.name!r}: {why} (registered: {', '.join(names)})")
+            if spec.name in EXPECTED:
+                pending.append(spec.name)
+            else:
+                notes.append(f"skipped {spec.name!r}: unknown encoding (registered: {', '.join(names)})")
             continue
         if want is not None:
             reason = want(get_class(spec.name))
@@ -120,6 +123,9 @@ def resolve(specs: list[str], *, want=None) -> tuple[list[Spec], list[str]]:
                 notes.append(f"skipped {spec.label!r}: {reason}")
                 continue
         out.append(spec)
+    if pending:
+        pending = list(dict.fromkeys(pending))
+        notes.append(f"skipped {', '.join(pending)}: expected but not registered yet in this checkout")
     return out, notes
 
 
@@ -219,7 +225,7 @@ def synthetic_batch(batch: int, length: int, vocab_size: int, generator: torch.G
 
 
 def train_tiny(
-    spec: Spec, *, steps=300, length=32, batch=32, dim=64, depth=2, heads=4, vocab_size=64, seed=0, lr=3e-3
+    spec: Spec, *, steps=600, length=32, batch=32, dim=64, depth=2, heads=4, vocab_size=16, seed=0, lr=3e-3
 ) -> tuple[TransformerLM, dict]:
     """Train a small causal LM on :func:`synthetic_batch` data; returns ``(model, extra)``.
 
@@ -389,6 +395,26 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def panel_grid(plt, n_items: int, per_item: int, items_per_row: int, size=(3.2, 3.0)):
+    """A figure with ``per_item`` side-by-side panels for each of ``n_items``, wrapped.
+
+    Returns ``(fig, axes_of)`` where ``axes_of(k)`` is the list of item ``k``'s panels;
+    unused panels are hidden.
+    """
+    n_items = max(n_items, 1)
+    cols = per_item * min(items_per_row, n_items)
+    rows = math.ceil(n_items / items_per_row)
+    fig, axes = plt.subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[n_items * per_item :]:
+        ax.set_visible(False)
+
+    def axes_of(k: int):
+        return flat[k * per_item : (k + 1) * per_item]
+
+    return fig, axes_of
 
 
 def print_table(title: str, columns: list[str], rows: list[list], notes: list[str] | None = None) -> None:

@@ -160,10 +160,7 @@ def plot_decompose(results: list[dict], path) -> None:
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles, strict=True))
     ax.legend(uniq.values(), uniq.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize=8)
-    ax.set_yticks(
-        range(len(results)),
-        [f"{r['label']} [{r['source'] if r['source'] == 'random' else 'trained'}]" for r in results],
-    )
+    ax.set_yticks(range(len(results)), [_label(r) for r in results])
     ax.invert_yaxis()
     ax.set_xlim(0, 1)
     ax.set_xlabel(f"share of logit variance, layer {results[0]['layer'] if results else 0}")
@@ -171,3 +168,7 @@ def plot_decompose(results: list[dict], path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _label(r: dict) -> str:
+    return r["label"] + (" (random)" if r["source"] == "random" else "")

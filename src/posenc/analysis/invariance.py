@@ -9,8 +9,8 @@ random model with a trained one shows what training does to it.
 
 Measured on every layer with the same random tokens at positions ``0..L-1`` and
 ``s..s+L-1``; the change is ``‖new - ref‖ / ‖ref‖`` over the visible entries, and the
-reported number is the largest over layers. Encodings that do not extrapolate are only
-shifted up to ``max_len - L``.
+reported number is the largest over layers. Encodings that do not extrapolate use
+``L ≤ max_len / 2`` and are only shifted up to ``max_len - L``.
 """
 
 from __future__ import annotations
@@ -43,11 +43,12 @@ def run_invariance(subjects: list[Subject], *, shifts=DEFAULT_SHIFTS, length=32,
     results = []
     for sub in subjects:
         m = sub.model
-        g = torch.Generator().manual_seed(seed)
-        tokens = torch.randint(0, m.vocab_size, (batch, length), generator=g)
-        limit = None
+        L, limit = length, None
         if any(not e.extrapolates for e in m.encodings) and m.max_len:
-            limit = m.max_len - length
+            L = min(length, m.max_len // 2)  # leave room to shift inside the table
+            limit = m.max_len - L
+        g = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, m.vocab_size, (batch, L), generator=g)
         rows = []
         for s in shifts:
             if limit is not None and s > limit:
@@ -60,7 +61,7 @@ def run_invariance(subjects: list[Subject], *, shifts=DEFAULT_SHIFTS, length=32,
                 "encoding": sub.name,
                 "source": sub.source,
                 "relative": bool(all(e.relative for e in m.encodings)),
-                "length": length,
+                "length": L,
                 "max_shift": limit,
                 "shifts": rows,
             }

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..base import Stage
-from .common import Subject, attention_scores, causal_mask, diagonal_share
+from .common import Subject, attention_scores, causal_mask, diagonal_share, panel_grid
 
 
 @torch.no_grad()
@@ -84,11 +84,10 @@ def plot_similarity(results: list[dict], path) -> None:
     from .common import pyplot
 
     plt = pyplot()
-    n = len(results)
-    fig, axes = plt.subplots(n, 2, figsize=(7, 3.1 * n), squeeze=False)
+    fig, axes_of = panel_grid(plt, len(results), 2, 3)
     for row, r in enumerate(results):
         for col, key in enumerate(("gram", "logits")):
-            ax = axes[row][col]
+            ax = axes_of(row)[col]
             ax.set_xticks([])
             ax.set_yticks([])
             if key not in r:
