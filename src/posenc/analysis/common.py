@@ -381,10 +381,21 @@ def rel_change(new: Tensor, ref: Tensor) -> float:
 
 # ============================================================================ output
 def write_json(path: Path, data) -> Path:
+    """Write ``data`` with floats kept to 7 significant digits (float32 has no more)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=float) + "\n")
+    path.write_text(json.dumps(_round(data), indent=1) + "\n")
     return path
+
+
+def _round(x):
+    if isinstance(x, float):
+        return x if not math.isfinite(x) else float(f"{x:.7g}")
+    if isinstance(x, dict):
+        return {k: _round(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_round(v) for v in x]
+    return x
 
 
 def pyplot():

@@ -74,12 +74,16 @@ def plot_invariance(results: list[dict], path, *, floor=1e-9) -> None:
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    names = list(dict.fromkeys(r["encoding"] for r in results))
+    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
     for r in results:
         xs = [row["shift"] for row in r["shifts"]]
         style = "-" if r["source"] == "random" else "--"
+        color = cmap(names.index(r["encoding"]) % cmap.N)
         for ax, key in zip(axes, ("logits", "probs"), strict=True):
             ys = [max(row[key], floor) for row in r["shifts"]]
-            ax.plot(xs, ys, style, marker="o", ms=3, label=f"{r['label']} [{'rel' if r['relative'] else 'abs'}]")
+            kind = "relative" if r["relative"] else "absolute"
+            ax.plot(xs, ys, style, color=color, marker="o", ms=3, label=f"{r['label']} [{kind}]")
     for ax, key in zip(axes, ("attention logits", "attention probabilities"), strict=True):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
