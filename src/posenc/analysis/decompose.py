@@ -125,7 +125,9 @@ def run_decompose(subjects: list[Subject], *, length=64, batch=8, layer=0, seed=
         total_var = sum(var.values())
         shares = {k: (v / total_var if total_var > 0 else 0.0) for k, v in var.items()}
         # drop terms that are identically zero for this encoding (e.g. no position part)
-        present = {k: shares[k] for k in TERM_ORDER if k in terms and float(terms[k].abs().max()) > 0}
+        # (relative to the largest term, so float noise such as 1e-16 remainders is not a term)
+        big = max(float(t.abs().max()) for t in terms.values())
+        present = {k: shares[k] for k in TERM_ORDER if k in terms and float(terms[k].abs().max()) > 1e-6 * big}
         results.append(
             {
                 "label": sub.label,

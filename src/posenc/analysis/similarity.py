@@ -4,8 +4,8 @@ is a function of ``i - j`` alone.
 Two views per model:
 
 * ``gram`` — ``p_i·p_j`` for the vectors an input-stage encoding produces:
-  ``embed(0, pos)`` for additive encodings (``embed(1, pos)`` when that is zero, as for a
-  multiplicative one; ``embed_tokens`` of one constant token for encodings that build
+  ``embed(0, pos)`` for additive encodings (``embed(1, pos)`` when that does not vary with
+  position, as for a multiplicative or a convolutional one; ``embed_tokens`` of one constant token for encodings that build
   the embedding). For sinusoidal, ``p_i·p_j = Σ_k cos((i - j)ω_k)`` exactly (Vaswani et
   al. 2017, §3.5: ``PE_{pos+k}`` is a linear function of ``PE_pos``), so the share is 1
   up to float rounding.
@@ -41,8 +41,10 @@ def position_vectors(model, L: int) -> tuple[torch.Tensor | None, str]:
         return enc.embed_tokens(torch.zeros(1, L, dtype=torch.long), pos)[0].float(), "embed_tokens(constant token)"
     zeros = torch.zeros(1, L, model.dim)
     p = enc.embed(zeros, pos)[0].float()
-    if float(p.abs().max()) > 0:
+    if float((p - p[:1]).abs().max()) > 0:  # depends on position: an additive encoding
         return p, "embed(0, pos)"
+    # zero content gives nothing that varies with position (x ⊙ p, or a convolution of x
+    # with zero padding): probe with constant content instead
     return enc.embed(torch.ones(1, L, model.dim), pos)[0].float(), "embed(1, pos)"
 
 
