@@ -199,6 +199,14 @@ def test_checkpoint_run_directory_and_attention_maps(tmp_path):
     torch.testing.assert_close(probs.sum(-1), torch.ones(16))
 
 
+def test_training_length_from_a_compare_checkpoint(tmp_path):
+    """posenc compare stores its config under ``compare_config``; its train_len wins over max_len."""
+    model = small_model("rope")
+    posenc.save_checkpoint(tmp_path / "rope.pt", model, compare_config={"train_len": 24, "steps": 5})
+    (sub,) = C.load_subjects([str(tmp_path / "rope.pt")], [])
+    assert sub.train_len == 24 and sub.source == str(tmp_path / "rope.pt")
+
+
 def test_checkpoint_path_errors(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         C.checkpoint_paths(tmp_path / "nope")

@@ -184,7 +184,7 @@ def train_len_of(model: TransformerLM, extra: dict) -> int:
     for key in ("train_len", "seq_len", "block_size", "context", "length"):
         if isinstance(extra.get(key), int):
             return extra[key]
-    for sub in ("config", "args", "train_config"):
+    for sub in ("compare_config", "config", "args", "train_config"):
         d = extra.get(sub)
         if isinstance(d, dict):
             for key in ("train_len", "seq_len", "block_size", "context", "length"):
