@@ -333,30 +333,43 @@ class RoPE(PositionEncoding):
             return self.long_inv_freq
         return self.inv_freq
 
-    def _cos_sin(self, pos: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
+    def _cos_sin(self, pos: Tensor, inv_freq: Tensor, scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Full-width tables ``(…, L, Dr)`` such that ``x̃ = x·cos + swap(x)·sin`` in this layout.
+
+        ``swap`` exchanges the two members of each pair; the sign of the sine is folded into
+        ``sin``, so a rotation is one copy, two products and a sum (few passes over ``x``,
+        which matters on CPU, where each elementwise op costs a thread wake-up).
+        """
         ang = PF.rope_angles(pos, inv_freq)  # (B|1, L, Dr/2) or (L, Dr/2), float32
         if pos.dim() == 2:
             ang = ang.unsqueeze(1)  # (B|1, 1, L, Dr/2)
         cos, sin = ang.cos(), ang.sin()
         if self.attention_factor != 1.0:
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
-        return cos, sin
+        if scale is not None:  # xPos: one factor per pair
+            cos, sin = cos * scale, sin * scale
+        if self.layout == "half":
+            return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
+        return cos.repeat_interleave(2, -1), torch.stack((-sin, sin), -1).flatten(-2)
 
-    def _rotate_one(self, x: Tensor, pos: Tensor, inv_freq: Tensor, scale: Tensor | None = None) -> Tensor:
+    def _swap(self, x: Tensor) -> Tensor:
+        if self.layout == "half":
+            x1, x2 = x.chunk(2, dim=-1)
+            return torch.cat((x2, x1), dim=-1)
+        return torch.stack((x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+    def _rotate_one(self, x: Tensor, pos: Tensor, tables: tuple[Tensor, Tensor]) -> Tensor:
         if x.dim() != 4:
             raise ValueError(f"expected a (B, H, L, Dh) tensor, got shape {tuple(x.shape)}")
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"expected head dim {self.head_dim}, got shape {tuple(x.shape)}")
         if x.shape[-2] != pos.shape[-1]:
             raise ValueError(f"positions of length {pos.shape[-1]} for a tensor of length {x.shape[-2]}")
-        cos, sin = self._cos_sin(pos, inv_freq)
-        if scale is not None:  # xPos: per-pair factor, same on both members of a pair
-            cos, sin = cos * scale, sin * scale
-        fn = PF.apply_rope_half if self.layout == "half" else PF.apply_rope_interleaved
+        cos, sin = tables
         r = self.rotary_dim
-        if r == x.shape[-1]:
-            return fn(x, cos, sin)
-        return torch.cat((fn(x[..., :r], cos, sin), x[..., r:]), dim=-1)
+        xr = x[..., :r].float() if r < x.shape[-1] else x.float()
+        out = (xr * cos + self._swap(xr) * sin).to(x.dtype)
+        return out if r == x.shape[-1] else torch.cat((out, x[..., r:]), dim=-1)
 
     def _seq_len(self, *positions: Tensor) -> int:
         if not self.length_dependent:
@@ -365,10 +378,12 @@ class RoPE(PositionEncoding):
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         inv_freq = self.frequencies(self._seq_len(q_pos, k_pos))
-        return self._rotate_one(q, q_pos, inv_freq), self._rotate_one(k, k_pos, inv_freq)
+        q_tab = self._cos_sin(q_pos, inv_freq)
+        k_tab = q_tab if k_pos is q_pos else self._cos_sin(k_pos, inv_freq)
+        return self._rotate_one(q, q_pos, q_tab), self._rotate_one(k, k_pos, k_tab)
 
     def rotate_value(self, v: Tensor, k_pos: Tensor) -> Tensor:
-        return self._rotate_one(v, k_pos, self.frequencies(self._seq_len(k_pos)))
+        return self._rotate_one(v, k_pos, self._cos_sin(k_pos, self.frequencies(self._seq_len(k_pos))))
 
 
 @register
@@ -454,7 +469,6 @@ class XPos(RoPE):
         return scale.unsqueeze(1) if pos.dim() == 2 else scale
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        inv_freq = self.inv_freq
-        q = self._rotate_one(q, q_pos, inv_freq, self.decay(q_pos))
-        k = self._rotate_one(k, k_pos, inv_freq, 1.0 / self.decay(k_pos))
+        q = self._rotate_one(q, q_pos, self._cos_sin(q_pos, self.inv_freq, self.decay(q_pos)))
+        k = self._rotate_one(k, k_pos, self._cos_sin(k_pos, self.inv_freq, 1.0 / self.decay(k_pos)))
         return q, k
