@@ -394,8 +394,8 @@ class XPos(RoPE):
     centred on the current length as ``rotary-embedding-torch`` does, so a KV cache
     holds keys that stay valid. Scores are identical either way: the centre cancels in
     ``ζ^((i-c)/s)·ζ^(-(j-c)/s) = ζ^((i-j)/s)``. The factors themselves are float32, so
-    ``|n - center|·ln(1/ζ_min)/scale_base`` must stay below ~87: a ``ValueError`` says
-    so past it (about 35 600 positions with the defaults; raise ``scale_base`` or
+    ``|n - center|·ln(1/ζ_min)/scale_base`` must stay below ~80: a ``ValueError`` says
+    so past it (about 32 700 positions with the defaults; raise ``scale_base`` or
     ``center`` to go further).
 
     Args:
