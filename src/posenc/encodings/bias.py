@@ -57,13 +57,6 @@ class ALiBi(PositionEncoding):
         slopes[: self.alibi_num_heads] = PF.alibi_slopes(self.alibi_num_heads)
         self.slopes = slopes.to(self.slopes.device)
 
-    def _apply(self, fn, recurse=True):
-        # keep the slopes float32 through model.to(torch.bfloat16)
-        super()._apply(fn, recurse)
-        if self.slopes.dtype != torch.float32:
-            self.init_buffers()
-        return self
-
     def extra_repr(self) -> str:
         return super().extra_repr() + f", alibi_num_heads={self.alibi_num_heads}"
 
@@ -251,7 +244,8 @@ class FIRE(PositionEncoding):
     Args:
         mlp_width: hidden width of ``f_θ`` (32 in the paper).
         init_c: initial ``c`` (0.1).
-        init_L: initial threshold ``L_thr`` (512); ``max_len`` when given and smaller.
+        init_L: initial threshold ``L_thr``: ``max_len / 4`` (the paper's 512 at training
+            length 2048), 512 without ``max_len``.
     """
 
     name = "fire"
@@ -275,8 +269,8 @@ class FIRE(PositionEncoding):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
         if not isinstance(mlp_width, int) or isinstance(mlp_width, bool) or mlp_width < 1:
             raise ValueError(f"mlp_width must be a positive int, got {mlp_width!r}")
-        if init_L is None:
-            init_L = float(min(512, max_len)) if max_len else 512.0
+        if init_L is None:  # the paper's 512 for its training length 2048: a quarter of max_len
+            init_L = max_len / 4 if max_len else 512.0
         for arg, val in (("init_c", init_c), ("init_L", init_L)):
             if not isinstance(val, (int, float)) or val <= 0:
                 raise ValueError(f"{arg} must be a positive number, got {val!r}")

@@ -64,6 +64,11 @@ class CoPE(PositionEncoding):
     def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         if q.dim() != 4 or k.dim() != 4 or q.shape[-1] != self.head_dim:
             raise ValueError(f"q, k must be (B, H, L, {self.head_dim}), got {tuple(q.shape)}, {tuple(k.shape)}")
+        if q_pos.shape[-1] != q.shape[-2] or k_pos.shape[-1] != k.shape[-2]:
+            raise ValueError(
+                f"positions of lengths {q_pos.shape[-1]}, {k_pos.shape[-1]} for q, k of lengths "
+                f"{q.shape[-2]}, {k.shape[-2]}"
+            )
         pos = self.positions(q, k, q_pos, k_pos)
         lo, hi = pos.floor(), pos.ceil()
         w = pos - lo

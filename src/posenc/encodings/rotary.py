@@ -305,13 +305,6 @@ class RoPE(PositionEncoding):
         if self.rope_type == "longrope":
             self.long_inv_freq = self._params(self.original_max_len + 1)[0].to(device)
 
-    def _apply(self, fn, recurse=True):
-        # model.to(torch.bfloat16) must not round the frequency tables: rebuild them in float32
-        super()._apply(fn, recurse)
-        if any(b is not None and b.dtype != torch.float32 for b in self._buffers.values()):
-            self.init_buffers()
-        return self
-
     @property
     def relative(self) -> bool:
         return True
