@@ -39,20 +39,23 @@ def tokens(B=2, L=16, vocab=50, seed=0):
 def test_invariance_matches_relative_flag(name):
     """Relative encodings: logits and probabilities unchanged to 1e-5 under shifts up to 1000.
 
-    Absolute ones must move by far more (so the test can fail both ways). Shifts of
+    Absolute ones must move by far more at some shift (so the test can fail both ways;
+    FIRE, for one, is relative until positions pass its threshold). Shifts of
     non-extrapolating encodings stay inside max_len.
     """
     model = small_model(name)
     x = tokens()
     relative = all(e.relative for e in model.encodings)
     shifts = (1, 7, 1000) if all(e.extrapolates for e in model.encodings) else (1, 7, 40)
+    largest = 0.0
     for s in shifts:
         d_logit, d_prob = shift_change(model, x, s)
+        largest = max(largest, *d_logit)
         if relative:
             assert max(d_logit) < 1e-5, (name, s, d_logit)
             assert max(d_prob) < 1e-5, (name, s, d_prob)
-        else:
-            assert max(d_logit) > 1e-2, (name, s, d_logit)
+    if not relative:
+        assert largest > 1e-2, (name, largest)
 
 
 # ============================================================================ similarity
