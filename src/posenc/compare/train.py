@@ -127,9 +127,10 @@ def build_model(cfg: CompareConfig, source, encoding: str) -> TransformerLM:
 
 def lr_at(cfg: CompareConfig, step: int) -> float:
     """Linear warmup, then cosine decay to ``lr * min_lr_ratio``; a function of the step only."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    warmup = min(cfg.warmup, cfg.steps)
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, cfg.steps - warmup)
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
