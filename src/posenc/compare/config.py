@@ -47,9 +47,14 @@ class CompareConfig:
     heads: int = 4
     mlp_ratio: float = 4.0
     dropout: float = 0.0
+    tie_embeddings: bool = False
+    # Token embeddings N(0, embed_std^2). 1.0 matches unit-amplitude sinusoidal positions
+    # (Vaswani et al. scale N(0, 1/D) embeddings by sqrt(D)); GPT-2's 0.02 lets the
+    # sinusoids drown the tokens, and the sinusoidal model then stays at unigram loss.
+    embed_std: float = 1.0
     # training
     train_len: int = 64
-    steps: int = 300
+    steps: int = 400
     batch_size: int = 32
     lr: float = 3e-3
     warmup: int = 30  # linear warmup steps (at most `steps`)

@@ -117,11 +117,14 @@ def build_model(cfg: CompareConfig, source, encoding: str) -> TransformerLM:
         max_len=model_max_len(cfg, source),
         mlp_ratio=cfg.mlp_ratio,
         dropout=cfg.dropout,
+        tie_embeddings=cfg.tie_embeddings,
     )
     # Re-draw every non-encoding weight from the same seed, so that the encodings'
     # own parameters (drawn first, in different numbers) do not shift them.
     torch.manual_seed(cfg.seed)
     model._init_weights()
+    if model.tok_emb is not None and not cfg.tie_embeddings:
+        torch.nn.init.normal_(model.tok_emb.weight, std=cfg.embed_std)
     return model
 
 
