@@ -56,11 +56,14 @@ def test_presets_and_overrides():
             "copy",
             "--train-len",
             "8",
-        ]  # fmt: skip
+            "--encoding-options",
+            "t5.max_distance=16,rope.base=500.5,rope.layout=interleaved",
+        ]
     )
     cfg = build_config(args)
     assert cfg.encodings == ["rope", "alibi"] and cfg.eval_lens == [8, 16] and cfg.lr == 0.01
     assert cfg.randomized_positions and cfg.task == "copy" and cfg.dim == s.dim  # rest from the preset
+    assert cfg.encoding_options == {"t5": {"max_distance": 16}, "rope": {"base": 500.5, "layout": "interleaved"}}
     assert from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg  # serialisable round trip
 
 
@@ -88,6 +91,15 @@ def test_lr_schedule():
     cfg = CompareConfig(steps=100, warmup=10, lr=1.0, min_lr_ratio=0.1)
     assert lr_at(cfg, 0) == pytest.approx(0.1) and lr_at(cfg, 9) == pytest.approx(1.0)
     assert lr_at(cfg, 10) == pytest.approx(1.0) and lr_at(cfg, 100) == pytest.approx(0.1)
+
+
+def test_encoding_options_reach_the_model():
+    cfg = preset_config("quick", dim=16, depth=1, heads=2, train_len=16, encoding_options={"t5": {"max_distance": 20}})
+    src = make_source(cfg)
+    assert build_model(cfg, src, "t5").blocks[0].attn.encoding.max_distance == 20
+    assert preset_config("quick").encoding_options == {"t5": {"max_distance": 64}}
+    with pytest.raises(ValueError, match="unknown option"):
+        build_model(preset_config("quick", encoding_options={"t5": {"nope": 1}}), src, "t5")
 
 
 def test_same_init_for_shared_weights():

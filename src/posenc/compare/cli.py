@@ -39,13 +39,33 @@ _HELP = {
     "eval_tokens": "scored tokens per evaluation length",
     "checkpoint_every": "write a checkpoint every N steps (and after each encoding)",
     "device": "auto, cpu or cuda",
+    "encoding_options": "per-encoding options: ENCODING.OPTION=VALUE,... (e.g. t5.max_distance=64,rope.base=500)",
+    "embed_std": "std of the token embeddings (1.0 matches unit-amplitude sinusoids)",
     "dtype": "float32 or bfloat16 (autocast)",
 }
+
+
+def parse_encoding_options(s: str) -> dict[str, dict[str, Any]]:
+    """``"t5.max_distance=64,rope.base=500"`` -> ``{"t5": {"max_distance": 64}, "rope": {"base": 500}}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in filter(None, (x.strip() for x in s.split(","))):
+        key, sep, raw = item.partition("=")
+        name, dot, opt = key.partition(".")
+        if not (sep and dot and name and opt):
+            raise argparse.ArgumentTypeError(f"expected ENCODING.OPTION=VALUE, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw  # a bare string
+        out.setdefault(name, {})[opt] = value
+    return out
 
 
 def _parser_for(type_str: str):
     """An argparse ``type`` for a dataclass field annotation (a string: postponed annotations)."""
     t = type_str.replace(" | None", "")
+    if t.startswith("dict["):
+        return parse_encoding_options
     if t == "list[int]":
         return lambda s: [int(x) for x in s.split(",") if x]
     if t == "list[str]":

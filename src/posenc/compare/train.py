@@ -118,6 +118,7 @@ def build_model(cfg: CompareConfig, source, encoding: str) -> TransformerLM:
         mlp_ratio=cfg.mlp_ratio,
         dropout=cfg.dropout,
         tie_embeddings=cfg.tie_embeddings,
+        **cfg.encoding_options.get(encoding, {}),
     )
     # Re-draw every non-encoding weight from the same seed, so that the encodings'
     # own parameters (drawn first, in different numbers) do not shift them.
