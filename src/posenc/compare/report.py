@@ -67,12 +67,13 @@ def _plots(out: Path, results: dict[str, Any]) -> None:
     metric = metric_name(cfg)
     train_len = cfg["train_len"]
 
+    color = {r["encoding"]: f"C{i % 10}" for i, r in enumerate(runs)}  # the same in both plots
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in runs:
         pts = [(e["length"], e[metric]) for e in r["eval"] if e.get("applicable", True) and e.get(metric) is not None]
         if pts:
             x, y = zip(*pts)
-            ax.plot(x, y, marker="o", label=r["encoding"])
+            ax.plot(x, y, marker="o", color=color[r["encoding"]], label=r["encoding"])
     ax.axvline(train_len, color="gray", ls="--", lw=1, label="train length")
     ax.set_xscale("log", base=2)
     if metric == "ppl":
@@ -97,7 +98,7 @@ def _plots(out: Path, results: dict[str, Any]) -> None:
         if e is None or not e.get("per_position"):
             continue
         x = [(b["start"] + b["end"]) / 2 for b in e["per_position"]]
-        ax.plot(x, [b["loss"] for b in e["per_position"]], marker=".", label=r["encoding"])
+        ax.plot(x, [b["loss"] for b in e["per_position"]], marker=".", color=color[r["encoding"]], label=r["encoding"])
     seq_train = 2 * train_len if cfg.get("task") else train_len
     ax.axvline(seq_train, color="gray", ls="--", lw=1, label="train length")
     ax.set_xlabel(f"position in a sequence of evaluation length {longest}")
