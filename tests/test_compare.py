@@ -172,6 +172,16 @@ def test_synthetic_task_accuracy(tmp_path):
     assert "accuracy" in (out / "table.md").read_text()
 
 
+def test_bfloat16_and_sliding_windows(tmp_path):
+    out = tmp_path / "bf16"
+    argv = [*TINY, "--encodings", "t5", "--steps", "2", "--dtype", "bfloat16", "--sliding", "--stride", "8"]
+    assert run_cli(*argv, "--out", str(out)) == 0
+    (run,) = load(out)["runs"]
+    for e in run["eval"]:
+        # 256 // 8 = 32 windows: the first scores all its tokens, the others their last 8
+        assert e["tokens"] == e["length"] + 31 * 8 and torch.isfinite(torch.tensor(e["loss"]))
+
+
 def test_randomized_positions_make_learned_applicable(tmp_path):
     out = tmp_path / "rnd"
     assert run_cli(*TINY, "--encodings", "learned", "--steps", "3", "--randomized-positions", "--out", str(out)) == 0
