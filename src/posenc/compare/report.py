@@ -62,6 +62,7 @@ def _plots(out: Path, results: dict[str, Any]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullLocator
 
     cfg, runs = results["config"], results["runs"]
     metric = metric_name(cfg)
@@ -73,11 +74,19 @@ def _plots(out: Path, results: dict[str, Any]) -> None:
         pts = [(e["length"], e[metric]) for e in r["eval"] if e.get("applicable", True) and e.get(metric) is not None]
         if pts:
             x, y = zip(*pts)
-            ax.plot(x, y, marker="o", color=color[r["encoding"]], label=r["encoding"])
+            na = [e["length"] for e in r["eval"] if not e.get("applicable", True)]
+            label = r["encoding"] + (f" (n/a at {', '.join(map(str, na))})" if na else "")
+            ax.plot(x, y, marker="o", color=color[r["encoding"]], label=label)
     ax.axvline(train_len, color="gray", ls="--", lw=1, label="train length")
     ax.set_xscale("log", base=2)
+    lens = sorted({e["length"] for r in runs for e in r["eval"]})
+    ax.set_xticks(lens, [str(n) for n in lens])
+    ax.xaxis.set_minor_locator(NullLocator())
     if metric == "ppl":
         ax.set_yscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
         ax.set_ylabel("validation perplexity (bytes)")
     else:
         ax.set_ylabel("exact-match accuracy")
