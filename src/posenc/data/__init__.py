@@ -1,0 +1,185 @@
+"""Data for ``posenc compare``: byte-level text corpora and synthetic tasks.
+
+Every source is byte-level or a small symbol vocabulary, so no tokenizer and no
+download is needed:
+
+* :func:`embedded_corpus` — the English prose of Python's own documentation
+  (``pydoc_data.topics``, ~465 kB, part of every CPython);
+* :func:`read_text` — any UTF-8 file (``--text FILE``);
+* :func:`load_hf_dataset` — a Hugging Face dataset (``--dataset NAME``); optional,
+  it needs the ``datasets`` package and the hub (or its local cache) and fails with a
+  :class:`DataError` that says so;
+* :mod:`posenc.data.tasks` — ``copy``, ``reverse``, ``sort``, ``associative-recall``.
+
+:class:`TextData` splits a byte string deterministically into train and validation
+(the last ``val_fraction`` of the bytes) and serves batches that depend only on
+``(seed, step)``, so every encoding sees the same data in the same order and a resumed
+run sees what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .tasks import TASKS, Batch, SyntheticTask, step_generator
+
+__all__ = [
+    "Batch",
+    "DataError",
+    "TASKS",
+    "SyntheticTask",
+    "TextData",
+    "embedded_corpus",
+    "load_hf_dataset",
+    "read_text",
+    "step_generator",
+]
+
+
+class DataError(RuntimeError):
+    """A data source cannot be loaded (missing file, package, or network)."""
+
+
+def embedded_corpus() -> bytes:
+    """Python's documentation prose (``pydoc_data.topics``), topics in sorted order, UTF-8."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError as e:  # stripped-down Python builds
+        raise DataError("the embedded corpus needs the stdlib module pydoc_data.topics; use --text FILE") from e
+    return "\n\n".join(topics[k] for k in sorted(topics)).encode("utf-8")
+
+
+def read_text(path: str | Path) -> bytes:
+    """The bytes of a UTF-8 text file (validated as UTF-8)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"--text: no such file {str(p)!r}")
+    data = p.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"--text: {str(p)!r} is not UTF-8 ({e})") from e
+    return data
+
+
+def load_hf_dataset(
+    name: str, config: str | None = None, split: str = "train", field: str = "text", max_bytes: int = 20_000_000
+) -> bytes:
+    """The ``field`` column of a Hugging Face dataset, joined with newlines, up to ``max_bytes``.
+
+    Raises:
+        DataError: ``datasets`` is not installed, the hub cannot be reached (and the
+            dataset is not cached), or the column does not exist.
+    """
+    try:
+        import datasets
+    except ImportError as e:
+        raise DataError(
+            f"--dataset {name!r} needs the optional package 'datasets' (pip install datasets); "
+            "use the embedded corpus or --text FILE instead"
+        ) from e
+    try:
+        ds = datasets.load_dataset(name, config, split=split, streaming=True)
+    except Exception as e:  # network, unknown name, bad config: all reported the same way
+        raise DataError(
+            f"could not load dataset {name!r} (config={config!r}, split={split!r}) from the Hugging Face hub "
+            f"or its local cache: {type(e).__name__}: {e}"
+        ) from e
+    parts, size = [], 0
+    try:
+        for row in ds:
+            if field not in row:
+                raise DataError(f"dataset {name!r} has no column {field!r}; columns: {sorted(row)}")
+            b = str(row[field]).encode("utf-8")
+            parts.append(b)
+            size += len(b) + 1
+            if size >= max_bytes:
+                break
+    except DataError:
+        raise
+    except Exception as e:
+        raise DataError(f"reading dataset {name!r} failed: {type(e).__name__}: {e}") from e
+    if not parts:
+        raise DataError(f"dataset {name!r} split {split!r} is empty")
+    return b"\n".join(parts)[:max_bytes]
+
+
+@dataclass
+class TextData:
+    """Byte-level language modelling data with a deterministic train/validation split.
+
+    Args:
+        data: the corpus bytes.
+        val_fraction: the last fraction of the bytes held out for evaluation.
+        seed: data seed; the training batch of step ``s`` depends only on ``(seed, s)``.
+    """
+
+    data: bytes
+    val_fraction: float = 0.1
+    seed: int = 0
+
+    kind = "text"
+    vocab_size = 256
+
+    def __post_init__(self) -> None:
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        t = torch.frombuffer(bytearray(self.data), dtype=torch.uint8).long()
+        n_val = int(len(t) * self.val_fraction)
+        self.train, self.val = t[: len(t) - n_val], t[len(t) - n_val :]
+        if len(self.train) < 2 or len(self.val) < 2:
+            raise ValueError(f"corpus of {len(t)} bytes is too small to split")
+
+    def seq_len(self, length: int) -> int:
+        """Tokens in a sequence of evaluation length ``length`` (the length itself)."""
+        return length
+
+    def train_batch(self, step: int, batch_size: int, length: int) -> Batch:
+        """Random windows of the train split: the same for a given ``(seed, step)``."""
+        if length + 1 > len(self.train):
+            raise ValueError(f"train length {length} exceeds the train split ({len(self.train)} bytes)")
+        g = step_generator(self.seed, step)
+        starts = torch.randint(0, len(self.train) - length, (batch_size,), generator=g)  # (B,)
+        idx = starts[:, None] + torch.arange(length + 1)  # (B, L+1)
+        w = self.train[idx]
+        return Batch(w[:, :-1], w[:, 1:], None)
+
+    def eval_windows(self, length: int, max_tokens: int, stride: int | None = None) -> tuple[Tensor, Tensor]:
+        """Windows of the validation split for evaluation at ``length``.
+
+        Non-overlapping windows by default (``stride=None``); with ``stride < length``,
+        sliding windows that score only their last ``stride`` tokens (except the first,
+        which scores all), so every token is predicted once with up to ``length - stride``
+        tokens of extra context. At most ``max_tokens // stride`` windows (at least 1).
+
+        Returns:
+            ``(windows, score_from)``: ``(N, length + 1)`` int64 tokens+next token, and
+            ``(N,)`` the first scored index of each window.
+
+        Raises:
+            ValueError: the validation split is shorter than ``length + 1`` bytes.
+        """
+        step = length if stride is None else stride
+        if not 1 <= step <= length:
+            raise ValueError(f"stride must be in [1, {length}], got {stride}")
+        if length + 1 > len(self.val):
+            raise ValueError(f"eval length {length} exceeds the validation split ({len(self.val)} bytes)")
+        n = max(1, min((len(self.val) - length - 1) // step + 1, max_tokens // step))
+        starts = torch.arange(n) * step  # (N,)
+        windows = self.val[starts[:, None] + torch.arange(length + 1)]  # (N, L+1)
+        score_from = torch.full((n,), length - step, dtype=torch.long)
+        score_from[0] = 0
+        return windows, score_from
+
+    def eval_batches(self, length: int, batch_size: int, max_tokens: int, stride: int | None = None) -> Iterator[Batch]:
+        """Evaluation batches: ``mask`` marks the scored targets of each window."""
+        windows, score_from = self.eval_windows(length, max_tokens, stride)
+        for s in range(0, len(windows), batch_size):
+            w, f = windows[s : s + batch_size], score_from[s : s + batch_size]
+            mask = torch.arange(length)[None, :] >= f[:, None]  # (b, L)
+            yield Batch(w[:, :-1], w[:, 1:], mask)

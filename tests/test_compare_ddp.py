@@ -1,0 +1,40 @@
+"""posenc compare under torchrun: 2 CPU processes (gloo) match 1 process with the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from posenc.cli import main
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+ARGS = ["--dim", "16", "--depth", "1", "--heads", "2", "--train-len", "16", "--batch-size", "4", "--warmup", "2",
+        "--eval-lens", "16,32", "--eval-tokens", "256", "--steps", "8", "--encodings", "rope,t5",
+        "--no-progress"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
+def test_two_gloo_processes_match_one(tmp_path):
+    single = tmp_path / "single"
+    assert main(["compare", *ARGS, "--out", str(single)]) == 0
+    ddp = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "posenc.cli", "compare", *ARGS, "--out", str(ddp)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a = json.loads((single / "results.json").read_text())
+    b = json.loads((ddp / "results.json").read_text())
+    assert b["processes"] == 2 and a["processes"] == 1
+    for ra, rb in zip(a["runs"], b["runs"], strict=True):
+        assert ra["encoding"] == rb["encoding"]
+        # same global batch, gradients averaged over 2 halves: the same loss curve
+        assert ra["train_loss"] == pytest.approx(rb["train_loss"], rel=1e-4)
+        assert [e["loss"] for e in ra["eval"]] == pytest.approx([e["loss"] for e in rb["eval"]], rel=1e-4)
