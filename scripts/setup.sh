@@ -9,3 +9,6 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[test]"
+# torchtune is an oracle for the rotary parity tests; its package import pulls heavy extras,
+# so it is installed without dependencies and the tests load two of its files by path
+.venv/bin/python -m pip install -q --no-deps "torchtune==0.6.1"

@@ -89,6 +89,9 @@ class TransformerLM(nn.Module):
         backend: attention backend for every layer (see :mod:`posenc.attention`).
         share_encoding: one encoding instance for all layers; None follows the encoding.
         tie_embeddings: share the token embedding with the output layer.
+        embed_std: std of the token embedding init. GPT-2's 0.02 suits learned and
+            relative encodings; encodings that add unit-amplitude vectors
+            (``sinusoidal``) drown such tokens: use ~1 (untied) there.
         **options: encoding options.
 
     Shapes: ``tokens`` ``(B, L)`` int64 -> logits ``(B, L, vocab_size)``.
@@ -110,6 +113,7 @@ class TransformerLM(nn.Module):
         backend: str = "auto",
         share_encoding: bool | None = None,
         tie_embeddings: bool = True,
+        embed_std: float = 0.02,
         **options,
     ) -> None:
         super().__init__()
@@ -169,12 +173,17 @@ class TransformerLM(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self.ln_f = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab_size, bias=False)
-        self._init_weights()
+        self.embed_std = embed_std
+        self.reset_parameters()
         if tie_embeddings and self.tok_emb is not None:
             self.head.weight = self.tok_emb.weight
 
-    def _init_weights(self) -> None:
-        """GPT-2 init, N(0, 0.02²), for everything but the encodings (they init themselves)."""
+    def reset_parameters(self) -> None:
+        """Re-draw every weight but the encodings' (they init themselves).
+
+        GPT-2 init, N(0, 0.02²), token embedding N(0, embed_std²). Re-seeding and calling
+        this gives models with different encodings identical shared weights.
+        """
         own = {id(m) for e in self.modules() if isinstance(e, PositionEncoding) for m in e.modules()}
         for m in self.modules():
             if id(m) in own:
@@ -183,6 +192,8 @@ class TransformerLM(nn.Module):
                 nn.init.normal_(m.weight, std=0.02)
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
+        if self.tok_emb is not None:
+            nn.init.normal_(self.tok_emb.weight, std=self.embed_std)
 
     @property
     def encodings(self) -> list[PositionEncoding]:

@@ -235,7 +235,11 @@ def train_tiny(
     """
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
-    model = TransformerLM(vocab_size, dim, depth, heads, spec.name, length, **spec.options)
+    # untied unit-variance token embeddings, as `posenc compare` trains: with GPT-2's 0.02
+    # the unit-amplitude sinusoids drown the tokens and the sinusoidal model never learns
+    model = TransformerLM(
+        vocab_size, dim, depth, heads, spec.name, length, tie_embeddings=False, embed_std=1.0, **spec.options
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     loss = torch.tensor(float("nan"))
     for _ in range(steps):

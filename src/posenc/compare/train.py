@@ -118,14 +118,13 @@ def build_model(cfg: CompareConfig, source, encoding: str) -> TransformerLM:
         mlp_ratio=cfg.mlp_ratio,
         dropout=cfg.dropout,
         tie_embeddings=cfg.tie_embeddings,
+        embed_std=cfg.embed_std,
         **cfg.encoding_options.get(encoding, {}),
     )
     # Re-draw every non-encoding weight from the same seed, so that the encodings'
     # own parameters (drawn first, in different numbers) do not shift them.
     torch.manual_seed(cfg.seed)
-    model._init_weights()
-    if model.tok_emb is not None and not cfg.tie_embeddings:
-        torch.nn.init.normal_(model.tok_emb.weight, std=cfg.embed_std)
+    model.reset_parameters()
     return model
 
 
