@@ -6,7 +6,9 @@
   ``torchdiffeq`` (``adjoint=True`` for the adjoint method). Here
   ``h(p) = Ω·p + g(p)``: ``Ω`` is skew-symmetric, block-diagonal with learned
   frequencies ``ω_k`` on the interleaved ``(sin, cos)`` pairs, and ``g`` a small MLP
-  (``D → hidden → D``, tanh). With ``ω_k = 10000^(−2k/D)``, ``p₀ = (0, 1, 0, 1, ...)`` and
+  (``D → hidden → D``, tanh) whose output is projected orthogonally to ``p``, so that
+  ``|p(t)| = |p₀|`` for all ``t`` like the sinusoidal table's (a free MLP made ``p``
+  grow linearly with ``t`` and the attention logits with it). With ``ω_k = 10000^(−2k/D)``, ``p₀ = (0, 1, 0, 1, ...)`` and
   ``g = 0`` the solution is exactly the sinusoidal table of Vaswani et al., the
   particular solution the paper points out; that is the initialisation (``g``'s output
   layer starts at std ``1e-4``), so a fresh model starts near ``sinusoidal``.
@@ -135,7 +137,7 @@ class FloaterField(nn.Module):
         nn.init.zeros_(self.net[2].bias)
 
     def forward(self, t: Tensor, y: Tensor) -> Tensor:
-        omega = self.omega.float()  # the dynamics run in float32 whatever the module dtype
+        omega = self.omega.to(y.dtype)  # the dynamics run in float64 whatever the module dtype
         if self.frame == "fixed":
             s, c = y[..., 0::2], y[..., 1::2]
             lin = torch.stack((omega * c, -omega * s), dim=-1).flatten(-2)  # Ω·p
@@ -144,10 +146,17 @@ class FloaterField(nn.Module):
         return _rotate_pairs(self.g(_rotate_pairs(y, angle)), -angle)  # e^{−Ωt} g(e^{Ωt} z)
 
     def g(self, y: Tensor) -> Tensor:
-        """The MLP part of the field, in float32."""
+        """The MLP part of the field, projected orthogonally to ``y``, in ``y``'s dtype (float64).
+
+        With ``g ⊥ p`` (and ``Ω`` skew) ``d|p|²/dt = 0``: ``|p(t)| = |p₀|`` at every position,
+        as for the sinusoidal table (norm ``sqrt(D/2)``), so positions stay bounded however
+        far the solve extrapolates.
+        """
         l1, l2 = self.net[0], self.net[2]
-        hid = torch.tanh(F.linear(y, l1.weight.float(), l1.bias.float()))
-        return F.linear(hid, l2.weight.float(), l2.bias.float())
+        hid = torch.tanh(F.linear(y, l1.weight.to(y.dtype), l1.bias.to(y.dtype)))
+        out = F.linear(hid, l2.weight.to(y.dtype), l2.bias.to(y.dtype))
+        along = (out * y).sum(-1, keepdim=True) / (y * y).sum(-1, keepdim=True).clamp(min=1e-12)
+        return out - along * y
 
 
 @register
@@ -207,7 +216,9 @@ class Floater(_Generated):
     def _solve(self, times: Tensor) -> Tensor:
         from torchdiffeq import odeint, odeint_adjoint
 
-        t = times.to(torch.float32)
+        # float64 state: the solve is bound by per-step overhead, not arithmetic, and the
+        # chain of steps (and its backward) then adds no float32 rounding of its own
+        t = times.to(torch.float64)
         prepend = t[0] != 0
         if prepend:
             t = torch.cat((t.new_zeros(1), t))  # the solve starts at p(0) = p0
@@ -221,16 +232,16 @@ class Floater(_Generated):
         # torchdiffeq writes every output time into one tensor in place, and the backward of
         # those writes costs O(outputs²·D); chunks of 64 outputs keep it linear in L.
         # Fixed-step solvers take the same steps either way (the grid is aligned on t0).
-        zs = [self.p0.float().unsqueeze(0)]  # (1, D2): the state at t[0] = 0
+        zs = [self.p0.double().unsqueeze(0)]  # (1, D2): the state at t[0] = 0
         for s in range(1, t.numel(), self.CHUNK):
             seg = t[s - 1 : s + self.CHUNK]  # the previous time, then up to CHUNK new ones
             zs.append(solve(self.field, zs[-1][-1], seg, **kw)[1:])  # (len(seg) - 1, D2)
         z = torch.cat(zs)  # (U, D2)
         if self.frame == "rotating":
-            z = _rotate_pairs(z, t.unsqueeze(-1) * self.field.omega.float())
+            z = _rotate_pairs(z, t.unsqueeze(-1) * self.field.omega.double())
         if prepend:
             z = z[1:]
-        return z[:, : self.dim]
+        return z[:, : self.dim].float()
 
 
 @register
