@@ -209,12 +209,11 @@ class Multiplicative(PositionEncoding):
     (``table="learned"``, needs ``max_len``); ``β = strength`` (default 0.5).
 
     Conditioning at initialisation: a bare sinusoid as multiplier would zero half the
-    coordinates of every token at position 0 (sin 0 = 0) and halve the embedding's
-    second moment on average. With ``1 + β·PE``, ``β < 1``, every multiplier lies in
-    ``[1 − β, 1 + β]`` (no coordinate is annihilated or sign-flipped) and
-    ``E[m²] = 1 + β²/2`` for sinusoids, so a fresh model sees embeddings of about the
-    usual scale. For the learned table ``m`` starts at ``1 + β·N(0, 1)`` clipped by
-    nothing: use ``strength`` well below 1 (default 0.5 → std 0.5).
+    coordinates of every token at position 0 (sin 0 = 0) and flip signs elsewhere. With
+    ``m = 1 + β·PE``, ``β < 1``, every multiplier lies in ``[1 − β, 1 + β]``: no coordinate
+    is annihilated or sign-flipped and each coordinate's scale changes by at most a
+    factor ``1 ± β``, so a fresh model sees embeddings of the usual scale. For the learned
+    table ``m`` starts at ``1 + β·N(0, 1)``: keep ``strength`` well below 1 there.
     """
 
     name = "multiplicative"
