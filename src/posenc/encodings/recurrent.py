@@ -17,7 +17,8 @@
   an adaptive solver then steps at the pace of ``g`` rather than at the fastest
   frequency (1 rad per position); ``frame="fixed"`` integrates ``dp/dt = h(p)``
   directly. The default solver is fixed-step ``rk4`` with one step per position in the
-  rotating frame (exact for ``g = 0``; error proportional to ``g``): adaptive
+  rotating frame (exact for ``g = 0``; its error grows with ``g``, and it keeps ``|p|``
+  only approximately: pass ``method="dopri5"`` with tolerances for an accurate solve): adaptive
   ``dopri5`` at ``rtol=1e-4`` cost 25 s fwd+bwd at L = 512 on a contended CPU. As in the paper, the encoding is injected before every layer
   (``input_every_layer``: each attention layer projects ``LN(x) + p``, so ``p`` enters
   as a position-dependent bias of W_Q, W_K, W_V) and the dynamics are shared by all
