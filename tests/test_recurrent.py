@@ -31,17 +31,17 @@ def _linear_skew(enc):
 @pytest.mark.parametrize(
     "opts",
     [
-        dict(frame="fixed", method="dopri5", rtol=1e-7, atol=1e-9),  # integrates the rotation itself
+        dict(frame="fixed", method="dopri5", rtol=1e-6, atol=1e-8),  # integrates the rotation itself
         dict(frame="rotating"),  # default: rk4 in the rotating frame
     ],
     ids=["fixed-dopri5", "rotating-rk4"],
 )
 def test_floater_linear_skew_field_solves_to_sinusoidal(opts):
     enc = _linear_skew(posenc.build("floater", heads=2, head_dim=8, **opts))
-    pos = torch.arange(48)
+    pos = torch.arange(16)
     with torch.no_grad():
         p = enc.positions(pos)
-    assert_close(p, _vaswani(48, 16), rtol=0, atol=2e-5)
+    assert_close(p, _vaswani(16, 16), rtol=0, atol=2e-5)
 
 
 def test_floater_fixed_and_rotating_frames_solve_the_same_ode():
@@ -62,19 +62,19 @@ def test_floater_keeps_the_norm_of_p0():
     enc = posenc.build("floater", heads=2, head_dim=4, method="dopri5", rtol=1e-7, atol=1e-9)
     with torch.no_grad():
         enc.field.net[2].weight.normal_(std=0.3)  # a strong g
-        norms = enc.positions(torch.arange(60)).norm(dim=-1)
-    assert_close(norms, enc.p0.norm().expand(60), rtol=1e-5, atol=1e-5)
+        norms = enc.positions(torch.arange(30)).norm(dim=-1)
+    assert_close(norms, enc.p0.norm().expand(30), rtol=1e-5, atol=1e-5)
 
 
 def test_floater_adjoint_gradients_match_backprop():
     torch.manual_seed(0)
-    direct = posenc.build("floater", heads=1, head_dim=8, method="dopri5", rtol=1e-8, atol=1e-10)
-    adjoint = posenc.build("floater", heads=1, head_dim=8, method="dopri5", rtol=1e-8, atol=1e-10, adjoint=True)
+    direct = posenc.build("floater", heads=1, head_dim=8, method="dopri5", rtol=1e-7, atol=1e-9)
+    adjoint = posenc.build("floater", heads=1, head_dim=8, method="dopri5", rtol=1e-7, atol=1e-9, adjoint=True)
     with torch.no_grad():
         for p in direct.parameters():
             p.add_(0.1 * torch.randn_like(p))
     adjoint.load_state_dict(direct.state_dict())
-    pos, w = torch.arange(12), torch.randn(12, 8)
+    pos, w = torch.arange(6), torch.randn(6, 8)
     for enc in (direct, adjoint):
         (enc.positions(pos) * w).sum().backward()
     for (name, a), b in zip(direct.named_parameters(), adjoint.parameters()):
