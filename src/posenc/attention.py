@@ -101,6 +101,7 @@ class KVCache(nn.Module):
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("pos", torch.zeros(batch_size, max_len, dtype=torch.long, device=device), persistent=False)
         self.length = 0
+        self.input_state: nn.Module | None = None  # the encoding's init_state(), if its input stage has one
 
     @property
     def max_len(self) -> int:
@@ -108,6 +109,8 @@ class KVCache(nn.Module):
 
     def reset(self) -> None:
         self.length = 0
+        if self.input_state is not None:
+            self.input_state.reset()
 
     def update(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Append ``k, v`` ``(B, H, L, Dh)`` at ``pos`` ``(B|1, L)``; return all cached so far."""
@@ -205,9 +208,11 @@ class Attention(nn.Module):
 
     def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> KVCache:
         w = self.q_proj.weight
-        return KVCache(
-            batch_size, max_len, self.heads, self.head_dim, dtype=dtype or w.dtype, device=device or w.device
-        )
+        dtype, device = dtype or w.dtype, device or w.device
+        cache = KVCache(batch_size, max_len, self.heads, self.head_dim, dtype=dtype, device=device)
+        if self.apply_input_stage and self.encoding.stages & Stage.INPUT:
+            cache.input_state = self.encoding.init_state(batch_size, dtype=dtype, device=device)
+        return cache
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -247,7 +252,8 @@ class Attention(nn.Module):
         enc = self.encoding
         B, L, _ = x.shape
         if self.apply_input_stage and enc.stages & Stage.INPUT:
-            x = enc.embed(x, pos)
+            state = cache.input_state if cache is not None else None
+            x = enc.embed(x, pos) if state is None else enc.embed(x, pos, state=state)
         q = self.q_proj(x).view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
         k = self.k_proj(x).view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
         v = self.v_proj(x).view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)

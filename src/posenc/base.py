@@ -146,6 +146,15 @@ class PositionEncoding(nn.Module):
         """Input stage. ``x``: ``(B, L, D)``, ``pos``: ``(L,)`` or ``(B, L)`` -> ``(B, L, D)``."""
         return x
 
+    def init_state(self, batch_size: int, *, dtype=None, device=None) -> nn.Module | None:
+        """State the input stage carries between KV-cache calls; ``None`` when stateless.
+
+        An input stage that looks at neighbouring tokens (``conv``) needs the last inputs
+        of earlier calls to decode token by token. When this returns a module, the cache
+        holds it and callers run ``embed(x, pos, state=state)``; ``state.reset()`` empties it.
+        """
+        return None
+
     def embed_tokens(self, tokens: Tensor, pos: Tensor) -> Tensor:
         """Input stage for encodings that build the embedding (``builds_embedding``).
 

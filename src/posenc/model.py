@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import Attention, KVCache
-from .base import PositionEncoding, Stage, as_positions, build, get_class
+from .base import PositionEncoding, Stage, as_positions, build, get_class, options_of
 
 __all__ = ["TransformerLM", "ModelCache", "save_checkpoint", "load_checkpoint"]
 
@@ -32,6 +32,7 @@ class ModelCache:
     """One :class:`KVCache` per layer; ``length`` tokens are cached so far."""
 
     layers: list[KVCache]
+    input_state: nn.Module | None = None  # state of a model-level input stage (conv), if any
 
     @property
     def length(self) -> int:
@@ -44,6 +45,8 @@ class ModelCache:
     def reset(self) -> None:
         for c in self.layers:
             c.reset()
+        if self.input_state is not None:
+            self.input_state.reset()
 
 
 class MLP(nn.Module):
@@ -146,8 +149,12 @@ class TransformerLM(nn.Module):
         cls = get_class(encoding)
         share = cls.share_across_layers if share_encoding is None else share_encoding
 
+        enc_options = dict(options)
+        if cls.builds_embedding and "vocab_size" in options_of(cls):
+            enc_options.setdefault("vocab_size", vocab_size)  # it builds the token embedding
+
         def make() -> PositionEncoding:
-            return build(encoding, heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
+            return build(encoding, heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **enc_options)
 
         first = make()
         # Input stage at the bottom of the stack, once, unless the paper injects it per layer.
@@ -205,17 +212,26 @@ class TransformerLM(nn.Module):
 
     def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> ModelCache:
         """An empty KV cache for ``batch_size`` sequences of up to ``max_len`` tokens."""
-        return ModelCache([b.attn.init_cache(batch_size, max_len, dtype=dtype, device=device) for b in self.blocks])
+        layers = [b.attn.init_cache(batch_size, max_len, dtype=dtype, device=device) for b in self.blocks]
+        state = None
+        if self.input_encoding is not None:
+            w = self.blocks[0].attn.q_proj.weight
+            state = self.input_encoding.init_state(batch_size, dtype=dtype or w.dtype, device=device or w.device)
+        return ModelCache(layers, state)
 
-    def embed(self, tokens: Tensor, pos: Tensor) -> Tensor:
-        """Token embeddings plus the input stage: ``(B, L)`` -> ``(B, L, D)``."""
+    def embed(self, tokens: Tensor, pos: Tensor, state: nn.Module | None = None) -> Tensor:
+        """Token embeddings plus the input stage: ``(B, L)`` -> ``(B, L, D)``.
+
+        ``state``: the input stage's decoding state (``ModelCache.input_state``), if any.
+        """
         enc = self.input_encoding or self.blocks[0].attn.encoding
         if enc.builds_embedding:
             enc.check_length(pos)
             return enc.embed_tokens(tokens, pos)
         x = self.tok_emb(tokens)
         if self.input_encoding is not None:
-            x = self.input_encoding.embed(x, pos)
+            enc = self.input_encoding
+            x = enc.embed(x, pos) if state is None else enc.embed(x, pos, state=state)
         return x
 
     def forward(self, tokens: Tensor, pos: Tensor | None = None, cache: ModelCache | None = None) -> Tensor:
@@ -237,7 +253,7 @@ class TransformerLM(nn.Module):
         pos = as_positions(pos, L, offset=offset, device=tokens.device, batch=B)  # (B|1, L)
         for enc in self.encodings:
             enc.check_length(pos)
-        x = self.drop(self.embed(tokens, pos))
+        x = self.drop(self.embed(tokens, pos, cache.input_state if cache is not None else None))
         for i, block in enumerate(self.blocks):
             x = block(x, pos, cache.layers[i] if cache is not None else None)
         return self.head(self.ln_f(x))

@@ -1,0 +1,125 @@
+"""Convolutional position information: a depthwise convolution over the sequence.
+
+Islam, Jia, Bruce, "How Much Position Information Do Convolutional Neural Networks
+Encode?", ICLR 2020: absolute position is decodable from zero-padded CNN features
+because the padding marks the sequence boundary. Chu et al., "Conditional Positional
+Encodings for Vision Transformers" (CPVT), 2021/ICLR 2023, use the same mechanism as a
+position encoding (the PEG: ``x + DWConv(x)``). Here, on the embeddings::
+
+    embed(x) = x + DWConv_k(x)      # depthwise over L, one kernel of size k per channel
+
+``padding``: ``"zeros"`` (position leaks through the boundary), ``"circular"``
+(bidirectional only: wrapping in causal mode would read future tokens; the model is then
+exactly shift-equivariant on periodic inputs), ``"none"`` (no padding: tokens whose
+window crosses the boundary get no conv term, ``embed(x) = x`` there). Causal mode pads
+on the left only, so token ``t`` sees tokens ``t−k+1 .. t``; bidirectional mode needs an
+odd ``k`` and pads ``(k−1)/2`` on each side.
+
+The conv never reads ``pos``: it works by index, like the causal mask. So ``relative``
+is True in posenc's sense (shifting every position changes nothing), though absolute
+position leaks through the padding, which is the point of Islam et al.
+
+KV-cache decoding: token ``t`` needs the inputs of the ``k−1`` tokens before it, which an
+earlier call saw. :meth:`init_state` gives the cache a :class:`ConvState` holding them
+(zeros at the start, which is the zero padding), so decoding token by token equals the
+full forward. Checked against a direct transcription of the convolution sum (test).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..base import PositionEncoding, Stage, register
+
+
+class ConvState(nn.Module):
+    """The last ``k−1`` inputs of each sequence ``(B, k−1, D)`` and how many tokens came."""
+
+    def __init__(self, batch_size: int, dim: int, kernel_size: int, *, dtype=None, device=None):
+        super().__init__()
+        self.register_buffer(
+            "buf", torch.zeros(batch_size, kernel_size - 1, dim, dtype=dtype, device=device), persistent=False
+        )
+        self.length = 0
+
+    def reset(self) -> None:
+        self.buf.zero_()
+        self.length = 0
+
+
+@register
+class Conv(PositionEncoding):
+    """Depthwise convolution over the sequence added to the input; see the module doc."""
+
+    name = "conv"
+    family = "absolute"
+    paper = "Islam et al., How Much Position Information Do Convolutional Neural Networks Encode?"
+    year = 2020
+    stages = Stage.INPUT
+
+    def __init__(self, *, heads, head_dim, max_len=None, causal=True, kernel_size: int = 3, padding: str = "zeros"):
+        super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
+        if padding not in ("zeros", "circular", "none"):
+            raise ValueError(f"padding must be 'zeros', 'circular' or 'none', got {padding!r}")
+        if not isinstance(kernel_size, int) or kernel_size < 1:
+            raise ValueError(f"kernel_size must be a positive int, got {kernel_size!r}")
+        if causal and padding == "circular":
+            raise ValueError("padding='circular' wraps future tokens into the window; use it with causal=False")
+        if not causal and kernel_size % 2 == 0:
+            raise ValueError(f"bidirectional conv needs an odd kernel_size (centred window), got {kernel_size}")
+        self.kernel_size, self.padding = kernel_size, padding
+        self.conv = nn.Conv1d(self.dim, self.dim, kernel_size, groups=self.dim)  # depthwise
+
+    @property
+    def relative(self) -> bool:
+        return True
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, kernel_size={self.kernel_size}, padding={self.padding!r}"
+
+    def init_state(self, batch_size: int, *, dtype=None, device=None) -> ConvState | None:
+        if not self.causal or self.kernel_size == 1:
+            return None  # a centred window needs future tokens: no incremental decoding
+        return ConvState(batch_size, self.dim, self.kernel_size, dtype=dtype, device=device)
+
+    def embed(self, x: Tensor, pos: Tensor, state: ConvState | None = None) -> Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
+        B, L, _ = x.shape
+        k = self.kernel_size
+        w, b = self.conv.weight.to(x.dtype), self.conv.bias.to(x.dtype)
+        if self.causal:
+            start = 0
+            if state is None:
+                past = x.new_zeros(B, k - 1, self.dim)  # zero padding on the left only
+            else:
+                if state.buf.shape[0] != B:
+                    raise ValueError(f"conv state was made for batch size {state.buf.shape[0]}, got {B}")
+                past, start = state.buf.to(x.dtype), state.length
+            xin = torch.cat((past, x), dim=1)  # (B, k−1+L, D)
+            if state is not None and k > 1:
+                state.buf.copy_(xin[:, -(k - 1) :])
+                state.length += L
+            out = F.conv1d(xin.transpose(1, 2), w, b, groups=self.dim).transpose(1, 2)  # (B, L, D)
+            index = torch.arange(start, start + L, device=x.device)
+            first = k - 1  # the first index whose window lies inside the sequence
+        else:
+            if state is not None:
+                raise ValueError("bidirectional conv cannot decode incrementally (its window reads future tokens)")
+            h = (k - 1) // 2
+            if self.padding == "circular":
+                idx = torch.arange(-h, L + h, device=x.device) % L
+                xin = x[:, idx]  # (B, L+2h, D), wrapped
+            else:
+                xin = F.pad(x, (0, 0, h, h))  # (B, L+2h, D), zeros
+            out = F.conv1d(xin.transpose(1, 2), w, b, groups=self.dim).transpose(1, 2)  # (B, L, D)
+            index = torch.arange(L, device=x.device)
+            first = h
+        if self.padding == "none":
+            inside = index >= first
+            if not self.causal:
+                inside = inside & (index <= L - 1 - first)
+            out = out * inside.to(out.dtype).view(1, L, 1)  # no conv term where the window leaves the sequence
+        return x + out
