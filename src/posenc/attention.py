@@ -189,6 +189,7 @@ class Attention(nn.Module):
             self.encoding = encoding
         else:
             self.encoding = build(encoding, heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
+        self.encoding.attach(self)
         if backend != "auto" and backend not in supported_backends(self.encoding):
             raise ValueError(
                 f"backend {backend!r} cannot run encoding {self.encoding.name!r}; "

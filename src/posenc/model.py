@@ -199,6 +199,8 @@ class TransformerLM(nn.Module):
         blocks = []
         for i in range(depth):
             enc = first if (share or i == 0) else make()
+            if enc is not first:
+                enc.tie_to(first)  # e.g. DeBERTa's relative table, shared while projections are not
             attn = Attention(
                 dim,
                 heads,
