@@ -127,6 +127,10 @@ class TransformerLM(nn.Module):
         tie_embeddings: share the token embedding with the output layer.
         memory_len: tokens of past segments each layer keeps as memory (Transformer-XL);
             used when ``forward`` gets ``memory=lm.init_memory()``.
+        absolute_from_layer: DeBERTa's enhanced mask decoder: a learned absolute position
+            table (``max_len`` rows) added to the hidden states just before this block
+            index, so only the top ``depth - absolute_from_layer`` blocks see absolute
+            positions. None: no such table.
         **options: encoding options.
 
     Shapes: ``tokens`` ``(B, L)`` int64 -> logits ``(B, L, vocab_size)``.
@@ -149,6 +153,7 @@ class TransformerLM(nn.Module):
         share_encoding: bool | None = None,
         tie_embeddings: bool = True,
         memory_len: int = 0,
+        absolute_from_layer: int | None = None,
         **options,
     ) -> None:
         super().__init__()
@@ -158,6 +163,12 @@ class TransformerLM(nn.Module):
         if not isinstance(memory_len, int) or memory_len < 0:
             raise ValueError(f"memory_len must be an int >= 0, got {memory_len!r}")
         self.memory_len = memory_len
+        if absolute_from_layer is not None:
+            if not isinstance(absolute_from_layer, int) or not 0 <= absolute_from_layer < depth:
+                raise ValueError(f"absolute_from_layer must be an int in [0, {depth - 1}], got {absolute_from_layer!r}")
+            if max_len is None:
+                raise ValueError("absolute_from_layer needs max_len (the size of the absolute position table)")
+        self.absolute_from_layer = absolute_from_layer
         if head_dim is None:
             if dim % heads:
                 raise ValueError(f"dim={dim} is not divisible by heads={heads}; pass head_dim explicitly")
@@ -180,6 +191,7 @@ class TransformerLM(nn.Module):
             share_encoding=share_encoding,
             tie_embeddings=tie_embeddings,
             memory_len=memory_len,
+            absolute_from_layer=absolute_from_layer,
             **options,
         )
         cls = get_class(encoding)
@@ -212,6 +224,8 @@ class TransformerLM(nn.Module):
             )
             blocks.append(Block(dim, attn, mlp_ratio, dropout))
         self.blocks = nn.ModuleList(blocks)
+        # DeBERTa's enhanced mask decoder: absolute positions enter only the top blocks
+        self.emd_pos = nn.Embedding(max_len, dim) if absolute_from_layer is not None else None
         self.ln_f = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab_size, bias=False)
         self._init_weights()
@@ -290,8 +304,14 @@ class TransformerLM(nn.Module):
         pos = as_positions(pos, L, offset=offset, device=tokens.device, batch=B)  # (B|1, L)
         for enc in self.encodings:
             enc.check_length(pos)
+        if self.emd_pos is not None and pos.numel() and int(pos.max()) >= self.max_len:
+            raise ValueError(
+                f"absolute_from_layer uses a table of max_len={self.max_len} positions, got position {int(pos.max())}"
+            )
         x = self.drop(self.embed(tokens, pos))
         for i, block in enumerate(self.blocks):
+            if i == self.absolute_from_layer:
+                x = x + self.emd_pos(pos).to(x.dtype)  # (B|1, L, D)
             if memory is None:
                 x = block(x, pos, cache.layers[i] if cache is not None else None)
                 continue
