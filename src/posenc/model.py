@@ -322,7 +322,11 @@ class TransformerLM(nn.Module):
             x = block(x, pos, None, memory=mem, memory_pos=memory.pos if mem is not None else None)
             memory.layers[i] = (x_in if mem is None else torch.cat((mem, x_in), 1))[:, -memory.memory_len :].detach()
         if memory is not None:
-            mpos = pos if memory.pos is None else torch.cat((memory.pos.expand(pos.shape[0], -1), pos), 1)
+            if memory.pos is None:
+                mpos = pos
+            else:
+                b = max(pos.shape[0], memory.pos.shape[0])
+                mpos = torch.cat((memory.pos.expand(b, -1), pos.expand(b, -1)), 1)  # (B|1, M + L)
             memory.pos = mpos[:, -memory.memory_len :]
             memory.seen += L
         return self.head(self.ln_f(x))
