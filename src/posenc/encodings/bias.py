@@ -134,7 +134,7 @@ class T5(PositionEncoding):
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         table, lo = self.distance_table(q_pos, k_pos)  # (H, n)
-        Lq, Lk = q_pos.shape[-1], k_pos.shape[-1]
+        Lk = k_pos.shape[-1]
         if _is_range(q_pos) and _is_range(k_pos):
             # Toeplitz fast path: windows[h, a, j] = table[h, a + j]; row i is window Lq - 1 - i
             out = table.unfold(-1, Lk, 1).flip(-2)  # (H, Lq, Lk)
