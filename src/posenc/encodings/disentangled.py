@@ -158,10 +158,15 @@ class DeBERTa(PositionEncoding):
 
     def rel_index(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """``clamp(bucket(i - j) + span, 0, 2·span - 1)``: ``(..., Lq, Lk)`` int64."""
-        delta = -self.rel_distance(q_pos, k_pos)  # i - j
+        delta = -self.rel_distance(q_pos, k_pos)  # i - j, (..., Lq, Lk)
+        # bucket each distinct distance once (2L - 1 of them), then look the pairs up
+        lo = int(q_pos.min()) - int(k_pos.max())
+        hi = int(q_pos.max()) - int(k_pos.min())
+        dist = torch.arange(lo, hi + 1, device=delta.device)
         if self.position_buckets > 0:
-            delta = make_log_bucket_position(delta, self.position_buckets, self.max_relative_positions)
-        return (delta + self.span).clamp(0, 2 * self.span - 1)
+            dist = make_log_bucket_position(dist, self.position_buckets, self.max_relative_positions)
+        table = (dist + self.span).clamp(0, 2 * self.span - 1)  # (hi - lo + 1,)
+        return table[delta - lo]
 
     def rel_table(self) -> Tensor:
         """The shared ``(2·span, D)`` table, normalised if ``norm_rel_ebd``."""
