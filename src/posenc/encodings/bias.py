@@ -5,6 +5,12 @@
   ``-m_h·|i - j|`` (bidirectional), head slopes from :func:`posenc.functional.alibi_slopes`.
   Not scaled by ``Dh^-1/2``. Checked against Bloom's ``_get_alibi_slopes`` and
   ``build_alibi_tensor`` (which differs by a per-row constant: same softmax).
+* ``kerple`` — Chi et al., "KERPLE: Kernelized Relative Positional Embedding for
+  Length Extrapolation", NeurIPS 2022. ``-r1·log(1 + r2·|i - j|)`` or ``-r1·|i - j|^r2``
+  per head, ``r`` learnable and kept positive. Checked against the paper's formula.
+* ``fire`` — Li et al., "Functional Interpolation for Relative Positions Improves Long
+  Context Transformers", 2023. ``f_θ(ψ(i - j) / ψ(max(i, L_thr)))``, ``ψ(x) = log(c·x + 1)``,
+  ``f_θ`` an MLP. Checked against the PyTorch listing of the paper's appendix.
 * ``t5`` — Raffel et al., "Exploring the Limits of Transfer Learning with a Unified
   Text-to-Text Transformer", JMLR 2020. A learned scalar per head and bucket of
   ``j - i``; one table shared by every layer. Checked against HF ``T5Attention``.
@@ -35,13 +41,24 @@ class ALiBi(PositionEncoding):
     year = 2022
     stages = Stage.BIAS
 
-    def __init__(self, *, heads, head_dim, max_len=None, causal=True):
+    def __init__(self, *, heads, head_dim, max_len=None, causal=True, alibi_num_heads: int | None = None):
+        """``alibi_num_heads``: only the first ``n`` heads get a bias, with the slopes of an
+        ``n``-head model; the others get none (x-transformers' ``alibi_num_heads``)."""
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
+        n = heads if alibi_num_heads is None else alibi_num_heads
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= heads:
+            raise ValueError(f"alibi_num_heads must be an int in [1, heads={heads}], got {alibi_num_heads!r}")
+        self.alibi_num_heads = n
         self.register_buffer("slopes", torch.empty(heads), persistent=False)
         self.init_buffers()
 
     def init_buffers(self) -> None:
-        self.slopes = PF.alibi_slopes(self.heads).to(self.slopes.device)
+        slopes = torch.zeros(self.heads)
+        slopes[: self.alibi_num_heads] = PF.alibi_slopes(self.alibi_num_heads)
+        self.slopes = slopes.to(self.slopes.device)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", alibi_num_heads={self.alibi_num_heads}"
 
     @property
     def relative(self) -> bool:
@@ -149,5 +166,182 @@ class T5(PositionEncoding):
 
         def mod(score, b, h, q_idx, kv_idx):
             return score + table[h, k_pos[b, kv_idx] - q_pos[b, q_idx] - lo]
+
+        return mod
+
+
+def _inverse_softplus(y: Tensor) -> Tensor:
+    return y + torch.log(-torch.expm1(-y))
+
+
+@register
+class Kerple(PositionEncoding):
+    """KERPLE: a conditionally positive definite kernel of the distance, per head.
+
+    Args:
+        kernel: ``"log"``: ``-r1·log(1 + r2·|i - j|)``; ``"power"``: ``-r1·|i - j|^r2``.
+
+    ``r1 = softplus(a)`` and ``r2 = softplus(b)`` (log kernel) or ``r2 = 2·sigmoid(b)`` (power
+    kernel, where the paper requires ``0 < r2 <= 2``) stay positive without the paper's
+    clamping. Initial values as the paper's code: ``r1 ~ U(0, 2)``, ``r2 ~ U(0, 1)``
+    (log) and ``r1 ~ U(0, 1)``, ``r2 ~ U(0, 2)`` (power), floored at 0.01.
+    """
+
+    name = "kerple"
+    family = "bias"
+    paper = "Chi et al., KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation"
+    year = 2022
+    stages = Stage.BIAS
+
+    def __init__(self, *, heads, head_dim, max_len=None, causal=True, kernel: str = "log"):
+        super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
+        if kernel not in ("log", "power"):
+            raise ValueError(f"kernel must be 'log' or 'power', got {kernel!r}")
+        self.kernel = kernel
+        self.r1_raw = nn.Parameter(torch.empty(heads))
+        self.r2_raw = nn.Parameter(torch.empty(heads))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        eps = 1e-2
+        with torch.no_grad():
+            if self.kernel == "log":
+                r1 = (torch.rand(self.heads) * 2).clamp(min=eps)
+                r2 = torch.rand(self.heads).clamp(min=eps)
+                self.r2_raw.copy_(_inverse_softplus(r2))
+            else:
+                r1 = torch.rand(self.heads).clamp(min=eps)
+                r2 = (torch.rand(self.heads) * 2).clamp(eps, 2 - eps)
+                self.r2_raw.copy_(torch.logit(r2 / 2))
+            self.r1_raw.copy_(_inverse_softplus(r1))
+
+    @property
+    def relative(self) -> bool:
+        return True
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", kernel={self.kernel!r}"
+
+    def coefficients(self) -> tuple[Tensor, Tensor]:
+        """``(r1, r2)``, each ``(H,)`` float32 and positive."""
+        r1 = torch.nn.functional.softplus(self.r1_raw.float())
+        r2 = self.r2_raw.float()
+        r2 = torch.nn.functional.softplus(r2) if self.kernel == "log" else 2 * torch.sigmoid(r2)
+        return r1, r2
+
+    @staticmethod
+    def _kernel(kind: str, d: Tensor, r1: Tensor, r2: Tensor) -> Tensor:
+        """``d = |i - j|`` float32; ``r1, r2`` broadcast against it."""
+        if kind == "log":
+            return -r1 * torch.log1p(r2 * d)
+        # d^r2 through exp/log, with 0^r2 = 0 and no NaN gradient for r2 at d = 0
+        return -r1 * torch.where(d > 0, torch.exp(r2 * torch.log(d.clamp(min=1))), torch.zeros_like(d))
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        d = self.rel_distance(q_pos, k_pos).abs().float().unsqueeze(-3)  # (..., 1, Lq, Lk)
+        r1, r2 = (c.view(-1, 1, 1) for c in self.coefficients())
+        return self._kernel(self.kernel, d, r1, r2)  # (..., H, Lq, Lk)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+        r1, r2 = self.coefficients()
+        kind = self.kernel
+
+        def mod(score, b, h, q_idx, kv_idx):
+            d = (k_pos[b, kv_idx] - q_pos[b, q_idx]).abs().to(torch.float32)
+            return score + self._kernel(kind, d, r1[h], r2[h])
+
+        return mod
+
+
+@register
+class FIRE(PositionEncoding):
+    """FIRE: a learned function of the progressively normalised distance.
+
+    ``bias_h(i, j) = f_θ(ψ(|i - j|) / (ψ(max(i, L_thr)) + eps))_h`` with ``ψ(x) = log(|c·x| + 1)``,
+    ``f_θ: 1 → mlp_width → H`` (ReLU) and ``L_thr = |L_mult·init_L|``: distances are
+    measured relative to the query's position once it passes ``L_thr``, the paper's
+    progressive interpolation. ``c`` and ``L_mult`` are learned (the paper's listing,
+    which keeps ``init_L`` fixed and learns a multiplier). Bidirectional mode uses
+    ``|i - j|`` as that listing does.
+
+    Args:
+        mlp_width: hidden width of ``f_θ`` (32 in the paper).
+        init_c: initial ``c`` (0.1).
+        init_L: initial threshold ``L_thr``: ``max_len / 4`` (the paper's 512 at training
+            length 2048), 512 without ``max_len``.
+    """
+
+    name = "fire"
+    family = "bias"
+    paper = "Li et al., Functional Interpolation for Relative Positions Improves Long Context Transformers"
+    year = 2023
+    stages = Stage.BIAS
+    eps = 1e-6
+
+    def __init__(
+        self,
+        *,
+        heads,
+        head_dim,
+        max_len=None,
+        causal=True,
+        mlp_width: int = 32,
+        init_c: float = 0.1,
+        init_L: float | None = None,
+    ):
+        super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
+        if not isinstance(mlp_width, int) or isinstance(mlp_width, bool) or mlp_width < 1:
+            raise ValueError(f"mlp_width must be a positive int, got {mlp_width!r}")
+        if init_L is None:  # the paper's 512 for its training length 2048: a quarter of max_len
+            init_L = max_len / 4 if max_len else 512.0
+        for arg, val in (("init_c", init_c), ("init_L", init_L)):
+            if not isinstance(val, (int, float)) or val <= 0:
+                raise ValueError(f"{arg} must be a positive number, got {val!r}")
+        self.mlp_width = mlp_width
+        self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, heads))
+        self.c = nn.Parameter(torch.tensor(float(init_c)))
+        self.register_buffer("init_L", torch.tensor(float(init_L)))
+        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+
+    @property
+    def relative(self) -> bool:
+        # the normaliser depends on the query position once it passes L_thr
+        return False
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", mlp_width={self.mlp_width}"
+
+    def normalized_distance(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """``ψ(|i - j|) / (ψ(max(i, L_thr)) + eps)``: float32 ``(..., Lq, Lk)``."""
+        c = self.c.float()
+        rel = self.rel_distance(q_pos, k_pos).float()  # (..., Lq, Lk)
+        threshold = (self.L_multiplier.float() * self.init_L.float()).abs()
+        norm = torch.maximum(q_pos.float(), threshold).unsqueeze(-1)  # (..., Lq, 1)
+        return torch.log((c * rel).abs() + 1) / (torch.log((c * norm).abs() + 1) + self.eps)
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        u = self.normalized_distance(q_pos, k_pos)  # (..., Lq, Lk)
+        w1, b1 = self.mlp[0].weight.float()[:, 0], self.mlp[0].bias.float()
+        w2, b2 = self.mlp[2].weight.float(), self.mlp[2].bias.float()
+        hidden = torch.relu(u.unsqueeze(-1) * w1 + b1)  # (..., Lq, Lk, W)
+        return _per_head(hidden @ w2.t() + b2)  # (..., H, Lq, Lk)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+        """The MLP evaluated inside the closure, unrolled over its hidden units (pointwise only)."""
+        c = self.c.float()
+        threshold = (self.L_multiplier.float() * self.init_L.float()).abs()
+        w1, b1 = self.mlp[0].weight.float()[:, 0], self.mlp[0].bias.float()
+        w2, b2 = self.mlp[2].weight.float(), self.mlp[2].bias.float()
+        eps, width = self.eps, self.mlp_width
+
+        def mod(score, b, h, q_idx, kv_idx):
+            i = q_pos[b, q_idx].to(torch.float32)
+            rel = k_pos[b, kv_idx].to(torch.float32) - i
+            norm = torch.maximum(i, threshold)
+            u = torch.log((c * rel).abs() + 1) / (torch.log((c * norm).abs() + 1) + eps)
+            out = b2[h]
+            for m in range(width):
+                out = out + torch.relu(u * w1[m] + b1[m]) * w2[h, m]
+            return score + out
 
         return mod

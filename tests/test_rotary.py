@@ -1,0 +1,296 @@
+"""``rope`` and ``xpos``: applied rotation against HF Llama / RoFormer, torchtune and
+rotary-embedding-torch; layouts and their conversion; float32 tables under bf16.
+
+torchtune 0.6.1 is installed with ``--no-deps``; its two position-embedding modules are
+loaded by file path (importing the package pulls torchao and heavy extras).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import posenc
+from posenc.encodings.rotary import permute_for_layout
+
+H, DH = 4, 32
+
+
+def _qk(L, dh=DH, b=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, H, L, dh, generator=g), torch.randn(b, H, L, dh, generator=g)
+
+
+def _close(a, b, tol=1e-5):
+    torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+# --------------------------------------------------------------------------- HF Llama / RoFormer
+def test_half_layout_equals_hf_llama_with_offsets_and_batch_positions():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    enc = posenc.build("rope", heads=H, head_dim=DH, base=500000.0)
+    q, k = _qk(24)
+    pos = torch.stack((torch.arange(24), torch.arange(100, 124)))  # (B, L): per-sequence offsets
+    ang = pos[..., None].float() * enc.inv_freq  # HF LlamaRotaryEmbedding.forward
+    emb = torch.cat((ang, ang), -1)
+    ref = apply_rotary_pos_emb(q, k, emb.cos(), emb.sin())
+    got = enc.rotate(q, k, pos, pos)
+    _close(got[0], ref[0])
+    _close(got[1], ref[1])
+
+
+@pytest.mark.parametrize("rotary_value", [False, True])
+def test_interleaved_equals_hf_roformer(rotary_value):
+    from transformers.models.roformer.modeling_roformer import (
+        RoFormerSelfAttention,
+        RoFormerSinusoidalPositionalEmbedding,
+    )
+
+    L = 40
+    table = RoFormerSinusoidalPositionalEmbedding(64, DH)
+    with torch.no_grad():
+        table.weight.copy_(table.create_weight())
+    sinusoidal_pos = table((1, L))[None, None]  # (1, 1, L, Dh): [sin | cos]
+    q, k = _qk(L)
+    v = torch.randn_like(q)
+    ref = RoFormerSelfAttention.apply_rotary_position_embeddings(sinusoidal_pos, q, k, v if rotary_value else None)
+    enc = posenc.build("rope", heads=H, head_dim=DH, layout="interleaved", rotary_value=rotary_value)
+    pos = torch.arange(L)
+    got_q, got_k = enc.rotate(q, k, pos, pos)
+    _close(got_q, ref[0])
+    _close(got_k, ref[1])
+    assert enc.rotates_value is rotary_value
+    if rotary_value:
+        _close(enc.rotate_value(v, pos), ref[2])
+        # and the attention layer uses it: equals eager on every backend it allows
+        attn = posenc.Attention(64, H, "rope", head_dim=DH, layout="interleaved", rotary_value=True)
+        assert "sdpa" not in posenc.supported_backends(attn.encoding)
+        x = torch.randn(2, 10, 64)
+        _close(attn(x, backend="relative"), attn(x, backend="eager"))
+
+
+# --------------------------------------------------------------------------- torchtune
+_TORCHTUNE_FILES = {
+    "rope": "torchtune/modules/position_embeddings.py",
+    "llama3": "torchtune/models/llama3_1/_position_embeddings.py",
+}
+
+
+def _load_torchtune(key: str):
+    spec = importlib.util.find_spec("torchtune")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("torchtune not installed (pip install torchtune==0.6.1 --no-deps)")
+    path = Path(list(spec.submodule_search_locations)[0]).parent / _TORCHTUNE_FILES[key]
+    mod_spec = importlib.util.spec_from_file_location(f"_torchtune_{key}", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod
+
+
+def test_interleaved_equals_torchtune_rotary_positional_embeddings():
+    tt = _load_torchtune("rope").RotaryPositionalEmbeddings(dim=DH, max_seq_len=512, base=10000)
+    enc = posenc.build("rope", heads=H, head_dim=DH, layout="interleaved")
+    q, _ = _qk(30)
+    pos = torch.stack((torch.arange(30), torch.arange(300, 330)))
+    ref = tt(q.transpose(1, 2), input_pos=pos).transpose(1, 2)  # torchtune is (B, L, H, Dh)
+    got, _ = enc.rotate(q, q, pos, pos)
+    _close(got, ref)
+
+
+def test_llama3_scaling_equals_torchtune_llama3_scaled_rope():
+    tt = _load_torchtune("llama3").Llama3ScaledRoPE(
+        dim=DH, max_seq_len=4096, base=500000, scale_factor=8, low_freq_factor=1, high_freq_factor=4, old_context_len=64
+    )
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    enc = posenc.build("rope", heads=H, head_dim=DH, layout="interleaved", base=500000.0, rope_scaling=scaling)
+    _close(enc.inv_freq, tt.theta, tol=1e-6)
+    q, _ = _qk(32)
+    pos = torch.arange(3000, 3032).unsqueeze(0)
+    ref = tt(q.transpose(1, 2), input_pos=pos).transpose(1, 2)
+    got, _ = enc.rotate(q, q, pos, pos)
+    _close(got, ref, tol=2e-5)
+
+
+# --------------------------------------------------------------------------- rotary-embedding-torch
+def test_interleaved_equals_rotary_embedding_torch_with_offset():
+    from rotary_embedding_torch import RotaryEmbedding
+
+    ref_mod = RotaryEmbedding(dim=DH)
+    enc = posenc.build("rope", heads=H, head_dim=DH, layout="interleaved")
+    q, _ = _qk(20)
+    ref = ref_mod.rotate_queries_or_keys(q, offset=7)  # its positions: arange(L) + offset
+    got, _ = enc.rotate(q, q, torch.arange(7, 27), torch.arange(7, 27))
+    _close(got, ref)
+
+
+def test_partial_rotary_equals_rotary_embedding_torch():
+    from rotary_embedding_torch import RotaryEmbedding
+
+    ref_mod = RotaryEmbedding(dim=DH // 2)  # rotates the first 16 of 32 dims, passes the rest through
+    enc = posenc.build("rope", heads=H, head_dim=DH, layout="interleaved", partial_rotary_factor=0.5)
+    q, _ = _qk(12)
+    got, _ = enc.rotate(q, q, torch.arange(12), torch.arange(12))
+    _close(got, ref_mod.rotate_queries_or_keys(q))
+    assert torch.equal(got[..., DH // 2 :], q[..., DH // 2 :])
+
+
+# --------------------------------------------------------------------------- layouts
+def test_layout_conversion_of_checkpoint_weights():
+    """W_Q/W_K of an interleaved model, permuted, give the same attention with layout='half'."""
+    torch.manual_seed(0)
+    dim = H * DH
+    for rotary in (1.0, 0.5):
+        inter = posenc.Attention(dim, H, "rope", layout="interleaved", partial_rotary_factor=rotary, qkv_bias=True)
+        half = posenc.Attention(dim, H, "rope", layout="half", partial_rotary_factor=rotary, qkv_bias=True)
+        sd = {k: v.clone() for k, v in inter.state_dict().items()}
+        r = inter.encoding.rotary_dim
+        for name in ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias"):
+            sd[name] = permute_for_layout(sd[name], heads=H, head_dim=DH, to="half", rotary_dim=r)
+        half.load_state_dict(sd)
+        x = torch.randn(2, 16, dim)
+        _close(half(x), inter(x))
+        back = permute_for_layout(sd["q_proj.weight"], heads=H, head_dim=DH, to="interleaved", rotary_dim=r)
+        assert torch.equal(back, inter.q_proj.weight)
+
+
+def test_layout_permutation_is_hf_llama_conversion_permute():
+    """HF's convert_llama_weights_to_hf ``permute`` (Meta interleaved -> HF halves)."""
+    w = torch.randn(H * DH, 24)
+
+    def hf_permute(w, n_heads, dim1, dim2):
+        return w.view(n_heads, dim1 // n_heads // 2, 2, dim2).transpose(1, 2).reshape(dim1, dim2)
+
+    assert torch.equal(permute_for_layout(w, heads=H, head_dim=DH, to="half"), hf_permute(w, H, H * DH, 24))
+
+
+def test_layout_and_option_errors():
+    with pytest.raises(ValueError, match="layout must be"):
+        posenc.build("rope", heads=2, head_dim=8, layout="pairs")
+    with pytest.raises(ValueError, match="must be even"):
+        posenc.build("rope", heads=2, head_dim=9)
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        posenc.build("rope", heads=2, head_dim=8, partial_rotary_factor=1.5)
+    with pytest.raises(ValueError, match="base must be"):
+        posenc.build("rope", heads=2, head_dim=8, base=1.0)
+    with pytest.raises(ValueError, match="rows, expected heads"):
+        permute_for_layout(torch.zeros(10, 3), heads=2, head_dim=8, to="half")
+    with pytest.raises(ValueError, match="to must be"):
+        permute_for_layout(torch.zeros(16, 3), heads=2, head_dim=8, to="neox")
+    enc = posenc.build("rope", heads=2, head_dim=8)
+    with pytest.raises(ValueError, match="positions of length"):
+        enc.rotate(torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5, 8), torch.arange(4), torch.arange(5))
+    with pytest.raises(ValueError, match=r"\(B, H, L, Dh\)"):
+        enc.rotate(torch.zeros(2, 5, 8), torch.zeros(2, 5, 8), torch.arange(5), torch.arange(5))
+
+
+# --------------------------------------------------------------------------- precision
+def test_bf16_rotation_at_large_positions_matches_float32():
+    """bf16 q/k rotated at positions >= 32768 equal the float32 result cast to bf16."""
+    enc = posenc.build("rope", heads=H, head_dim=64)
+    q, k = (t.to(torch.bfloat16) for t in _qk(64, dh=64))
+    for start in (32768, 100_000, 1_000_000):
+        pos = torch.arange(start, start + 64)
+        got_q, got_k = enc.rotate(q, k, pos, pos)
+        ref_q, ref_k = enc.rotate(q.float(), k.float(), pos, pos)
+        assert got_q.dtype == torch.bfloat16
+        assert torch.equal(got_q, ref_q.to(torch.bfloat16))
+        assert torch.equal(got_k, ref_k.to(torch.bfloat16))
+        # what the test guards against: angles formed in bf16 are wrong by whole radians here
+        naive = pos.to(torch.bfloat16)[:, None] * enc.inv_freq.to(torch.bfloat16)
+        exact = pos.double()[:, None] * enc.inv_freq.double()
+        assert (naive.double() - exact).abs().max() > 1.0
+
+
+def test_tables_stay_float32_under_model_to_bf16():
+    lm = posenc.TransformerLM(vocab_size=32, dim=32, depth=1, heads=2, encoding="rope", max_len=64)
+    enc = lm.encodings[0]
+    ref = enc.inv_freq.clone()
+    lm.to(torch.bfloat16)
+    assert enc.inv_freq.dtype == torch.float32 and torch.equal(enc.inv_freq, ref)
+    assert lm(torch.randint(0, 32, (1, 8))).dtype == torch.bfloat16
+    xp = posenc.build("xpos", heads=2, head_dim=8).to(torch.bfloat16)
+    assert xp.zeta.dtype == torch.float32 and xp.inv_freq.dtype == torch.float32
+
+
+def test_meta_construction_then_init_buffers():
+    with torch.device("meta"):
+        enc = posenc.build("rope", heads=2, head_dim=16, max_len=32, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    enc = enc.to_empty(device="cpu")
+    enc.init_buffers()
+    ref = posenc.build("rope", heads=2, head_dim=16, max_len=32, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    assert torch.equal(enc.inv_freq, ref.inv_freq)
+
+
+# --------------------------------------------------------------------------- xpos
+def test_xpos_equals_rotary_embedding_torch_use_xpos():
+    """rotary-embedding-torch centres the decay on len//2; with ``center=len//2`` q̃, k̃ match,
+    with the default ``center=0`` (cache-safe) q̃ = q̃_ref·ζ^(c/512), k̃ = k̃_ref·ζ^(-c/512): same scores."""
+    from rotary_embedding_torch import RotaryEmbedding
+
+    L = 64
+    ref_mod = RotaryEmbedding(dim=DH, use_xpos=True, xpos_scale_base=512)
+    q, k = _qk(L)
+    ref_q, ref_k = ref_mod.rotate_queries_and_keys(q, k)
+    pos = torch.arange(L)
+    centred = posenc.build("xpos", heads=H, head_dim=DH, center=L // 2)
+    got_q, got_k = centred.rotate(q, k, pos, pos)
+    _close(got_q, ref_q)
+    _close(got_k, ref_k)
+    enc = posenc.build("xpos", heads=H, head_dim=DH)
+    got_q, got_k = enc.rotate(q, k, pos, pos)
+    _close(got_q @ got_k.transpose(-1, -2), ref_q @ ref_k.transpose(-1, -2), tol=1e-4)
+    factor = enc.zeta ** ((L // 2) / 512)  # ours = theirs·ζ^(c/512), per pair (interleaved: twice)
+    _close(got_q, ref_q * factor.repeat_interleave(2))
+
+
+def test_xpos_formula_decays_with_distance():
+    """q̃_i·k̃_j = Σ_k ζ_k^((i-j)/512)·(rotation of pair k by (i-j)θ_k), written out per pair."""
+    enc = posenc.build("xpos", heads=1, head_dim=8)
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+    i, j = 900, 100
+    got_q, _ = enc.rotate(q, q, torch.tensor([i]), torch.tensor([i]))
+    _, got_k = enc.rotate(k, k, torch.tensor([j]), torch.tensor([j]))
+    score = float((got_q * got_k).sum())
+    ref = 0.0
+    for p in range(4):
+        zeta = (2 * p / 8 + 0.4) / 1.4
+        theta = 10000 ** (-2 * p / 8)
+        a, b = q[0, 0, 0, 2 * p : 2 * p + 2].double(), k[0, 0, 0, 2 * p : 2 * p + 2].double()
+        ang = (i - j) * theta
+        rot = (a[0] * b[0] + a[1] * b[1]) * math.cos(ang) + (a[0] * b[1] - a[1] * b[0]) * math.sin(ang)
+        ref += zeta ** ((i - j) / 512) * float(rot)
+    assert math.isclose(score, ref, rel_tol=1e-4, abs_tol=1e-5)
+
+
+def test_xpos_is_causal_only_and_checks_its_range():
+    with pytest.raises(ValueError, match="causal only"):
+        posenc.build("xpos", heads=2, head_dim=8, causal=False)
+    enc = posenc.build("xpos", heads=2, head_dim=8)
+    x = torch.zeros(1, 2, 1, 8)
+    with pytest.raises(ValueError, match="overflows float32"):
+        enc.rotate(x, x, torch.tensor([60000]), torch.tensor([60000]))
+    enc.rotate(x, x, torch.tensor([30000]), torch.tensor([30000]))
+    with pytest.raises(ValueError, match="scale_base"):
+        posenc.build("xpos", heads=2, head_dim=8, scale_base=0)
+
+
+def test_xpos_cache_decoding_equals_full_forward():
+    torch.manual_seed(0)
+    attn = posenc.Attention(32, 4, "xpos")
+    x = torch.randn(2, 12, 32)
+    with torch.no_grad():
+        full = attn(x)
+        cache = attn.init_cache(2, 12)
+        steps = torch.cat([attn(x[:, t : t + 1], cache=cache) for t in range(12)], 1)
+    _close(steps, full)
