@@ -39,6 +39,9 @@ HF = ["hf-t5", "hf-deberta-v2"]
 DEBERTA = dict(position_buckets=256, max_relative_positions=512, share_att_key=True, pos_att_type="c2p|p2c")
 
 
+CHUNK = {"chunk_size": 1024}
+
+
 def build(name: str, L: int, device: str):
     """A callable running one forward pass on a fresh input, and its module."""
     if name == "hf-t5":
@@ -73,7 +76,7 @@ def build(name: str, L: int, device: str):
     opts = dict(DEBERTA, qkv_bias=True) if name == "deberta" else {}
     if name == "t5":
         opts["scale_logits"] = False
-    mod = posenc.Attention(D, H, enc, causal=False, max_len=L, **opts).to(device)
+    mod = posenc.Attention(D, H, enc, causal=False, max_len=L, chunk_size=CHUNK["chunk_size"], **opts).to(device)
     return mod, mod
 
 
@@ -144,11 +147,13 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--only", nargs="+", default=None, help="subset of layers")
+    ap.add_argument("--chunk-size", type=int, default=1024, help="query chunk of posenc's relative backend")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--_peak", nargs=2, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    CHUNK["chunk_size"] = args.chunk_size
     if args._peak:
         print(peak_one(args._peak[0], int(args._peak[1]), args.device))
         return 0
@@ -161,6 +166,7 @@ def main() -> int:
         mem = {}
         for n in names:
             cmd = [sys.executable, __file__, "--_peak", n, str(L), "--device", args.device]
+            cmd += ["--chunk-size", str(args.chunk_size)]
             if args.threads:
                 cmd += ["--threads", str(args.threads)]
             env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
