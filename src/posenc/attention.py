@@ -192,6 +192,7 @@ class Attention(nn.Module):
             self.encoding = encoding
         else:
             self.encoding = build(encoding, heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
+        self.encoding.attach(self)
         if backend != "auto" and backend not in supported_backends(self.encoding):
             raise ValueError(
                 f"backend {backend!r} cannot run encoding {self.encoding.name!r}; "
@@ -247,21 +248,36 @@ class Attention(nn.Module):
         *,
         key_padding_mask: Tensor | None = None,
         backend: str | None = None,
+        memory: Tensor | None = None,
+        memory_pos: Tensor | None = None,
     ) -> Tensor:
-        """Forward with positions already validated as ``(B|1, L)`` int64."""
+        """Forward with positions already validated as ``(B|1, L)`` int64.
+
+        ``memory`` ``(B, M, D)`` are the layer inputs of earlier segments (Transformer-XL
+        recurrence, already detached), at positions ``memory_pos`` ``(B|1, M)``: keys and
+        values are computed from ``cat(memory, x)``, queries from ``x`` only.
+        """
         enc = self.encoding
         B, L, _ = x.shape
         if self.apply_input_stage and enc.stages & Stage.INPUT:
             state = cache.input_state if cache is not None else None
             x = enc.embed(x, pos) if state is None else enc.embed(x, pos, state=state)
         q = self.q_proj(x).view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
-        k = self.k_proj(x).view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
-        v = self.v_proj(x).view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
-
         offset = 0
         q_pos = k_pos = pos
+        if memory is not None:
+            if cache is not None:
+                raise ValueError("memory and cache cannot be used together")
+            offset = memory.shape[1]
+            x = torch.cat((memory.to(x.dtype), x), dim=1)  # (B, M + L, D)
+            b = max(pos.shape[0], memory_pos.shape[0])
+            k_pos = torch.cat((memory_pos.expand(b, -1), pos.expand(b, -1)), dim=1)  # (B|1, M + L)
+        Lk = x.shape[1]
+        k = self.k_proj(x).view(B, Lk, self.heads, self.head_dim).transpose(1, 2)  # (B, H, Lk, Dh)
+        v = self.v_proj(x).view(B, Lk, self.heads, self.head_dim).transpose(1, 2)  # (B, H, Lk, Dh)
+
         if enc.rotates_value:
-            v = enc.rotate_value(v, pos)
+            v = enc.rotate_value(v, k_pos)
         if cache is None:
             q, k = enc.rotate(q, k, q_pos, k_pos)
         elif enc.cache_raw_keys:

@@ -114,6 +114,22 @@ class PositionEncoding(nn.Module):
     def extra_repr(self) -> str:
         return f"heads={self.heads}, head_dim={self.head_dim}, max_len={self.max_len}, causal={self.causal}"
 
+    # ------------------------------------------------------------------ wiring
+    def attach(self, attn: nn.Module) -> None:
+        """Called by :class:`posenc.Attention` with the layer that runs this encoding.
+
+        No-op by default. DeBERTa's ``share_att_key`` projects its relative table with
+        the layer's own ``q_proj``/``k_proj``, so it keeps a (non-module) reference.
+        """
+
+    def tie_to(self, first: PositionEncoding) -> None:
+        """Share with ``first`` (layer 0's instance) what the paper shares across layers.
+
+        Called by :class:`posenc.TransformerLM` on each later layer's instance when the
+        encoding is not shared whole; no-op by default. DeBERTa shares its relative
+        embedding table (and its LayerNorm) while keeping per-layer projections.
+        """
+
     # ------------------------------------------------------------------ buffers
     def init_buffers(self) -> None:
         """(Re)build non-persistent cached tables (float32) on their current device.

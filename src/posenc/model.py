@@ -11,6 +11,10 @@ encoding's business (see :mod:`posenc.base`):
 * every other stage runs inside each layer's :class:`posenc.Attention`; encodings whose
   paper shares one table across layers (T5) get one shared instance
   (``share_encoding=None`` follows the encoding; True/False force it).
+
+Transformer-XL's segment-level recurrence is ``memory_len``: pass a
+:class:`SegmentMemory` (``lm.init_memory()``) and every layer also attends to its own
+inputs from the previous segments (detached), at their true positions.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from torch import Tensor, nn
 from .attention import Attention, KVCache
 from .base import PositionEncoding, Stage, as_positions, build, get_class, options_of
 
-__all__ = ["TransformerLM", "ModelCache", "save_checkpoint", "load_checkpoint"]
+__all__ = ["TransformerLM", "ModelCache", "SegmentMemory", "save_checkpoint", "load_checkpoint"]
 
 
 @dataclass
@@ -49,6 +53,29 @@ class ModelCache:
             self.input_state.reset()
 
 
+@dataclass
+class SegmentMemory:
+    """Transformer-XL memory: the last ``memory_len`` inputs of each layer, detached.
+
+    ``layers[l]`` is ``(B, M, D)`` (None before the first segment), ``pos`` their
+    positions ``(B|1, M)``; ``seen`` counts the tokens passed so far, which is where the
+    next segment's default positions start.
+    """
+
+    memory_len: int
+    layers: list[Tensor | None]
+    pos: Tensor | None = None
+    seen: int = 0
+
+    @property
+    def length(self) -> int:
+        return 0 if self.pos is None else self.pos.shape[-1]
+
+    def reset(self) -> None:
+        self.layers = [None] * len(self.layers)
+        self.pos, self.seen = None, 0
+
+
 class MLP(nn.Module):
     def __init__(self, dim: int, hidden: int, dropout: float):
         super().__init__()
@@ -71,8 +98,17 @@ class Block(nn.Module):
         self.mlp = MLP(dim, int(dim * mlp_ratio), dropout)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, pos: Tensor, cache: KVCache | None) -> Tensor:
-        x = x + self.drop(self.attn._forward(self.ln1(x), pos, cache))
+    def forward(
+        self,
+        x: Tensor,
+        pos: Tensor,
+        cache: KVCache | None,
+        memory: Tensor | None = None,
+        memory_pos: Tensor | None = None,
+    ) -> Tensor:
+        memory = None if memory is None else self.ln1(memory)  # memory holds block inputs
+        h = self.attn._forward(self.ln1(x), pos, cache, memory=memory, memory_pos=memory_pos)
+        x = x + self.drop(h)
         return x + self.mlp(self.ln2(x))
 
 
@@ -95,6 +131,12 @@ class TransformerLM(nn.Module):
         embed_std: std of the token embedding init. GPT-2's 0.02 suits learned and
             relative encodings; encodings that add unit-amplitude vectors
             (``sinusoidal``) drown such tokens: use ~1 (untied) there.
+        memory_len: tokens of past segments each layer keeps as memory (Transformer-XL);
+            used when ``forward`` gets ``memory=lm.init_memory()``.
+        absolute_from_layer: DeBERTa's enhanced mask decoder: a learned absolute position
+            table (``max_len`` rows) added to the hidden states just before this block
+            index, so only the top ``depth - absolute_from_layer`` blocks see absolute
+            positions. None: no such table.
         **options: encoding options.
 
     Shapes: ``tokens`` ``(B, L)`` int64 -> logits ``(B, L, vocab_size)``.
@@ -117,12 +159,23 @@ class TransformerLM(nn.Module):
         share_encoding: bool | None = None,
         tie_embeddings: bool = True,
         embed_std: float = 0.02,
+        memory_len: int = 0,
+        absolute_from_layer: int | None = None,
         **options,
     ) -> None:
         super().__init__()
         for arg, val in (("vocab_size", vocab_size), ("dim", dim), ("depth", depth), ("heads", heads)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"{arg} must be a positive int, got {val!r}")
+        if not isinstance(memory_len, int) or memory_len < 0:
+            raise ValueError(f"memory_len must be an int >= 0, got {memory_len!r}")
+        self.memory_len = memory_len
+        if absolute_from_layer is not None:
+            if not isinstance(absolute_from_layer, int) or not 0 <= absolute_from_layer < depth:
+                raise ValueError(f"absolute_from_layer must be an int in [0, {depth - 1}], got {absolute_from_layer!r}")
+            if max_len is None:
+                raise ValueError("absolute_from_layer needs max_len (the size of the absolute position table)")
+        self.absolute_from_layer = absolute_from_layer
         if head_dim is None:
             if dim % heads:
                 raise ValueError(f"dim={dim} is not divisible by heads={heads}; pass head_dim explicitly")
@@ -144,6 +197,9 @@ class TransformerLM(nn.Module):
             backend=backend,
             share_encoding=share_encoding,
             tie_embeddings=tie_embeddings,
+            embed_std=embed_std,
+            memory_len=memory_len,
+            absolute_from_layer=absolute_from_layer,
             **options,
         )
         cls = get_class(encoding)
@@ -167,6 +223,8 @@ class TransformerLM(nn.Module):
         blocks = []
         for i in range(depth):
             enc = first if (share or i == 0) else make()
+            if enc is not first:
+                enc.tie_to(first)  # e.g. DeBERTa's relative table, shared while projections are not
             attn = Attention(
                 dim,
                 heads,
@@ -178,6 +236,8 @@ class TransformerLM(nn.Module):
             )
             blocks.append(Block(dim, attn, mlp_ratio, dropout))
         self.blocks = nn.ModuleList(blocks)
+        # DeBERTa's enhanced mask decoder: absolute positions enter only the top blocks
+        self.emd_pos = nn.Embedding(max_len, dim) if absolute_from_layer is not None else None
         self.ln_f = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab_size, bias=False)
         self.embed_std = embed_std
@@ -219,6 +279,12 @@ class TransformerLM(nn.Module):
             state = self.input_encoding.init_state(batch_size, dtype=dtype or w.dtype, device=device or w.device)
         return ModelCache(layers, state)
 
+    def init_memory(self) -> SegmentMemory:
+        """An empty Transformer-XL memory of ``memory_len`` tokens per layer."""
+        if self.memory_len < 1:
+            raise ValueError("this model was built with memory_len=0; pass memory_len >= 1 to use memory")
+        return SegmentMemory(self.memory_len, [None] * self.depth)
+
     def embed(self, tokens: Tensor, pos: Tensor, state: nn.Module | None = None) -> Tensor:
         """Token embeddings plus the input stage: ``(B, L)`` -> ``(B, L, D)``.
 
@@ -234,8 +300,19 @@ class TransformerLM(nn.Module):
             x = enc.embed(x, pos) if state is None else enc.embed(x, pos, state=state)
         return x
 
-    def forward(self, tokens: Tensor, pos: Tensor | None = None, cache: ModelCache | None = None) -> Tensor:
+    def forward(
+        self,
+        tokens: Tensor,
+        pos: Tensor | None = None,
+        cache: ModelCache | None = None,
+        memory: SegmentMemory | None = None,
+    ) -> Tensor:
         """Logits ``(B, L, vocab_size)``; with ``cache``, append to it and advance it.
+
+        With ``memory`` (Transformer-XL), every layer also attends to the memorised
+        inputs of earlier segments, and ``memory`` is updated in place with this
+        segment (its last ``memory_len`` tokens, detached). Default positions continue
+        from the tokens already seen, so distances across segments are true distances.
 
         Raises:
             ValueError: ``tokens`` not ``(B, L)``, bad positions, cache overflow, or a
@@ -249,13 +326,37 @@ class TransformerLM(nn.Module):
         B, L = tokens.shape
         if cache is not None and len(cache.layers) != self.depth:
             raise ValueError(f"cache has {len(cache.layers)} layers, model has {self.depth}")
-        offset = cache.length if cache is not None else 0
+        if memory is not None and cache is not None:
+            raise ValueError("memory and cache cannot be used together")
+        offset = cache.length if cache is not None else memory.seen if memory is not None else 0
         pos = as_positions(pos, L, offset=offset, device=tokens.device, batch=B)  # (B|1, L)
         for enc in self.encodings:
             enc.check_length(pos)
+        if self.emd_pos is not None and pos.numel() and int(pos.max()) >= self.max_len:
+            raise ValueError(
+                f"absolute_from_layer uses a table of max_len={self.max_len} positions, got position {int(pos.max())}"
+            )
         x = self.drop(self.embed(tokens, pos, cache.input_state if cache is not None else None))
         for i, block in enumerate(self.blocks):
-            x = block(x, pos, cache.layers[i] if cache is not None else None)
+            if i == self.absolute_from_layer:
+                x = x + self.emd_pos(pos).to(x.dtype)  # (B|1, L, D)
+            if memory is None:
+                x = block(x, pos, cache.layers[i] if cache is not None else None)
+                continue
+            mem = memory.layers[i]
+            if mem is not None and mem.shape[0] != B:
+                raise ValueError(f"memory holds batch size {mem.shape[0]}, got tokens of batch size {B}")
+            x_in = x
+            x = block(x, pos, None, memory=mem, memory_pos=memory.pos if mem is not None else None)
+            memory.layers[i] = (x_in if mem is None else torch.cat((mem, x_in), 1))[:, -memory.memory_len :].detach()
+        if memory is not None:
+            if memory.pos is None:
+                mpos = pos
+            else:
+                b = max(pos.shape[0], memory.pos.shape[0])
+                mpos = torch.cat((memory.pos.expand(b, -1), pos.expand(b, -1)), 1)  # (B|1, M + L)
+            memory.pos = mpos[:, -memory.memory_len :]
+            memory.seen += L
         return self.head(self.ln_f(x))
 
     def num_params(self) -> int:

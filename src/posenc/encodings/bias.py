@@ -82,6 +82,14 @@ class ALiBi(PositionEncoding):
         return mod
 
 
+def _is_range(pos: Tensor) -> bool:
+    """``pos`` is one row of consecutive integers (``(L,)`` or ``(1, L)``)."""
+    if pos.dim() == 2 and pos.shape[0] != 1:
+        return False
+    p = pos.reshape(-1)
+    return p.numel() < 2 or bool((p[1:] - p[:-1] == 1).all())
+
+
 @register
 class T5(PositionEncoding):
     name = "t5"
@@ -130,16 +138,31 @@ class T5(PositionEncoding):
             max_distance=self.max_distance,
         )
 
-    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        b = self.buckets(self.rel_distance(q_pos, k_pos))  # (..., Lq, Lk)
-        return _per_head(self.relative_attention_bias(b).float())  # (..., H, Lq, Lk)
+    def distance_table(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, int]:
+        """Bias of every distance ``j - i`` in ``[lo, hi]``: ``((H, hi - lo + 1) float32, lo)``.
 
-    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
-        # one value per head and distance, looked up by (j - i - lo): (H, n_distances)
+        Buckets and table lookups run once per distance (2L - 1 of them), not per pair, so
+        the backward into the table is a sum over distances rather than over L² pairs.
+        """
         lo = int(k_pos.min()) - int(q_pos.max())
         hi = int(k_pos.max()) - int(q_pos.min())
         dist = torch.arange(lo, hi + 1, device=q_pos.device)
-        table = self.relative_attention_bias(self.buckets(dist)).float().t().contiguous()  # (H, n)
+        return self.relative_attention_bias(self.buckets(dist)).float().t(), lo  # (H, n)
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        table, lo = self.distance_table(q_pos, k_pos)  # (H, n)
+        Lk = k_pos.shape[-1]
+        if _is_range(q_pos) and _is_range(k_pos):
+            # Toeplitz fast path: windows[h, a, j] = table[h, a + j]; row i is window Lq - 1 - i
+            out = table.unfold(-1, Lk, 1).flip(-2)  # (H, Lq, Lk)
+            return out if q_pos.dim() == 1 and k_pos.dim() == 1 else out.unsqueeze(0)
+        idx = self.rel_distance(q_pos, k_pos) - lo  # (..., Lq, Lk) in [0, n)
+        return table[:, idx].movedim(0, -3)  # (..., H, Lq, Lk)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+        # one value per head and distance, looked up by (j - i - lo): (H, n_distances)
+        table, lo = self.distance_table(q_pos, k_pos)
+        table = table.contiguous()
 
         def mod(score, b, h, q_idx, kv_idx):
             return score + table[h, k_pos[b, kv_idx] - q_pos[b, q_idx] - lo]

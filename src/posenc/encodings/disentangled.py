@@ -1,0 +1,305 @@
+"""Disentangled position terms: DeBERTa (c2p, p2c, log buckets) and TUPE (untied positions).
+
+* ``deberta`` — He, Liu, Gao, Chen, "DeBERTa: Decoding-enhanced BERT with Disentangled
+  Attention", ICLR 2021 (v1) and the DeBERTa-v3 code (log buckets, ``share_att_key``,
+  LayerNorm on the relative table). With ``δ = i - j`` (query minus key, the opposite
+  sign to T5), ``idx = clamp(bucket(δ) + span, 0, 2·span - 1)`` and ``E`` the
+  ``(2·span, D)`` relative table shared by all layers::
+
+      s_ij = (q_i·k_j + q_i·Kr[idx] + k_j·Qr[idx]) / sqrt(Dh·(1 + #terms))
+      Kr = E W_Kr + b,   Qr = E W_Qr + b     (W_K, W_Q themselves with share_att_key)
+
+  Checked against HF ``DebertaV2`` and ``Deberta`` ``DisentangledSelfAttention``.
+  The enhanced mask decoder (absolute positions added only before the top layers) is
+  :class:`posenc.TransformerLM`'s ``absolute_from_layer`` option.
+
+* ``tupe`` — Ke, He, Liu, "Rethinking Positional Encoding in Language Pre-training",
+  ICLR 2021. Positions never enter the token stream; each layer adds a positional score
+  computed with projections of its own, shared by all layers::
+
+      s_ij = (x_i W_Q)·(x_j W_K) / sqrt(2·Dh) + (p_i U_Q)·(p_j U_K) / sqrt(2·Dh) [+ b_{j-i}]
+
+  ``p = LayerNorm(P[pos])`` from a learned table; ``relative_bias=True`` adds T5's
+  bucketed bias (TUPE-R; TUPE-A without); ``untie_cls=True`` replaces the positional
+  term of every pair involving position 0 ([CLS]) by two learned scalars per head.
+  Checked against the formula written out in the tests (there is no installable
+  reference).
+
+Fast path: the ``2·span`` relative vectors are projected once per call, each term is one
+matmul against them and a gather into place; no ``(L, L, Dh)`` tensor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .. import functional as PF
+from ..base import PositionEncoding, Stage, register
+
+_POS_ATT_TYPES = ("c2p", "p2c")
+
+
+def make_log_bucket_position(relative_pos: Tensor, bucket_size: int, max_position: int) -> Tensor:
+    """DeBERTa-v2's log buckets of ``δ``: exact for ``|δ| <= bucket_size // 2``, then log-spaced.
+
+    Same arithmetic as HF ``make_log_bucket_position`` (float32), returned as int64.
+    """
+    sign = torch.sign(relative_pos)
+    mid = bucket_size // 2
+    abs_pos = torch.where(
+        (relative_pos < mid) & (relative_pos > -mid), torch.tensor(mid - 1).type_as(relative_pos), relative_pos.abs()
+    )
+    log_pos = torch.ceil(torch.log(abs_pos / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    return torch.where(abs_pos <= mid, relative_pos.type_as(log_pos), log_pos * sign).long()
+
+
+@register
+class DeBERTa(PositionEncoding):
+    """DeBERTa disentangled attention (content-to-position and position-to-content).
+
+    Args:
+        pos_att_type: ``"c2p|p2c"``, ``"c2p"`` or ``"p2c"`` (HF spelling, any order).
+        position_buckets: log buckets per side (v3: 256); 0 = no buckets (v1).
+        max_relative_positions: largest distance the buckets reach; the span when
+            ``position_buckets=0`` (HF default 512; ``max_len``, or 512, when < 1).
+        share_att_key: project the table with the layer's own ``W_Q``/``W_K`` (v3) rather
+            than separate ``pos_query_proj``/``pos_key_proj``.
+        norm_rel_ebd: LayerNorm on the shared table (HF ``norm_rel_ebd="layer_norm"``).
+        version: 2 (``pos_key_proj`` has a bias) or 1 (``pos_proj`` without, as DeBERTa v1).
+        hidden_size: width ``D`` of the table; ``H·Dh`` by default. Must equal the layer
+            width with ``share_att_key``.
+        layer_norm_eps: eps of that LayerNorm (HF default 1e-7).
+    """
+
+    name = "deberta"
+    family = "relative"
+    paper = "He et al., DeBERTa: Decoding-enhanced BERT with Disentangled Attention"
+    year = 2021
+    stages = Stage.TERMS
+
+    def __init__(
+        self,
+        *,
+        heads,
+        head_dim,
+        max_len=None,
+        causal=True,
+        pos_att_type: str = "c2p|p2c",
+        position_buckets: int = 256,
+        max_relative_positions: int = 512,
+        share_att_key: bool = True,
+        norm_rel_ebd: bool = True,
+        version: int = 2,
+        hidden_size: int | None = None,
+        layer_norm_eps: float = 1e-7,
+        init_std: float = 0.02,
+    ):
+        super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
+        types = (
+            [t.strip() for t in pos_att_type.lower().split("|") if t.strip()] if isinstance(pos_att_type, str) else []
+        )
+        if not types or any(t not in _POS_ATT_TYPES for t in types):
+            raise ValueError(f"pos_att_type must be 'c2p', 'p2c' or 'c2p|p2c', got {pos_att_type!r}")
+        if not isinstance(position_buckets, int) or position_buckets < 0 or position_buckets == 1:
+            raise ValueError(f"position_buckets must be 0 (none) or an int >= 2, got {position_buckets!r}")
+        if version not in (1, 2):
+            raise ValueError(f"version must be 1 or 2, got {version!r}")
+        if max_relative_positions < 1:
+            max_relative_positions = max_len if max_len is not None else 512
+        if position_buckets and max_relative_positions <= position_buckets // 2 + 1:
+            raise ValueError(
+                f"max_relative_positions must exceed position_buckets // 2 + 1 = {position_buckets // 2 + 1}, "
+                f"got {max_relative_positions}"
+            )
+        self.c2p, self.p2c = "c2p" in types, "p2c" in types
+        self.position_buckets, self.max_relative_positions = position_buckets, max_relative_positions
+        self.span = position_buckets if position_buckets > 0 else max_relative_positions
+        self.share_att_key, self.version = share_att_key, version
+        self.hidden_size = self.dim if hidden_size is None else hidden_size
+        D, inner = self.hidden_size, heads * head_dim
+        self.rel_embeddings = nn.Embedding(2 * self.span, D)
+        nn.init.normal_(self.rel_embeddings.weight, std=init_std)
+        self.rel_norm = nn.LayerNorm(D, eps=layer_norm_eps) if norm_rel_ebd else None
+        if not share_att_key:
+            if self.c2p:
+                self.pos_key_proj = nn.Linear(D, inner, bias=version == 2)
+            if self.p2c:
+                self.pos_query_proj = nn.Linear(D, inner)
+        self._layer: nn.Module | None = None
+
+    def attach(self, attn: nn.Module) -> None:
+        if not self.share_att_key:
+            return
+        if self.__dict__.get("_layer") is not None and self.__dict__["_layer"] is not attn:
+            raise ValueError("a deberta encoding with share_att_key=True belongs to one layer; build one per layer")
+        if attn.dim != self.hidden_size:
+            raise ValueError(f"share_att_key needs hidden_size == layer dim, got {self.hidden_size} and {attn.dim}")
+        self.__dict__["_layer"] = attn  # not a submodule: the layer owns the encoding, not the reverse
+
+    def tie_to(self, first: PositionEncoding) -> None:
+        self.rel_embeddings = first.rel_embeddings
+        self.rel_norm = first.rel_norm
+
+    @property
+    def relative(self) -> bool:
+        return True
+
+    @property
+    def num_terms(self) -> int:
+        return int(self.c2p) + int(self.p2c)
+
+    @property
+    def scale(self) -> float:
+        """``(Dh·(1 + #terms))^-1/2``, applied to content and position terms alike."""
+        return (self.head_dim * (1 + self.num_terms)) ** -0.5
+
+    def rel_index(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """``clamp(bucket(i - j) + span, 0, 2·span - 1)``: ``(..., Lq, Lk)`` int64."""
+        delta = -self.rel_distance(q_pos, k_pos)  # i - j, (..., Lq, Lk)
+        # bucket each distinct distance once (2L - 1 of them), then look the pairs up
+        lo = int(q_pos.min()) - int(k_pos.max())
+        hi = int(q_pos.max()) - int(k_pos.min())
+        dist = torch.arange(lo, hi + 1, device=delta.device)
+        if self.position_buckets > 0:
+            dist = make_log_bucket_position(dist, self.position_buckets, self.max_relative_positions)
+        table = (dist + self.span).clamp(0, 2 * self.span - 1)  # (hi - lo + 1,)
+        return table[delta - lo]
+
+    def rel_table(self) -> Tensor:
+        """The shared ``(2·span, D)`` table, normalised if ``norm_rel_ebd``."""
+        e = self.rel_embeddings.weight
+        return self.rel_norm(e) if self.rel_norm is not None else e
+
+    def _project(self, table: Tensor, which: str) -> Tensor:
+        """``(2·span, D)`` -> ``(H, 2·span, Dh)`` with the key (c2p) or query (p2c) projection."""
+        if self.share_att_key:
+            layer = self.__dict__.get("_layer")
+            if layer is None:
+                raise ValueError(
+                    "share_att_key=True uses the layer's W_Q/W_K: run this encoding inside posenc.Attention"
+                )
+            proj = layer.k_proj if which == "key" else layer.q_proj
+        else:
+            proj = self.pos_key_proj if which == "key" else self.pos_query_proj
+        return proj(table).view(-1, self.heads, self.head_dim).transpose(0, 1)
+
+    def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        if q.shape[-2] != q_pos.shape[-1] or k.shape[-2] != k_pos.shape[-1]:
+            raise ValueError(
+                f"q/k lengths {q.shape[-2]}/{k.shape[-2]} do not match positions {q_pos.shape[-1]}/{k_pos.shape[-1]}"
+            )
+        idx = self.rel_index(q_pos, k_pos)  # (B|1, Lq, Lk)
+        table = self.rel_table()
+        B, H, Lq, _ = q.shape
+        out = None
+        if self.c2p:
+            kr = self._project(table, "key").to(q.dtype)  # (H, 2span, Dh)
+            out = PF.gather_relative_logits(q @ kr.transpose(-1, -2), idx)  # q_i·Kr[idx]
+        if self.p2c:
+            qr = self._project(table, "query").to(k.dtype)  # (H, 2span, Dh)
+            kq = (k @ qr.transpose(-1, -2)).transpose(-1, -2)  # (B, H, 2span, Lk): k_j·Qr[r]
+            index = idx.unsqueeze(1).expand(B, H, Lq, k.shape[-2])
+            p2c = torch.gather(kq, -2, index)  # k_j·Qr[idx(i, j)]
+            out = p2c if out is None else out + p2c
+        return out
+
+
+@register
+class TUPE(PositionEncoding):
+    """TUPE: untied absolute positional attention, optionally with T5's relative bias.
+
+    Args:
+        relative_bias: add T5's bucketed relative bias (TUPE-R); False is TUPE-A.
+        num_buckets, max_distance: T5 bucket options of that bias.
+        untie_cls: pairs involving position 0 ([CLS]) get learned per-head scalars
+            (``θ_cls→·`` for query 0, ``θ_·→cls`` for key 0) instead of the positional term.
+        init_std: std of the normal init of the tables and projections.
+
+    Needs ``max_len`` (the size of the learned position table); does not extrapolate.
+    """
+
+    name = "tupe"
+    family = "absolute"
+    paper = "Ke et al., Rethinking Positional Encoding in Language Pre-training"
+    year = 2021
+    stages = Stage.BIAS
+    share_across_layers = True
+
+    def __init__(
+        self,
+        *,
+        heads,
+        head_dim,
+        max_len=None,
+        causal=True,
+        relative_bias: bool = False,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        untie_cls: bool = False,
+        init_std: float = 0.02,
+    ):
+        super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
+        if max_len is None:
+            raise ValueError("encoding 'tupe' needs max_len (the size of its position table)")
+        self.relative_bias, self.untie_cls = relative_bias, untie_cls
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        D = self.dim
+        self.pos_emb = nn.Embedding(max_len, D)
+        self.pos_ln = nn.LayerNorm(D)
+        self.pos_q = nn.Linear(D, D)  # U_Q
+        self.pos_k = nn.Linear(D, D)  # U_K
+        for m in (self.pos_emb, self.pos_q, self.pos_k):
+            nn.init.normal_(m.weight, std=init_std)
+        if relative_bias:
+            exact = num_buckets // (1 if causal else 2) // 2
+            if not isinstance(num_buckets, int) or num_buckets < (2 if causal else 4):
+                raise ValueError(f"num_buckets must be an int >= {2 if causal else 4}, got {num_buckets!r}")
+            if not isinstance(max_distance, int) or max_distance <= exact:
+                raise ValueError(f"max_distance must be an int > {exact} (the exact buckets), got {max_distance!r}")
+            self.relative_attention_bias = nn.Embedding(num_buckets, heads)
+            nn.init.normal_(self.relative_attention_bias.weight, std=init_std)
+        if untie_cls:
+            self.cls_to_others = nn.Parameter(torch.zeros(heads))
+            self.others_to_cls = nn.Parameter(torch.zeros(heads))
+
+    @property
+    def relative(self) -> bool:
+        return False
+
+    @property
+    def extrapolates(self) -> bool:
+        return False
+
+    @property
+    def scale(self) -> float:
+        """``(2·Dh)^-1/2``: content and positional terms share the softmax budget."""
+        return (2 * self.head_dim) ** -0.5
+
+    def _pos_proj(self, pos: Tensor, proj: nn.Linear) -> Tensor:
+        """``(..., L)`` -> ``(..., H, L, Dh)``: ``LN(P[pos]) U``."""
+        p = proj(self.pos_ln(self.pos_emb(pos)))  # (..., L, D)
+        return p.unflatten(-1, (self.heads, self.head_dim)).transpose(-2, -3).float()
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        self.check_length(q_pos)
+        self.check_length(k_pos)
+        pq, pk = self._pos_proj(q_pos, self.pos_q), self._pos_proj(k_pos, self.pos_k)
+        out = (pq @ pk.transpose(-1, -2)) * self.scale  # (..., H, Lq, Lk)
+        if self.untie_cls:
+            h = (-1, 1, 1)
+            q0 = (q_pos == 0).unsqueeze(-1).unsqueeze(-3)  # (..., 1, Lq, 1)
+            k0 = (k_pos == 0).unsqueeze(-2).unsqueeze(-3)  # (..., 1, 1, Lk)
+            out = torch.where(k0, self.others_to_cls.float().view(h), out)
+            out = torch.where(q0, self.cls_to_others.float().view(h), out)
+        if self.relative_bias:
+            b = PF.t5_relative_position_bucket(
+                self.rel_distance(q_pos, k_pos),
+                bidirectional=not self.causal,
+                num_buckets=self.num_buckets,
+                max_distance=self.max_distance,
+            )
+            out = out + self.relative_attention_bias(b).float().movedim(-1, -3)
+        return out
