@@ -1,0 +1,153 @@
+"""posenc bench: smoke test at L = 128, backend dispatch (CPU and CUDA logic, tested on
+CPU), the CPU peak-memory measurement, and torch.compile of a whole TransformerLM for
+every registered encoding (slow)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import posenc
+from posenc import Stage
+from posenc.bench.measure import machine_record, peak_memory, time_runs
+
+
+def _small(name: str, causal: bool = True):
+    cls = posenc.get_class(name)
+    return posenc.build(name, heads=2, head_dim=8, max_len=64, causal=causal or cls.causal_only)
+
+
+@pytest.mark.parametrize("name", posenc.available())
+def test_select_backend_dispatch(name):
+    """auto picks sdpa (flash on GPU) / flex on CUDA / dense on CPU / relative, by stages."""
+    enc = _small(name)
+    st = enc.stages
+    vector = bool(st & (Stage.TERMS | Stage.VALUE)) or enc.rotates_value
+    for grad in (True, False):
+        cpu = posenc.select_backend(enc, "cpu", grad)
+        cuda = posenc.select_backend(enc, "cuda", grad)
+        if vector:
+            assert cpu == cuda == "relative"
+        elif st & Stage.BIAS:
+            assert cpu == "dense"
+            assert cuda == ("flex" if enc.has_score_mod else "dense")
+        else:
+            assert cpu == cuda == "sdpa"
+        assert cpu in posenc.supported_backends(enc) and cuda in posenc.supported_backends(enc)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+def test_scalar_biases_go_to_flex_on_cuda(name):
+    enc = _small(name)
+    assert enc.has_score_mod
+    assert posenc.select_backend(enc, "cuda", True) == "flex"
+    assert posenc.select_backend(enc, "cpu", True) == "dense"
+
+
+def test_bench_resolves_auto_backend_per_device():
+    from posenc.bench.layers import posenc_case
+    from posenc.bench.runner import resolved_backend
+
+    case = posenc_case("alibi", heads=2, head_dim=8, causal=True, max_len=64, device="cpu", dtype=torch.float32)
+    module, _ = case.make(16)
+    assert resolved_backend(case, module, torch.device("cpu"), True) == "dense"
+    assert resolved_backend(case, module, torch.device("cuda"), True) == "flex"
+
+
+def test_peak_memory_cpu_counts_live_bytes():
+    n = 1 << 20  # 1 Mi float32 = 4 MiB
+
+    def two_at_once():
+        a = torch.ones(n)
+        b = torch.ones(n)
+        return float(a[0] + b[0])
+
+    def one_after_another():
+        for _ in range(2):
+            a = torch.ones(n)
+            del a
+
+    both = peak_memory(two_at_once, device=torch.device("cpu"))
+    seq = peak_memory(one_after_another, device=torch.device("cpu"))
+    assert 8 * 2**20 <= both < 8 * 2**20 + 2**16
+    assert 4 * 2**20 <= seq < 4 * 2**20 + 2**16
+
+
+def test_time_runs_rejects_bad_counts():
+    with pytest.raises(ValueError, match="repeats"):
+        time_runs(lambda: None, device=torch.device("cpu"), repeats=0)
+    assert len(time_runs(lambda: None, device=torch.device("cpu"), warmup=0, repeats=3)) == 3
+
+
+def test_machine_record_fields():
+    rec = machine_record(torch.device("cpu"))
+    for key in ("cpu", "cpu_count", "torch_threads", "torch", "device", "date_utc"):
+        assert rec[key] not in (None, "")
+    assert rec["torch"] == torch.__version__
+
+
+def test_bench_smoke_l128(tmp_path):
+    """`posenc bench` end to end at L = 128: tables, JSON/CSV, plot, machine, Markdown."""
+    from posenc.cli import main
+
+    encs = [e for e in ("rope", "alibi", "t5", "shaw") if e in posenc.available()]
+    out = tmp_path / "out"
+    md = tmp_path / "RESULTS.md"
+    argv = ["bench", "--lengths", "128", "--encodings", ",".join(encs), "--warmup", "0", "--repeats", "1"]
+    argv += ["--out", str(out), "--markdown", str(md), "--train-len", "32", "--train-batch", "1", "--quiet"]
+    argv += ["--device", "cpu"]
+    assert main(argv) == 0
+    for f in ("layers.json", "layers.csv", "throughput.json", "throughput.csv", "machine.json", "time_vs_length.png"):
+        assert (out / f).stat().st_size > 0, f
+    data = json.loads((out / "layers.json").read_text())
+    rows = data["rows"]
+    assert data["machine"]["device"] == "cpu"
+    labels = {r["label"] for r in rows}
+    assert "sdpa (no position)" in labels
+    assert {f"posenc:{e}" for e in encs} <= labels
+    assert "hf:T5Attention" in labels and "x-transformers:AlibiPositionalBias" in labels
+    for r in rows:
+        assert r["status"] == "ok", (r["label"], r["status"])
+        assert r["L"] == 128 and r["time_s"] > 0 and r["ratio"] > 0 and r["peak_bytes"] > 0
+    backends = {r["label"]: r["backend"] for r in rows if r["impl"] == "posenc"}
+    assert backends["posenc:rope"] == "sdpa" and backends["posenc:alibi"] == "dense"
+    trows = json.loads((out / "throughput.json").read_text())["rows"]
+    assert {(r["impl"], r["encoding"]) for r in trows} >= {("posenc", "rope"), ("x-transformers", "rope")}
+    assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in trows), trows
+    text = md.read_text()
+    assert "| sdpa (no position) |" in text and "L=128" in text and data["machine"]["cpu"] in text
+
+
+def test_bench_rejects_unknown_encoding(tmp_path, capsys):
+    from posenc.cli import main
+
+    assert main(["bench", "--encodings", "nosuch", "--out", str(tmp_path), "--quiet"]) == 2
+    assert "nosuch" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- torch.compile
+@pytest.mark.slow
+@pytest.mark.parametrize("name", posenc.available())
+def test_compile_transformer_lm(name):
+    """torch.compile of a whole TransformerLM equals eager in loss and gradients."""
+    torch.manual_seed(0)
+    lm = posenc.TransformerLM(64, 32, 2, 2, encoding=name, max_len=32)
+    tokens = torch.randint(0, 64, (2, 17))
+
+    def loss_of(model):
+        logits = model(tokens[:, :-1])
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, 64), tokens[:, 1:].reshape(-1))
+
+    ref = loss_of(lm)
+    ref.backward()
+    ref_grads = [p.grad.clone() for p in lm.parameters()]
+    lm.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(lm)
+    got = loss_of(compiled)
+    got.backward()
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    for g, r in zip((p.grad for p in lm.parameters()), ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-5)
