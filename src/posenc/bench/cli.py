@@ -66,6 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--throughput", action=argparse.BooleanOptionalAction, default=True, help="training tokens/s")
     p.add_argument("--train-len", type=int, default=256, help="sequence length of the throughput runs")
     p.add_argument("--train-batch", type=int, default=8)
+    p.add_argument("--train-dim", type=int, default=256, help="model width of the throughput runs")
+    p.add_argument("--train-depth", type=int, default=4, help="layers of the throughput runs")
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
     p.add_argument("--markdown", type=Path, default=None, help="also write a Markdown report (RESULTS.md) here")
     p.add_argument("--notes", default="", help="free text put in the Markdown report (e.g. machine contention)")
@@ -112,13 +114,19 @@ def run(args: argparse.Namespace) -> int:
     machine = machine_record(torch.device(device))
     say = (lambda s: None) if args.quiet else (lambda s: print(f"  {s}", file=sys.stderr, flush=True))
     rows = [asdict(r) for r in run_layers(cfg, progress=say)]
-    trows = []
+    trows, tcfg = [], None
     if args.throughput:
         tcfg = ThroughputConfig(
-            encodings=["nope"] + encodings, seq_len=args.train_len, batch=args.train_batch, device=device
+            encodings=["nope"] + encodings,
+            seq_len=args.train_len,
+            batch=args.train_batch,
+            dim=args.train_dim,
+            depth=args.train_depth,
+            heads=max(1, args.train_dim // 64),
+            device=device,
         )
         trows = run_throughput(tcfg, progress=say)
-    config = asdict(cfg) | {"train_len": args.train_len, "train_batch": args.train_batch}
+    config = asdict(cfg) | {"train": asdict(tcfg)} if args.throughput else asdict(cfg)
     paths = write_outputs(args.out, rows, trows, machine, config)
     if not args.quiet:
         print_tables(rows, trows)

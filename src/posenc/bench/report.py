@@ -261,7 +261,13 @@ def markdown_report(rows, trows, machine: dict, command: str, config: dict, note
         parts += [
             "## Training throughput: TransformerLM vs x-transformers",
             "",
-            "Tokens per second of AdamW training steps (forward, loss, backward, step).",
+            "Tokens per second of AdamW training steps (forward, loss, backward, step)"
+            + (
+                f": batch {config['train']['batch']} × L = {config['train']['seq_len']}, D = {config['train']['dim']}, "
+                f"{config['train']['depth']} layers, {config['train']['heads']} heads."
+                if "train" in config
+                else "."
+            ),
             "",
             _md(*throughput_table(trows)),
             "",

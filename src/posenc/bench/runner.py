@@ -7,7 +7,6 @@ same length, in the same masking mode, in the same run.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -160,7 +159,6 @@ def run_layers(cfg: BenchConfig, progress: Callable[[str], None] | None = None) 
                         )
                         row.time_s = median(row.times_s)
                         if cfg.memory:
-                            gc.collect()
                             row.peak_bytes = peak_memory(run, device=device)
                     except Exception as e:
                         row.status = f"error: {type(e).__name__}: {str(e)[:200]}"
@@ -175,7 +173,6 @@ def run_layers(cfg: BenchConfig, progress: Callable[[str], None] | None = None) 
                         if row.peak_bytes is not None and base[mode].peak_bytes:
                             row.peak_ratio = row.peak_bytes / base[mode].peak_bytes
                 del module, fn
-                gc.collect()
     return rows
 
 
