@@ -29,6 +29,8 @@ shifted or randomized positions change nothing in the masking.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -61,10 +63,8 @@ def supported_backends(enc: PositionEncoding) -> list[str]:
     out = []
     if not st & (Stage.BIAS | Stage.TERMS | Stage.VALUE) and not enc.rotates_value:
         out.append("sdpa")
-    if not st & (Stage.TERMS | Stage.VALUE) and not enc.rotates_value:
-        if st & Stage.BIAS:
-            out.append("flex")
-        out.append("dense")
+    if st & Stage.BIAS and not st & (Stage.TERMS | Stage.VALUE) and not enc.rotates_value:
+        out += ["flex", "dense"]
     return out + ["relative", "eager"]
 
 
@@ -378,7 +378,10 @@ class Attention(nn.Module):
 
             block_mask = create_block_mask(mask_mod, B if kpm is not None else None, None, Lq, Lk, device=q.device.type)
         flex = _flex_attention(q.device.type)
-        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=self.encoding.scale)
+        with warnings.catch_warnings():
+            # off CUDA the unfused reference runs on purpose (FlexAttention has no CPU backward)
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=self.encoding.scale)
 
     def _attend_eager(self, q, k, v, q_pos, k_pos, offset, kpm):
         """The oracle: every term materialised, float32 throughout."""

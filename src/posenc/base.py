@@ -116,7 +116,17 @@ class PositionEncoding(nn.Module):
 
     # ------------------------------------------------------------------ buffers
     def init_buffers(self) -> None:
-        """(Re)build non-persistent cached tables; call after ``to_empty`` from ``meta``."""
+        """(Re)build non-persistent cached tables (float32) on their current device.
+
+        Called after every ``.to()`` / ``.to_empty()`` / ``.cuda()`` (see :meth:`_apply`),
+        so ``model.to(torch.bfloat16)`` keeps tables in float32 and a model built on the
+        ``meta`` device gets real tables once materialised.
+        """
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self.init_buffers()
+        return out
 
     def check_length(self, pos: Tensor) -> None:
         """Raise ``ValueError`` if a non-extrapolating encoding sees a position >= max_len."""

@@ -63,9 +63,13 @@ def check_positions(pos: Tensor, length: int, name: str = "pos", batch: int | No
 
 
 # --------------------------------------------------------------------------- sinusoids
-def sinusoidal_inv_freq(dim: int, base: float = 10000.0, device=None) -> Tensor:
-    """``base ** (-2k / dim)`` for ``k = 0 .. ceil(dim/2) - 1``, float32, shape ``(ceil(dim/2),)``."""
-    return 1.0 / (base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
+def sinusoidal_inv_freq(dim: int, base: float = 10000.0, device=None, dtype=torch.float32) -> Tensor:
+    """``base ** (-2k / dim)`` for ``k = 0 .. ceil(dim/2) - 1``, shape ``(ceil(dim/2),)``.
+
+    float32 by default, bit-identical to HF's ``inv_freq``; float64 for tables that are
+    rounded to float32 only at the end.
+    """
+    return 1.0 / (base ** (torch.arange(0, dim, 2, device=device, dtype=torch.int64).to(dtype) / dim))
 
 
 def sinusoidal_table(pos: Tensor, dim: int, *, base: float = 10000.0, layout: str = "interleaved") -> Tensor:
@@ -76,8 +80,8 @@ def sinusoidal_table(pos: Tensor, dim: int, *, base: float = 10000.0, layout: st
     RoFormer / Marian: ``[sin θ0 .. sin θ(d/2-1), cos θ0 .. cos θ(d/2-1)]``.
     For odd ``dim`` the last cosine is dropped.
     """
-    inv_freq = sinusoidal_inv_freq(dim, base, device=pos.device)
-    angles = pos.to(torch.float64).unsqueeze(-1) * inv_freq.to(torch.float64)  # (..., ceil(dim/2))
+    inv_freq = sinusoidal_inv_freq(dim, base, device=pos.device, dtype=torch.float64)
+    angles = pos.to(torch.float64).unsqueeze(-1) * inv_freq  # (..., ceil(dim/2)), float64
     sin, cos = angles.sin().float(), angles.cos().float()
     if layout == "interleaved":
         out = torch.stack((sin, cos), dim=-1).flatten(-2)

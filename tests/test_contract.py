@@ -1,0 +1,252 @@
+"""The contract suite: every registered encoding, in every mode it supports.
+
+Parametrised over ``posenc.available()``, so an encoding that registers is enrolled
+with no opt-in. See ``shared/DESIGN.md`` ("The contract suite").
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from tests.conftest import DIM, HEAD_DIM, HEADS, MAX_LEN, assert_close, encoding_modes, mode_id
+
+import posenc
+from posenc import Stage
+
+MODES = encoding_modes()
+CAUSAL = [(n, c) for n, c in MODES if c]
+L = 8
+
+
+def make_attn(name: str, causal: bool, seed: int = 0, **kw) -> posenc.Attention:
+    torch.manual_seed(seed)
+    attn = posenc.Attention(DIM, HEADS, name, head_dim=HEAD_DIM, causal=causal, max_len=MAX_LEN, **kw)
+    _randomize(attn)
+    return attn
+
+
+def make_lm(name: str, seed: int = 0, depth: int = 2) -> posenc.TransformerLM:
+    torch.manual_seed(seed)
+    lm = posenc.TransformerLM(vocab_size=32, dim=DIM, depth=depth, heads=HEADS, encoding=name, max_len=MAX_LEN)
+    _randomize(lm)
+    return lm.eval()
+
+
+def _randomize(module: torch.nn.Module) -> None:
+    """Give every parameter non-trivial values (zero-initialised parameters hide bugs)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+
+
+def _x(B=2, L=L, seed=1, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, L, DIM, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_shapes_and_dtypes(mode, dtype):
+    name, causal = mode
+    attn = make_attn(name, causal).to(dtype)
+    y = attn(_x(dtype=dtype))
+    assert y.shape == (2, L, DIM) and y.dtype == dtype
+    assert torch.isfinite(y.float()).all()
+    lm = make_lm(name).to(dtype)
+    logits = lm(torch.randint(0, 32, (2, L)))
+    assert logits.shape == (2, L, 32) and logits.dtype == dtype
+
+
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
+def test_gradients_reach_every_parameter(mode):
+    name, causal = mode
+    attn = make_attn(name, causal)
+    x = _x().requires_grad_()
+    (attn(x) * torch.randn(2, L, DIM)).sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    for pname, p in attn.named_parameters():
+        assert p.grad is not None, f"{name}: no gradient for {pname}"
+        assert p.grad.abs().sum() > 0, f"{name}: zero gradient for {pname}"
+
+
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
+def test_explicit_arange_equals_none(mode):
+    name, causal = mode
+    attn = make_attn(name, causal)
+    x = _x()
+    ref = attn(x)
+    assert_close(attn(x, pos=torch.arange(L)), ref)
+    assert_close(attn(x, pos=torch.arange(L).expand(2, L)), ref)
+    lm = make_lm(name)
+    t = torch.randint(0, 32, (2, L))
+    assert_close(lm(t, pos=torch.arange(L)), lm(t))
+
+
+@pytest.mark.parametrize("name", [n for n, _ in CAUSAL])
+def test_kv_cache_decoding_equals_full_forward(name):
+    lm = make_lm(name)
+    t = torch.randint(0, 32, (2, 10))
+    with torch.no_grad():
+        full = lm(t)
+        cache = lm.init_cache(batch_size=2, max_len=12)
+        steps = [lm(t[:, i : i + 1], cache=cache) for i in range(10)]
+        assert cache.length == 10
+        assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5, msg=f"{name}: token by token")
+        cache = lm.init_cache(batch_size=2, max_len=12)
+        chunks = [lm(t[:, :4], cache=cache), lm(t[:, 4:7], cache=cache), lm(t[:, 7:], cache=cache)]
+        assert_close(torch.cat(chunks, dim=1), full, rtol=1e-4, atol=1e-5, msg=f"{name}: chunked prefill")
+
+
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
+def test_relative_encodings_are_shift_invariant(mode):
+    name, causal = mode
+    attn = make_attn(name, causal).eval()
+    x = _x()
+    with torch.no_grad():
+        base = attn(x, pos=torch.arange(L))
+        shifted = attn(x, pos=torch.arange(L) + 5)
+    if attn.encoding.relative:
+        assert_close(shifted, base, rtol=1e-4, atol=1e-5, msg=f"{name} declares relative=True")
+    else:
+        assert not torch.allclose(shifted, base, rtol=1e-4, atol=1e-5), f"{name} declares relative=False"
+
+
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
+def test_past_max_len_works_or_raises(mode):
+    name, causal = mode
+    attn = make_attn(name, causal)
+    pos = torch.arange(MAX_LEN - 2, MAX_LEN - 2 + L)
+    if attn.encoding.extrapolates:
+        assert torch.isfinite(attn(_x(), pos=pos)).all()
+    else:
+        with pytest.raises(ValueError, match="max_len"):
+            attn(_x(), pos=pos)
+        lm = make_lm(name)
+        with pytest.raises(ValueError, match="max_len"):
+            lm(torch.randint(0, 32, (1, MAX_LEN + 1)))
+
+
+BACKEND_CASES = [
+    (n, c, b)
+    for n, c in MODES
+    for b in posenc.supported_backends(posenc.build(n, heads=HEADS, head_dim=HEAD_DIM, max_len=MAX_LEN, causal=c))
+    if b != "eager"
+]
+
+
+@pytest.mark.parametrize("name,causal,backend", BACKEND_CASES, ids=lambda v: str(v))
+def test_backend_equals_eager_oracle(name, causal, backend):
+    attn = make_attn(name, causal, chunk_size=3)  # chunk_size 3 exercises the chunked relative path
+    x = _x()
+    pos = torch.stack([torch.arange(L), torch.arange(L) + 3])  # (B, L): different positions per row
+    with_grad = backend != "flex"  # FlexAttention has no CPU backward
+    outs, grads = {}, {}
+    for b in ("eager", backend):
+        attn.zero_grad()
+        xi = x.clone().requires_grad_(with_grad)
+        with torch.set_grad_enabled(with_grad):
+            y = attn(xi, pos=pos, backend=b)
+        outs[b] = y.detach()
+        if with_grad:
+            (y * torch.linspace(-1, 1, DIM)).sum().backward()
+            grads[b] = [xi.grad] + [p.grad.clone() for p in attn.parameters()]
+    assert_close(outs[backend], outs["eager"], rtol=1e-5, atol=1e-5, msg=f"{name}/{backend} output")
+    if with_grad:
+        for g, ge in zip(grads[backend], grads["eager"]):
+            assert_close(g, ge, rtol=1e-4, atol=1e-5, msg=f"{name}/{backend} gradient")
+
+
+@pytest.mark.parametrize("name", [n for n, _ in CAUSAL])
+def test_backends_equal_eager_with_cache(name):
+    lm = make_lm(name, depth=1)
+    attn = lm.blocks[0].attn
+    x = _x()
+    for backend in posenc.supported_backends(attn.encoding):
+        if backend == "eager":
+            continue
+        outs = {}
+        for b in ("eager", backend):
+            cache = attn.init_cache(2, L)
+            with torch.no_grad():
+                outs[b] = torch.cat([attn(x[:, :5], cache=cache, backend=b), attn(x[:, 5:], cache=cache, backend=b)], 1)
+        assert_close(outs[backend], outs["eager"], rtol=1e-5, atol=1e-5, msg=f"{name}/{backend}")
+
+
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
+def test_state_dict_round_trip(mode):
+    name, causal = mode
+    a, b = make_attn(name, causal, seed=0), make_attn(name, causal, seed=1)
+    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    x = _x()
+    assert_close(b(x), a(x))
+    lm_a, lm_b = make_lm(name, seed=0), make_lm(name, seed=1)
+    lm_b.load_state_dict(lm_a.state_dict())
+    t = torch.randint(0, 32, (2, L))
+    assert_close(lm_b(t), lm_a(t))
+
+
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
+def test_meta_device_construction(mode):
+    name, causal = mode
+    real = make_attn(name, causal)
+    with torch.device("meta"):
+        meta = posenc.Attention(DIM, HEADS, name, head_dim=HEAD_DIM, causal=causal, max_len=MAX_LEN)
+    assert all(p.is_meta for p in meta.parameters())
+    meta.to_empty(device="cpu")
+    meta.encoding.init_buffers()
+    meta.load_state_dict(real.state_dict())
+    x = _x()
+    assert_close(meta(x), real(x))
+    with torch.device("meta"):
+        lm = posenc.TransformerLM(32, DIM, 2, HEADS, encoding=name, max_len=MAX_LEN)
+    assert all(p.is_meta for p in lm.parameters())
+
+
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
+def test_bad_input_raises(mode):
+    name, causal = mode
+    attn = make_attn(name, causal)
+    with pytest.raises(ValueError, match=r"shape \(B, L, 16\)"):
+        attn(torch.randn(L, DIM))
+    with pytest.raises(ValueError, match=r"shape \(B, L, 16\)"):
+        attn(torch.randn(2, L, DIM + 1))
+    with pytest.raises(TypeError, match="integer dtype"):
+        attn(_x(), pos=torch.arange(L).float())
+    with pytest.raises(ValueError, match="non-negative.*-3"):
+        attn(_x(), pos=torch.arange(L) - 3)
+    with pytest.raises(ValueError, match=f"length {L + 1}.*length {L}"):
+        attn(_x(), pos=torch.arange(L + 1))
+    with pytest.raises(ValueError, match=r"shape \(L,\) or \(B, L\)"):
+        attn(_x(), pos=torch.arange(L).view(1, 1, L))
+    enc = attn.encoding
+    q = torch.randn(2, HEADS, L, HEAD_DIM)
+    k = torch.randn(2, HEADS, L, HEAD_DIM)
+    short = torch.arange(L - 1)
+    if enc.stages & Stage.QK:
+        with pytest.raises(ValueError, match=f"{L - 1}.*{L}"):
+            enc.rotate(q, k, short, torch.arange(L))
+    if enc.stages & Stage.TERMS:
+        with pytest.raises(ValueError, match=f"{L - 1}"):
+            enc.score_terms(q, k, short, torch.arange(L))
+    lm = make_lm(name)
+    with pytest.raises(TypeError, match="integer"):
+        lm(torch.rand(2, L))
+    with pytest.raises(ValueError, match=r"\(B, L\)"):
+        lm(torch.randint(0, 32, (L,)))
+
+
+@pytest.mark.parametrize("name", posenc.available())
+def test_unknown_option_lists_valid_ones(name):
+    with pytest.raises(ValueError, match="unknown option.*bogus.*valid options"):
+        posenc.build(name, heads=HEADS, head_dim=HEAD_DIM, max_len=MAX_LEN, bogus=1)
+
+
+@pytest.mark.parametrize("name", posenc.available())
+def test_declared_metadata(name):
+    cls = posenc.get_class(name)
+    assert cls.name == name and cls.family and cls.paper and 1950 < cls.year < 2100
+    assert cls.__module__.startswith("posenc.encodings.")
+    doc = __import__(cls.__module__, fromlist=["_"]).__doc__ or ""
+    assert str(cls.year) in doc or cls.paper.split(",")[0].split()[0] in doc, f"{name}: module docstring names no paper"

@@ -1,0 +1,127 @@
+"""Registry, dispatch and attention-layer behaviour beyond the contract suite."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.conftest import assert_close
+
+import posenc
+from posenc.base import PositionEncoding, Stage
+
+
+def test_build_unknown_name_lists_available():
+    with pytest.raises(ValueError, match="unknown encoding 'nope2'.*alibi.*rope"):
+        posenc.build("nope2", heads=2, head_dim=8)
+
+
+def test_register_rejects_duplicates_and_non_encodings():
+    with pytest.raises(TypeError, match="PositionEncoding subclass"):
+        posenc.register(int)
+
+    class Clash(PositionEncoding):
+        name = "rope"
+
+    with pytest.raises(ValueError, match="already registered"):
+        posenc.register(Clash)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, None])
+def test_bad_sizes(bad):
+    with pytest.raises(ValueError, match="heads"):
+        posenc.build("nope", heads=bad, head_dim=8)
+
+
+def test_rotary_odd_head_dim_raises():
+    with pytest.raises(ValueError, match=r"rotary dim .*7.* must be even"):
+        posenc.build("rope", heads=2, head_dim=7)
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        posenc.build("rope", heads=2, head_dim=8, partial_rotary_factor=1.5)
+
+
+def test_learned_needs_max_len():
+    with pytest.raises(ValueError, match="max_len"):
+        posenc.build("learned", heads=2, head_dim=8)
+
+
+@pytest.mark.parametrize(
+    "name,cpu,cuda",
+    [
+        ("nope", "sdpa", "sdpa"),
+        ("rope", "sdpa", "sdpa"),
+        ("sinusoidal", "sdpa", "sdpa"),
+        ("alibi", "dense", "flex"),
+        ("t5", "dense", "flex"),
+        ("shaw", "relative", "relative"),
+    ],
+)
+def test_backend_dispatch(name, cpu, cuda):
+    enc = posenc.build(name, heads=2, head_dim=8, max_len=16)
+    assert posenc.select_backend(enc, "cpu", needs_grad=True) == cpu
+    assert posenc.select_backend(enc, "cuda", needs_grad=True) == cuda
+
+
+def test_forced_backend_must_support_encoding():
+    with pytest.raises(ValueError, match="backend 'sdpa' cannot run encoding 'shaw'"):
+        posenc.Attention(16, 2, "shaw", backend="sdpa")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        posenc.Attention(16, 2, "rope", backend="fast")
+
+
+def test_stage_flags_and_bias_shapes():
+    t5 = posenc.build("t5", heads=3, head_dim=8, causal=False)
+    assert t5.stages == Stage.BIAS and t5.share_across_layers
+    assert t5.bias(torch.arange(5), torch.arange(7)).shape == (3, 5, 7)
+    assert t5.bias(torch.arange(5).expand(2, 5), torch.arange(7).expand(2, 7)).shape == (2, 3, 5, 7)
+
+
+def test_t5_table_shared_across_layers_by_default():
+    lm = posenc.TransformerLM(32, 16, 3, 2, "t5")
+    assert len(lm.encodings) == 1
+    lm = posenc.TransformerLM(32, 16, 3, 2, "t5", share_encoding=False)
+    assert len(lm.encodings) == 3
+    lm = posenc.TransformerLM(32, 16, 3, 2, "shaw")
+    assert len(lm.encodings) == 3
+
+
+def test_left_padding_is_positions_plus_mask():
+    """A left-padded row with positions starting at 0 on its first real token equals the unpadded row."""
+    torch.manual_seed(0)
+    attn = posenc.Attention(16, 2, "rope")
+    x = torch.randn(1, 6, 16)
+    ref = attn(x)
+    padded = torch.cat([torch.randn(1, 2, 16), x], dim=1)
+    pos = torch.tensor([0, 0, 0, 1, 2, 3, 4, 5])
+    keep = torch.tensor([[False, False, True, True, True, True, True, True]])
+    for backend in ("sdpa", "eager"):
+        out = attn(padded, pos=pos, key_padding_mask=keep, backend=backend)
+        assert_close(out[:, 2:], ref, msg=backend)
+
+
+def test_kv_cache_overflow_and_batch_mismatch():
+    attn = posenc.Attention(16, 2, "rope")
+    cache = attn.init_cache(batch_size=1, max_len=4)
+    attn(torch.randn(1, 3, 16), cache=cache)
+    with pytest.raises(ValueError, match="overflow"):
+        attn(torch.randn(1, 2, 16), cache=cache)
+    with pytest.raises(ValueError, match="batch size 1"):
+        attn(torch.randn(2, 1, 16), cache=attn.init_cache(batch_size=1, max_len=4))
+
+
+def test_bfloat16_model_keeps_float32_tables():
+    lm = posenc.TransformerLM(32, 16, 2, 2, "rope").to(torch.bfloat16)
+    assert lm.blocks[0].attn.encoding.inv_freq.dtype == torch.float32
+    alibi = posenc.Attention(16, 2, "alibi").to(torch.bfloat16)
+    assert alibi.encoding.slopes.dtype == torch.float32
+
+
+def test_checkpoint_round_trip(tmp_path):
+    lm = posenc.TransformerLM(32, 16, 2, 2, "t5", max_len=16, num_buckets=8, max_distance=12)
+    posenc.save_checkpoint(tmp_path / "m.pt", lm, step=7)
+    lm2, extra = posenc.load_checkpoint(tmp_path / "m.pt")
+    t = torch.randint(0, 32, (2, 9))
+    assert extra == {"step": 7}
+    assert_close(lm2(t), lm(t))
+    torch.save({"x": 1}, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="not a posenc checkpoint"):
+        posenc.load_checkpoint(tmp_path / "bad.pt")
