@@ -9,6 +9,7 @@ prints tables and writes JSON/CSV, a log-log plot and the machine record.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from dataclasses import asdict
@@ -133,12 +134,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {', '.join(str(p) for p in paths)}")
     if args.markdown:
         command = "posenc bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else ""
-        text = markdown_report(rows, trows, machine, command, config, notes=args.notes)
+        plot_src = args.out / "time_vs_length.png"
+        plot_rel = os.path.relpath(plot_src, args.markdown.parent) if plot_src.exists() else None
+        text = markdown_report(rows, trows, machine, command, config, notes=args.notes, plot_path=plot_rel)
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(text)
-        plot_src = args.out / "time_vs_length.png"
-        if plot_src.exists() and args.markdown.parent.resolve() != args.out.resolve():
-            (args.markdown.parent / "time_vs_length.png").write_bytes(plot_src.read_bytes())
         if not args.quiet:
             print(f"wrote {args.markdown}")
     errors = [r for r in rows if r["status"].startswith("error")]

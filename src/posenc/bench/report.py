@@ -217,7 +217,9 @@ def write_outputs(out: Path, rows: list[dict], trows: list[dict], machine: dict,
     return paths
 
 
-def markdown_report(rows, trows, machine: dict, command: str, config: dict, notes: str = "") -> str:
+def markdown_report(
+    rows, trows, machine: dict, command: str, config: dict, notes: str = "", plot_path: str | None = None
+) -> str:
     m = machine
     parts = [
         "# posenc bench: results",
@@ -272,5 +274,6 @@ def markdown_report(rows, trows, machine: dict, command: str, config: dict, note
             _md(*throughput_table(trows)),
             "",
         ]
-    parts += ["![time vs length](time_vs_length.png)", ""]
+    if plot_path:
+        parts += [f"![time vs length]({plot_path})", ""]
     return "\n".join(parts)
