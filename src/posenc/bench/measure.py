@@ -14,9 +14,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -64,11 +66,35 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+@contextlib.contextmanager
+def _quiet_native_output():
+    """Silence the profiler's native start/stop lines (written by C++ to fds 1 and 2)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+
+
 def _cpu_peak_bytes(fn: Callable[[], object]) -> int:
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_native_output():
+        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        prof.start()
+    try:
         fn()
+    finally:
+        with _quiet_native_output():
+            prof.stop()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     events.sort(key=lambda e: e.start_ns())
     live = peak = 0
