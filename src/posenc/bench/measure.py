@@ -9,7 +9,8 @@
   in time order and the maximum of that running sum is the peak. This counts every
   tensor byte allocated by torch during the run (activations, saved tensors, gradients,
   temporaries) above what was alive before it, not the process RSS (no allocator
-  caching, no Python objects).
+  caching, no Python objects). Frees of blocks allocated before the recording are not
+  seen by the profiler, so the caller frees what it can (gradients) before the run.
 """
 
 from __future__ import annotations

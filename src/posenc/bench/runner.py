@@ -159,6 +159,7 @@ def run_layers(cfg: BenchConfig, progress: Callable[[str], None] | None = None) 
                         )
                         row.time_s = median(row.times_s)
                         if cfg.memory:
+                            module.zero_grad(set_to_none=True)  # frees before the recorded run, not in it
                             row.peak_bytes = peak_memory(run, device=device)
                     except Exception as e:
                         row.status = f"error: {type(e).__name__}: {str(e)[:200]}"
