@@ -235,9 +235,10 @@ def markdown_report(
         f"Load average at the start: {m.get('loadavg_1m', '?')}.",
         "",
         f"Layer: B = {config['batch']}, H = {config['heads']}, Dh = {config['head_dim']}, "
-        f"{config['dtype']}, q/k/v/o projections included; median of up to {config['repeats']} runs after "
-        f"{config['warmup']} warm-up. Ratios are to plain SDPA with no position (posenc `nope`, `sdpa` backend) "
-        "at the same length and mask, measured in the same run.",
+        f"{config['dtype']}, q/k/v/o projections included; {config['warmup']} warm-up run, then up to "
+        f"{config['repeats']} rounds that run every case once in turn (median time shown). Ratios are to plain SDPA "
+        "with no position (posenc `nope`, `sdpa` backend) at the same length and mask: the median of the "
+        "per-round ratios to the baseline run of the same round.",
         "",
     ]
     if notes:

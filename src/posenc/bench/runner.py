@@ -120,60 +120,97 @@ def run_layers(cfg: BenchConfig, progress: Callable[[str], None] | None = None) 
         cases = _cases(cfg, device, dtype, causal, encs)
         too_slow: set[tuple[str, str]] = set()
         for L in cfg.lengths:
-            g = torch.Generator(device="cpu").manual_seed(cfg.seed + L)
-            x = torch.randn(cfg.batch, L, D, generator=g).to(device=device, dtype=dtype)
-            grad = torch.randn(cfg.batch, L, D, generator=g).to(device=device, dtype=dtype)
-            base: dict[str, Row] = {}
-            for case in cases:
-                try:
-                    torch.manual_seed(cfg.seed)
-                    module, fn = case.make(L)
-                except Exception as e:  # an encoding that cannot be built with these settings
-                    for mode in cfg.modes:
-                        rows.append(
-                            Row(
-                                case.label,
-                                case.impl,
-                                case.encoding,
-                                case.backend,
-                                causal,
-                                L,
-                                mode,
-                                status=f"error: {e}",
-                            )
-                        )
+            rows += _run_length(cfg, cases, causal, L, device, dtype, D, too_slow, progress)
+    return rows
+
+
+def _run_length(cfg, cases, causal, L, device, dtype, D, too_slow, progress) -> list[Row]:
+    """Every case at one length, runs interleaved round-robin so that load changes on a
+    shared machine hit the baseline and the cases alike; the ratio is the median of the
+    per-round ratios to the baseline run of the same round."""
+    g = torch.Generator(device="cpu").manual_seed(cfg.seed + L)
+    x = torch.randn(cfg.batch, L, D, generator=g).to(device=device, dtype=dtype)
+    grad = torch.randn(cfg.batch, L, D, generator=g).to(device=device, dtype=dtype)
+    rows: list[Row] = []
+    built = []
+    for case in cases:
+        try:
+            torch.manual_seed(cfg.seed)
+            module, fn = case.make(L)
+        except Exception as e:  # an encoding that cannot be built with these settings
+            for mode in cfg.modes:
+                rows.append(
+                    Row(case.label, case.impl, case.encoding, case.backend, causal, L, mode, status=f"error: {e}")
+                )
+            continue
+        built.append((case, module, fn))
+
+    for mode in cfg.modes:
+        live = []  # (case, module, run, row)
+        for case, module, fn in built:
+            row = Row(
+                case.label,
+                case.impl,
+                case.encoding,
+                resolved_backend(case, module, device, mode != "fwd"),
+                causal,
+                L,
+                mode,
+            )
+            rows.append(row)
+            if (case.label, mode) in too_slow:
+                row.status = f"skipped: a shorter length took over {cfg.max_seconds:g} s per run"
+                continue
+            run = _step(module, fn, x, grad, mode)
+            try:
+                if progress:
+                    progress(f"warm-up {case.label} L={L} {mode}{'' if causal else ' bidir'}")
+                time_runs(run, device=device, warmup=0, repeats=max(cfg.warmup, 1))
+            except Exception as e:
+                row.status = f"error: {type(e).__name__}: {str(e)[:200]}"
+                continue
+            live.append((case, module, run, row))
+        base = next((item for item in live if item[0].encoding == "none"), None)
+        base_times: list[float] = []
+        ratios: dict[int, list[float]] = {id(r): [] for *_, r in live}
+        for rep in range(cfg.repeats):
+            if progress:
+                progress(f"round {rep + 1}/{cfg.repeats} L={L} {mode}{'' if causal else ' bidir'}")
+            t_base = None
+            for case, _module, run, row in live:
+                if row.status != "ok" or (rep > 0 and sum(row.times_s) > cfg.max_seconds and case.encoding != "none"):
                     continue
-                for mode in cfg.modes:
-                    backend = resolved_backend(case, module, device, mode != "fwd")
-                    row = Row(case.label, case.impl, case.encoding, backend, causal, L, mode)
-                    rows.append(row)
-                    if (case.label, mode) in too_slow:
-                        row.status = f"skipped: a shorter length took over {cfg.max_seconds:g} s per run"
-                        continue
-                    if progress:
-                        progress(f"{case.label} L={L} {mode}{' causal' if causal else ' bidir'}")
-                    try:
-                        run = _step(module, fn, x, grad, mode)
-                        row.times_s = time_runs(
-                            run, device=device, warmup=cfg.warmup, repeats=cfg.repeats, max_seconds=cfg.max_seconds
-                        )
-                        row.time_s = median(row.times_s)
-                        if cfg.memory:
-                            module.zero_grad(set_to_none=True)  # frees before the recorded run, not in it
-                            row.peak_bytes = peak_memory(run, device=device)
-                    except Exception as e:
-                        row.status = f"error: {type(e).__name__}: {str(e)[:200]}"
-                        continue
-                    if row.time_s > cfg.max_seconds:
-                        too_slow.add((case.label, mode))
-                    if case.encoding == "none":
-                        base[mode] = row
-                        row.ratio, row.peak_ratio = 1.0, (1.0 if row.peak_bytes else None)
-                    elif mode in base and base[mode].time_s:
-                        row.ratio = row.time_s / base[mode].time_s
-                        if row.peak_bytes is not None and base[mode].peak_bytes:
-                            row.peak_ratio = row.peak_bytes / base[mode].peak_bytes
-                del module, fn
+                try:
+                    t = time_runs(run, device=device, warmup=0, repeats=1)[0]
+                except Exception as e:
+                    row.status = f"error: {type(e).__name__}: {str(e)[:200]}"
+                    continue
+                row.times_s.append(t)
+                if case.encoding == "none":
+                    t_base = t
+                    base_times.append(t)
+                elif t_base is not None:
+                    ratios[id(row)].append(t / t_base)
+        for case, module, run, row in live:
+            if row.status != "ok" or not row.times_s:
+                continue
+            row.time_s = median(row.times_s)
+            if row.time_s > cfg.max_seconds:
+                too_slow.add((case.label, mode))
+            if case.encoding == "none":
+                row.ratio = 1.0
+            elif ratios[id(row)]:
+                row.ratio = median(ratios[id(row)])
+            if cfg.memory:
+                try:
+                    module.zero_grad(set_to_none=True)  # frees before the recorded run, not in it
+                    row.peak_bytes = peak_memory(run, device=device)
+                except Exception as e:
+                    row.status = f"error: {type(e).__name__}: {str(e)[:200]}"
+        if base is not None and base[3].peak_bytes:
+            for *_, row in live:
+                if row.peak_bytes is not None:
+                    row.peak_ratio = row.peak_bytes / base[3].peak_bytes
     return rows
 
 
