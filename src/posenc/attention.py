@@ -426,15 +426,17 @@ class Attention(nn.Module):
         enc = self.encoding
         st = enc.stages
         Lq, Lk = q.shape[2], k.shape[2]
+        # in place from the matmul on: none of these intermediates is saved for backward,
+        # and each L×L pass that allocates costs as much as the arithmetic on CPU
         s = q @ k.transpose(-1, -2)  # (B, H, Lq, Lk)
         if st & Stage.TERMS:
-            s = s + enc.score_terms(q, k, q_pos, k_pos)
-        s = s.float() * enc.scale
+            s.add_(enc.score_terms(q, k, q_pos, k_pos))
+        s = s.float().mul_(enc.scale)
         if st & Stage.BIAS:
-            s = s + enc.bias(q_pos, k_pos)
+            s.add_(enc.bias(q_pos, k_pos))
         mask = self._bool_mask(Lq, Lk, offset, kpm, q.device)
         if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))
+            s.masked_fill_(~mask, float("-inf"))
         attn = torch.softmax(s, dim=-1).to(v.dtype)
         out = attn @ v  # (B, H, Lq, Dh)
         if st & Stage.VALUE:
