@@ -173,8 +173,10 @@ def plot(rows: list[dict], path: Path) -> None:
 
     modes = sorted({r["mode"] for r in rows}, reverse=True)
     fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 5.5), squeeze=False)
+    labels = _labels(rows)
+    colors = plt.get_cmap("tab20")(range(20))
     for ax, mode in zip(axes[0], modes):
-        for label, causal in _labels(rows):
+        for n, (label, causal) in enumerate(labels):
             pts = sorted(
                 (r["L"], r["time_s"])
                 for r in rows
@@ -184,7 +186,7 @@ def plot(rows: list[dict], path: Path) -> None:
                 continue
             style = "-" if label.startswith(("posenc", "sdpa")) else "--"
             name = label + ("" if causal else " (bidir)")
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=name)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=name, color=colors[n % 20])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length L")
