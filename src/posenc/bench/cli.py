@@ -127,6 +127,10 @@ def run(args: argparse.Namespace) -> int:
             device=device,
         )
         trows = run_throughput(tcfg, progress=say)
+    try:
+        machine["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
+    except OSError:
+        pass
     config = asdict(cfg) | {"train": asdict(tcfg)} if args.throughput else asdict(cfg)
     paths = write_outputs(args.out, rows, trows, machine, config)
     if not args.quiet:

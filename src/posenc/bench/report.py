@@ -234,7 +234,7 @@ def markdown_report(
         "",
         f"Machine: {m['cpu']}, {m['cpu_count']} CPUs, torch {m['torch']} with {m['torch_threads']} threads, "
         f"device `{m['device']}`" + (f" ({m['gpu']})" if "gpu" in m else "") + f", Python {m['python']}. "
-        f"Load average at the start: {m.get('loadavg_1m', '?')}.",
+        f"Load average (1 min) at the start: {m.get('loadavg_1m', '?')}, at the end: {m.get('loadavg_1m_end', '?')}.",
         "",
         f"Layer: B = {config['batch']}, H = {config['heads']}, Dh = {config['head_dim']}, "
         f"{config['dtype']}, q/k/v/o projections included; {config['warmup']} warm-up run, then up to "
