@@ -142,12 +142,19 @@ class Attention(nn.Module):
         qkv_bias: bias terms on the q/k/v/o projections.
         apply_input_stage: run the encoding's input stage on ``x`` here; a model that
             applies it once to its embeddings passes False.
-        chunk_size: query chunk of the ``relative`` backend.
+        chunk_size: query chunk of the ``relative`` backend (``dense`` uses at most
+            ``dense_chunk`` of it).
         **options: encoding options (``base``, ``num_buckets``, ...).
 
     Shape notation: ``x``: ``(B, L, D)`` -> ``(B, L, D)``; ``pos``: ``(L,)`` or ``(B, L)``
     int64; ``key_padding_mask``: ``(B, Lk)`` bool, True = attend.
     """
+
+    # query block of the dense backend: small blocks let causal attention skip most
+    # masked keys while the fused kernel still sees long rows
+    dense_chunk = 256
+    # saved-score budget of one call above which dense/relative recompute blocks in backward
+    checkpoint_bytes = 2 * 2**30
 
     def __init__(
         self,
@@ -329,13 +336,51 @@ class Attention(nn.Module):
         mask = self._bool_mask(Lq, Lk, offset, kpm, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
+    def _saved_score_bytes(self, B: int, H: int, Lq: int, Lk: int) -> int:
+        """Bytes autograd keeps for the math kernel: ~3 float32 score-sized tensors."""
+        return B * H * Lq * Lk * 4 * 3 // (2 if self.causal else 1)
+
     def _attend_dense(self, q, k, v, q_pos, k_pos, offset, kpm):
-        Lq, Lk = q.shape[2], k.shape[2]
-        bias = self.encoding.bias(q_pos, k_pos)  # (B|1, H, Lq, Lk) float32
-        mask = self._bool_mask(Lq, Lk, offset, kpm, q.device)
-        if mask is not None:
-            bias = bias.masked_fill(~mask, float("-inf"))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=self.encoding.scale)
+        """SDPA with the bias as a float mask, in query blocks of ``dense_chunk`` rows.
+
+        Blocking bounds the bias at ``(B|1, H, chunk, Lk)`` and, when causal, drops the
+        keys a block cannot see (about half the work). A 4-D bias that needs no gradient
+        runs the fused (flash) kernel; a learned bias (T5) needs ``dS`` per (i, j), which
+        only the math kernel returns: its blocks are recomputed in backward when their
+        saved scores would exceed ``checkpoint_bytes``.
+        """
+        B, H, Lq, _ = q.shape
+        Lk = k.shape[2]
+        c = min(self.chunk_size, self.dense_chunk)
+        scale = self.encoding.scale
+
+        def block(qb, kb, vb, qp, kp, off, kpm_b):
+            bias = self.encoding.bias(qp, kp)  # (B|1, H, Lq_b, Lk_b) float32
+            mask = self._bool_mask(qb.shape[2], kb.shape[2], off, kpm_b, qb.device)
+            if mask is not None:
+                bias = bias.masked_fill(~mask, float("-inf"))
+            return F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bias.to(qb.dtype), scale=scale)
+
+        if Lq <= c:
+            return block(q, k, v, q_pos, k_pos, offset, kpm)
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        learned_bias = grad and any(p.requires_grad for p in self.encoding.parameters())
+        recompute = learned_bias and self._saved_score_bytes(B, H, Lq, Lk) > self.checkpoint_bytes
+        outs = []
+        for s in range(0, Lq, c):
+            e = min(s + c, Lq)
+            kend = min(Lk, offset + e) if self.causal else Lk  # keys past the block's last query are masked
+            args = (
+                q[:, :, s:e],
+                k[:, :, :kend],
+                v[:, :, :kend],
+                q_pos[:, s:e],
+                k_pos[:, :kend],
+                offset + s,
+                kpm[:, :kend] if kpm is not None else None,
+            )
+            outs.append(checkpoint(block, *args, use_reentrant=False) if recompute else block(*args))
+        return torch.cat(outs, dim=2)  # (B, H, Lq, Dh)
 
     def _attend_flex(self, q, k, v, q_pos, k_pos, offset, kpm):
         from torch.nn.attention.flex_attention import create_block_mask
@@ -367,17 +412,31 @@ class Attention(nn.Module):
         return out.to(dtype)
 
     def _attend_relative(self, q, k, v, q_pos, k_pos, offset, kpm):
-        """Chunk over queries; with gradients, recompute each chunk in backward."""
-        Lq = q.shape[2]
+        """Chunk over queries (causal: each chunk sees only keys up to its last query).
+
+        With gradients, each chunk is recomputed in backward when the saved scores of the
+        whole call would exceed ``checkpoint_bytes``.
+        """
+        B, H, Lq, _ = q.shape
+        Lk = k.shape[2]
         c = self.chunk_size
         if Lq <= c:
             return self._attend_chunk(q, k, v, q_pos, k_pos, offset, kpm)
-        recompute = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        recompute = grad and self._saved_score_bytes(B, H, Lq, Lk) > self.checkpoint_bytes
         outs = []
         for s in range(0, Lq, c):
             e = min(s + c, Lq)
-            qp = q_pos[:, s:e]
-            args = (q[:, :, s:e], k, v, qp, k_pos, offset + s, kpm)
+            kend = min(Lk, offset + e) if self.causal else Lk
+            args = (
+                q[:, :, s:e],
+                k[:, :, :kend],
+                v[:, :, :kend],
+                q_pos[:, s:e],
+                k_pos[:, :kend],
+                offset + s,
+                kpm[:, :kend] if kpm is not None else None,
+            )
             if recompute:
                 outs.append(checkpoint(self._attend_chunk, *args, use_reentrant=False))
             else:
@@ -389,15 +448,17 @@ class Attention(nn.Module):
         enc = self.encoding
         st = enc.stages
         Lq, Lk = q.shape[2], k.shape[2]
+        # in place from the matmul on: none of these intermediates is saved for backward,
+        # and each L×L pass that allocates costs as much as the arithmetic on CPU
         s = q @ k.transpose(-1, -2)  # (B, H, Lq, Lk)
         if st & Stage.TERMS:
-            s = s + enc.score_terms(q, k, q_pos, k_pos)
-        s = s.float() * enc.scale
+            s.add_(enc.score_terms(q, k, q_pos, k_pos))
+        s = s.float().mul_(enc.scale)
         if st & Stage.BIAS:
-            s = s + enc.bias(q_pos, k_pos)
+            s.add_(enc.bias(q_pos, k_pos))
         mask = self._bool_mask(Lq, Lk, offset, kpm, q.device)
         if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))
+            s.masked_fill_(~mask, float("-inf"))
         attn = torch.softmax(s, dim=-1).to(v.dtype)
         out = attn @ v  # (B, H, Lq, Dh)
         if st & Stage.VALUE:

@@ -1,0 +1,25 @@
+"""Speed and memory benchmarks: ``posenc bench``.
+
+* :mod:`posenc.bench.layers` — the layers timed: posenc's attention per encoding, plain
+  SDPA as the baseline, HF and x-transformers originals;
+* :mod:`posenc.bench.measure` — median timing, peak memory (CUDA allocator / CPU
+  ``torch.profiler`` memory events), machine record;
+* :mod:`posenc.bench.runner` — every case over lengths and modes, ratios in the same run;
+* :mod:`posenc.bench.throughput` — training tokens/s, TransformerLM vs x-transformers;
+* :mod:`posenc.bench.report` — tables, JSON/CSV, log-log plot, Markdown;
+* :mod:`posenc.bench.cli` — the command.
+"""
+
+from .measure import machine_record, peak_memory, time_runs
+from .runner import BenchConfig, run_layers
+from .throughput import ThroughputConfig, run_throughput
+
+__all__ = [
+    "BenchConfig",
+    "ThroughputConfig",
+    "machine_record",
+    "peak_memory",
+    "run_layers",
+    "run_throughput",
+    "time_runs",
+]

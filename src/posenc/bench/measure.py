@@ -1,0 +1,152 @@
+"""Timing, peak memory and the machine record.
+
+* Time: the median of ``repeats`` wall-clock runs after ``warmup`` untimed ones
+  (``torch.cuda.synchronize`` around each run on CUDA).
+* Peak memory, CUDA: ``torch.cuda.max_memory_allocated`` during one run, minus what was
+  allocated before it.
+* Peak memory, CPU: there is no allocator high-water mark on CPU, so one run is recorded
+  with ``torch.profiler`` (``profile_memory=True``); its allocation/free events are summed
+  in time order and the maximum of that running sum is the peak. This counts every
+  tensor byte allocated by torch during the run (activations, saved tensors, gradients,
+  temporaries) above what was alive before it, not the process RSS (no allocator
+  caching, no Python objects). Frees of blocks allocated before the recording are not
+  seen by the profiler, so the caller frees what it can (gradients) before the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import torch
+
+__all__ = ["time_runs", "peak_memory", "machine_record"]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_runs(
+    fn: Callable[[], object],
+    *,
+    device: torch.device,
+    warmup: int = 2,
+    repeats: int = 5,
+    max_seconds: float | None = None,
+) -> list[float]:
+    """Seconds of each of ``repeats`` runs of ``fn`` after ``warmup`` untimed runs.
+
+    With ``max_seconds``, stops early (keeping at least one timed run) once the timed runs
+    have used that much time.
+    """
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"warmup must be >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times: list[float] = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        if max_seconds is not None and sum(times) > max_seconds:
+            break
+    return times
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+@contextlib.contextmanager
+def _quiet_native_output():
+    """Silence the profiler's native start/stop lines (written by C++ to fds 1 and 2)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+
+
+def _cpu_peak_bytes(fn: Callable[[], object]) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_native_output():
+        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        prof.start()
+    try:
+        fn()
+    finally:
+        with _quiet_native_output():
+            prof.stop()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        if e.device_type() != torch.autograd.DeviceType.CPU:
+            continue
+        live += e.nbytes()  # positive for an allocation, negative for a free
+        peak = max(peak, live)
+    return peak
+
+
+def peak_memory(fn: Callable[[], object], *, device: torch.device) -> int:
+    """Peak bytes allocated by one run of ``fn`` above what was allocated before it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    return _cpu_peak_bytes(fn)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_record(device: torch.device) -> dict:
+    """CPU model, core count, torch threads, versions, device, date (UTC)."""
+    rec = {
+        "date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        rec["gpu"] = torch.cuda.get_device_name(device)
+        rec["cuda"] = torch.version.cuda
+    try:
+        rec["loadavg_1m"] = round(os.getloadavg()[0], 2)
+    except OSError:
+        pass
+    return rec

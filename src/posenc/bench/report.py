@@ -1,0 +1,282 @@
+"""Tables, files and plots from the benchmark rows.
+
+``write_outputs`` writes ``layers.json``/``layers.csv``, ``throughput.json``/``.csv``,
+``machine.json``, ``time_vs_length.png`` (log-log) to a folder; ``markdown_report``
+renders the same tables as Markdown (``benchmarks/RESULTS.md``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+__all__ = ["ratio_table", "speedup_table", "memory_table", "throughput_table", "write_outputs", "markdown_report"]
+
+
+def _labels(rows: list[dict]) -> list[tuple[str, bool]]:
+    seen: dict[tuple[str, bool], None] = {}
+    for r in rows:
+        seen.setdefault((r["label"], r["causal"]), None)
+    return list(seen)
+
+
+def _lengths(rows: list[dict]) -> list[int]:
+    return sorted({r["L"] for r in rows})
+
+
+def _find(rows, label, causal, L, mode):
+    for r in rows:
+        if r["label"] == label and r["causal"] == causal and r["L"] == L and r["mode"] == mode:
+            return r
+    return None
+
+
+def _cell_time(r) -> str:
+    if r is None:
+        return ""
+    if r["status"] != "ok":
+        return "skip" if r["status"].startswith("skipped") else "error"
+    return (
+        f"{r['ratio']:.2f}× ({r['time_s'] * 1e3:.0f} ms)" if r["ratio"] is not None else f"{r['time_s'] * 1e3:.0f} ms"
+    )
+
+
+def _backend(rows, label, causal) -> str:
+    for r in rows:
+        if r["label"] == label and r["causal"] == causal and r["backend"]:
+            return r["backend"]
+    return ""
+
+
+def ratio_table(rows: list[dict], mode: str) -> tuple[list[str], list[list[str]]]:
+    """Time ratio to the baseline (and median ms) per case and length."""
+    Ls = _lengths(rows)
+    head = ["layer", "mask", "backend"] + [f"L={L}" for L in Ls]
+    body = []
+    for label, causal in _labels(rows):
+        cells = [_cell_time(_find(rows, label, causal, L, mode)) for L in Ls]
+        body.append([label, "causal" if causal else "bidir", _backend(rows, label, causal)] + cells)
+    return head, body
+
+
+def memory_table(rows: list[dict], mode: str = "fwd+bwd") -> tuple[list[str], list[list[str]]]:
+    """Peak memory (MiB) and ratio to the baseline per case and length."""
+    Ls = _lengths(rows)
+    head = ["layer", "mask"] + [f"L={L}" for L in Ls]
+    body = []
+    for label, causal in _labels(rows):
+        cells = []
+        for L in Ls:
+            r = _find(rows, label, causal, L, mode)
+            if r is None or r["status"] != "ok" or r["peak_bytes"] is None:
+                cells.append(
+                    "" if r is None or r["status"] == "ok" else "skip" if "skipped" in r["status"] else "error"
+                )
+                continue
+            mib = r["peak_bytes"] / 2**20
+            cells.append(f"{mib:.0f} MiB ({r['peak_ratio']:.1f}×)" if r["peak_ratio"] else f"{mib:.0f} MiB")
+        body.append([label, "causal" if causal else "bidir"] + cells)
+    return head, body
+
+
+def speedup_table(rows: list[dict], mode: str) -> tuple[list[str], list[list[str]]]:
+    """Reference time / posenc time (> 1: posenc faster) for each reference layer."""
+    Ls = _lengths(rows)
+    head = ["reference", "posenc", "mask"] + [f"L={L}" for L in Ls]
+    body = []
+    for label, causal in _labels(rows):
+        ref = next((r for r in rows if r["label"] == label and r["impl"] not in ("posenc",)), None)
+        if ref is None:
+            continue
+        enc = ref["encoding"]
+        mine = f"posenc:{enc}"
+        cells = []
+        for L in Ls:
+            a, b = _find(rows, label, causal, L, mode), _find(rows, mine, causal, L, mode)
+            if a and b and a["status"] == b["status"] == "ok":
+                cells.append(f"{a['time_s'] / b['time_s']:.2f}×")
+            else:
+                cells.append("")
+        body.append([label, mine, "causal" if causal else "bidir"] + cells)
+    return head, body
+
+
+def throughput_table(trows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    head = ["encoding", "posenc tok/s", "x-transformers tok/s", "posenc / x-transformers"]
+    body = []
+    for enc in dict.fromkeys(r["encoding"] for r in trows):
+        p = next((r for r in trows if r["encoding"] == enc and r["impl"] == "posenc"), None)
+        x = next((r for r in trows if r["encoding"] == enc and r["impl"] == "x-transformers"), None)
+
+        def f(r):
+            if r is None:
+                return "—"
+            return f"{r['tokens_per_s']:.0f}" if r["status"] == "ok" else "error"
+
+        ratio = ""
+        if p and x and p["status"] == x["status"] == "ok":
+            ratio = f"{p['tokens_per_s'] / x['tokens_per_s']:.2f}×"
+        body.append([enc, f(p), f(x), ratio])
+    return head, body
+
+
+def _md(head, body) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def print_tables(rows, trows, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+
+    def show(title, head, body):
+        t = Table(title=title)
+        for h in head:
+            t.add_column(h)
+        for b in body:
+            t.add_row(*b)
+        console.print(t)
+
+    modes = sorted({r["mode"] for r in rows}, reverse=True)
+    for mode in modes:
+        show(f"{mode}: time / plain SDPA (median ms)", *ratio_table(rows, mode))
+    if any(r["peak_bytes"] is not None for r in rows):
+        show("fwd+bwd peak memory (× plain SDPA)", *memory_table(rows))
+    for mode in modes:
+        h, b = speedup_table(rows, mode)
+        if b:
+            show(f"{mode}: reference time / posenc time (> 1: posenc faster)", h, b)
+    if trows:
+        show("training throughput, TransformerLM vs x-transformers", *throughput_table(trows))
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    keys = list(rows[0])
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (";".join(f"{t:.6g}" for t in v) if isinstance(v, list) else v) for k, v in r.items()})
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = sorted({r["mode"] for r in rows}, reverse=True)
+    fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 5.5), squeeze=False)
+    labels = _labels(rows)
+    colors = plt.get_cmap("tab20")(range(20))
+    for ax, mode in zip(axes[0], modes):
+        for n, (label, causal) in enumerate(labels):
+            pts = sorted(
+                (r["L"], r["time_s"])
+                for r in rows
+                if r["label"] == label and r["causal"] == causal and r["mode"] == mode and r["status"] == "ok"
+            )
+            if not pts:
+                continue
+            style = "-" if label.startswith(("posenc", "sdpa")) else "--"
+            name = label + ("" if causal else " (bidir)")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=name, color=colors[n % 20])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length L")
+        ax.set_ylabel("seconds (median)")
+        ax.set_title(f"one attention layer, {mode}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(out: Path, rows: list[dict], trows: list[dict], machine: dict, config: dict) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    p = out / "layers.json"
+    p.write_text(json.dumps({"machine": machine, "config": config, "rows": rows}, indent=1))
+    paths.append(p)
+    _write_csv(out / "layers.csv", rows)
+    paths.append(out / "layers.csv")
+    if trows:
+        (out / "throughput.json").write_text(json.dumps({"machine": machine, "rows": trows}, indent=1))
+        _write_csv(out / "throughput.csv", trows)
+        paths += [out / "throughput.json", out / "throughput.csv"]
+    (out / "machine.json").write_text(json.dumps(machine, indent=1))
+    paths.append(out / "machine.json")
+    if any(r["status"] == "ok" for r in rows):
+        plot(rows, out / "time_vs_length.png")
+        paths.append(out / "time_vs_length.png")
+    return paths
+
+
+def markdown_report(
+    rows, trows, machine: dict, command: str, config: dict, notes: str = "", plot_path: str | None = None
+) -> str:
+    m = machine
+    parts = [
+        "# posenc bench: results",
+        "",
+        f"Generated {m['date_utc']} by:",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        f"Machine: {m['cpu']}, {m['cpu_count']} CPUs, torch {m['torch']} with {m['torch_threads']} threads, "
+        f"device `{m['device']}`" + (f" ({m['gpu']})" if "gpu" in m else "") + f", Python {m['python']}. "
+        f"Load average (1 min) at the start: {m.get('loadavg_1m', '?')}, at the end: {m.get('loadavg_1m_end', '?')}.",
+        "",
+        f"Layer: B = {config['batch']}, H = {config['heads']}, Dh = {config['head_dim']}, "
+        f"{config['dtype']}, q/k/v/o projections included; {config['warmup']} warm-up run, then up to "
+        f"{config['repeats']} rounds that run every case once in turn (median time shown). Ratios are to plain SDPA "
+        "with no position (posenc `nope`, `sdpa` backend) at the same length and mask: the median of the "
+        "per-round ratios to the baseline run of the same round.",
+        "",
+    ]
+    if notes:
+        parts += [notes, ""]
+    modes = sorted({r["mode"] for r in rows}, reverse=True)
+    for mode in modes:
+        parts += [f"## {mode}: time / plain SDPA (median ms)", "", _md(*ratio_table(rows, mode)), ""]
+    if any(r["peak_bytes"] is not None for r in rows):
+        parts += [
+            "## fwd+bwd peak memory (× plain SDPA)",
+            "",
+            "CPU: peak of live torch tensor bytes during one step, from `torch.profiler` "
+            "memory events (allocations − frees in time order), above what was alive before the step.",
+            "",
+            _md(*memory_table(rows)),
+            "",
+        ]
+    for mode in modes:
+        h, b = speedup_table(rows, mode)
+        if b:
+            parts += [f"## {mode}: reference time / posenc time (> 1: posenc faster)", "", _md(h, b), ""]
+    if trows:
+        parts += [
+            "## Training throughput: TransformerLM vs x-transformers",
+            "",
+            "Tokens per second of AdamW training steps (forward, loss, backward, step)"
+            + (
+                f": batch {config['train']['batch']} × L = {config['train']['seq_len']}, D = {config['train']['dim']}, "
+                f"{config['train']['depth']} layers, {config['train']['heads']} heads."
+                if "train" in config
+                else "."
+            ),
+            "",
+            _md(*throughput_table(trows)),
+            "",
+        ]
+    if plot_path:
+        parts += [f"![time vs length]({plot_path})", ""]
+    return "\n".join(parts)

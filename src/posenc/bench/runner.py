@@ -1,0 +1,218 @@
+"""Run the layer benchmark: every case at every length, forward and forward+backward.
+
+Each row of the result is one (case, length, mode) with the median time, the peak
+memory, and both as ratios to the baseline (plain SDPA, no position) measured at the
+same length, in the same masking mode, in the same run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..attention import Attention, select_backend
+from .layers import Case, baseline_case, posenc_case, reference_cases
+from .measure import median, peak_memory, time_runs
+
+__all__ = ["BenchConfig", "Row", "run_layers", "resolved_backend"]
+
+MODES = ("fwd", "fwd+bwd")
+
+
+@dataclass
+class BenchConfig:
+    encodings: list[str]
+    lengths: list[int]
+    batch: int = 1
+    heads: int = 8
+    head_dim: int = 64
+    causal: bool = True
+    device: str = "cpu"
+    dtype: str = "float32"
+    modes: tuple[str, ...] = MODES
+    warmup: int = 1
+    repeats: int = 5
+    backends: tuple[str, ...] = ("auto",)
+    references: bool = True
+    memory: bool = True
+    chunk_size: int = 1024
+    max_seconds: float = 60.0  # a case that takes longer per run skips its longer lengths
+    seed: int = 0
+
+
+@dataclass
+class Row:
+    label: str
+    impl: str
+    encoding: str
+    backend: str
+    causal: bool
+    L: int
+    mode: str
+    time_s: float | None = None
+    times_s: list[float] = field(default_factory=list)
+    ratio: float | None = None  # time / baseline time
+    peak_bytes: int | None = None
+    peak_ratio: float | None = None
+    status: str = "ok"
+
+
+def resolved_backend(case: Case, module, device: torch.device, needs_grad: bool) -> str:
+    """The backend a posenc case actually runs (``auto`` resolved as the layer would)."""
+    if not isinstance(module, Attention):
+        return ""
+    if case.backend != "auto":
+        return case.backend
+    return select_backend(module.encoding, device.type, needs_grad)
+
+
+def _step(module, fn: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor, mode: str) -> Callable[[], None]:
+    params = [p for p in module.parameters() if p.requires_grad]
+
+    if mode == "fwd":
+
+        def run():
+            with torch.no_grad():
+                fn(x)
+
+        return run
+
+    def run():
+        for p in params:
+            p.grad = None
+        fn(x).backward(grad)
+
+    return run
+
+
+def _cases(cfg: BenchConfig, device, dtype, causal: bool, encodings: list[str]) -> list[Case]:
+    kw = dict(heads=cfg.heads, head_dim=cfg.head_dim, device=device, dtype=dtype)
+    cases = [baseline_case(causal=causal, **kw)]
+    for e in encodings:
+        for b in cfg.backends:
+            cases.append(
+                posenc_case(e, causal=causal, max_len=max(cfg.lengths), backend=b, chunk_size=cfg.chunk_size, **kw)
+            )
+    if cfg.references:
+        cases += [c for c in reference_cases(encodings, **kw) if c.causal == causal]
+    return cases
+
+
+def run_layers(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> list[Row]:
+    """Measure every case; returns one :class:`Row` per (case, length, mode)."""
+    device = torch.device(cfg.device)
+    dtype = getattr(torch, cfg.dtype)
+    D = cfg.heads * cfg.head_dim
+    from ..base import get_class
+
+    # DeBERTa's reference is bidirectional: run it (and posenc's deberta) in that mode too.
+    groups: list[tuple[bool, list[str]]] = []
+    main = [e for e in cfg.encodings if not (cfg.causal is False and get_class(e).causal_only)]
+    groups.append((cfg.causal, main))
+    if cfg.causal and cfg.references and "deberta" in cfg.encodings:
+        groups.append((False, ["deberta"]))
+
+    rows: list[Row] = []
+    for causal, encs in groups:
+        cases = _cases(cfg, device, dtype, causal, encs)
+        too_slow: set[tuple[str, str]] = set()
+        for L in cfg.lengths:
+            rows += _run_length(cfg, cases, causal, L, device, dtype, D, too_slow, progress)
+    return rows
+
+
+def _run_length(cfg, cases, causal, L, device, dtype, D, too_slow, progress) -> list[Row]:
+    """Every case at one length, runs interleaved round-robin so that load changes on a
+    shared machine hit the baseline and the cases alike; the ratio is the median of the
+    per-round ratios to the baseline run of the same round."""
+    g = torch.Generator(device="cpu").manual_seed(cfg.seed + L)
+    x = torch.randn(cfg.batch, L, D, generator=g).to(device=device, dtype=dtype)
+    grad = torch.randn(cfg.batch, L, D, generator=g).to(device=device, dtype=dtype)
+    rows: list[Row] = []
+    built = []
+    for case in cases:
+        try:
+            torch.manual_seed(cfg.seed)
+            module, fn = case.make(L)
+        except Exception as e:  # an encoding that cannot be built with these settings
+            for mode in cfg.modes:
+                rows.append(
+                    Row(case.label, case.impl, case.encoding, case.backend, causal, L, mode, status=f"error: {e}")
+                )
+            continue
+        built.append((case, module, fn))
+
+    for mode in cfg.modes:
+        live = []  # (case, module, run, row)
+        for case, module, fn in built:
+            row = Row(
+                case.label,
+                case.impl,
+                case.encoding,
+                resolved_backend(case, module, device, mode != "fwd"),
+                causal,
+                L,
+                mode,
+            )
+            rows.append(row)
+            if (case.label, mode) in too_slow:
+                row.status = f"skipped: a shorter length took over {cfg.max_seconds:g} s per run"
+                continue
+            run = _step(module, fn, x, grad, mode)
+            try:
+                if progress:
+                    progress(f"warm-up {case.label} L={L} {mode}{'' if causal else ' bidir'}")
+                time_runs(run, device=device, warmup=0, repeats=max(cfg.warmup, 1))
+            except Exception as e:
+                row.status = f"error: {type(e).__name__}: {str(e)[:200]}"
+                continue
+            live.append((case, module, run, row))
+        base = next((item for item in live if item[0].encoding == "none"), None)
+        base_times: list[float] = []
+        ratios: dict[int, list[float]] = {id(r): [] for *_, r in live}
+        for rep in range(cfg.repeats):
+            if progress:
+                progress(f"round {rep + 1}/{cfg.repeats} L={L} {mode}{'' if causal else ' bidir'}")
+            t_base = None
+            for case, _module, run, row in live:
+                if row.status != "ok" or (rep > 0 and sum(row.times_s) > cfg.max_seconds and case.encoding != "none"):
+                    continue
+                try:
+                    t = time_runs(run, device=device, warmup=0, repeats=1)[0]
+                except Exception as e:
+                    row.status = f"error: {type(e).__name__}: {str(e)[:200]}"
+                    continue
+                row.times_s.append(t)
+                if case.encoding == "none":
+                    t_base = t
+                    base_times.append(t)
+                elif t_base is not None:
+                    ratios[id(row)].append(t / t_base)
+        for case, module, run, row in live:
+            if row.status != "ok" or not row.times_s:
+                continue
+            row.time_s = median(row.times_s)
+            if row.time_s > cfg.max_seconds:
+                too_slow.add((case.label, mode))
+            if case.encoding == "none":
+                row.ratio = 1.0
+            elif ratios[id(row)]:
+                row.ratio = median(ratios[id(row)])
+            if cfg.memory:
+                try:
+                    module.zero_grad(set_to_none=True)  # frees before the recorded run, not in it
+                    row.peak_bytes = peak_memory(run, device=device)
+                except Exception as e:
+                    row.status = f"error: {type(e).__name__}: {str(e)[:200]}"
+        if base is not None and base[3].peak_bytes:
+            for *_, row in live:
+                if row.peak_bytes is not None:
+                    row.peak_ratio = row.peak_bytes / base[3].peak_bytes
+    return rows
+
+
+def rows_as_dicts(rows: list[Row]) -> list[dict]:
+    return [asdict(r) for r in rows]

@@ -1,0 +1,206 @@
+"""posenc bench: smoke test at L = 128, backend dispatch (CPU and CUDA logic, tested on
+CPU), the CPU peak-memory measurement, and torch.compile of a whole TransformerLM for
+every registered encoding (slow)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import posenc
+from posenc import Stage
+from posenc.bench.measure import machine_record, peak_memory, time_runs
+
+
+def _small(name: str, causal: bool = True):
+    cls = posenc.get_class(name)
+    return posenc.build(name, heads=2, head_dim=8, max_len=64, causal=causal or cls.causal_only)
+
+
+@pytest.mark.parametrize("name", posenc.available())
+def test_select_backend_dispatch(name):
+    """auto picks sdpa (flash on GPU) / flex on CUDA / dense on CPU / relative, by stages."""
+    enc = _small(name)
+    st = enc.stages
+    vector = bool(st & (Stage.TERMS | Stage.VALUE)) or enc.rotates_value
+    for grad in (True, False):
+        cpu = posenc.select_backend(enc, "cpu", grad)
+        cuda = posenc.select_backend(enc, "cuda", grad)
+        if vector:
+            assert cpu == cuda == "relative"
+        elif st & Stage.BIAS:
+            assert cpu == "dense"
+            assert cuda == ("flex" if enc.has_score_mod else "dense")
+        else:
+            assert cpu == cuda == "sdpa"
+        assert cpu in posenc.supported_backends(enc) and cuda in posenc.supported_backends(enc)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+def test_scalar_biases_go_to_flex_on_cuda(name):
+    enc = _small(name)
+    assert enc.has_score_mod
+    assert posenc.select_backend(enc, "cuda", True) == "flex"
+    assert posenc.select_backend(enc, "cpu", True) == "dense"
+
+
+def test_bench_resolves_auto_backend_per_device():
+    from posenc.bench.layers import posenc_case
+    from posenc.bench.runner import resolved_backend
+
+    case = posenc_case("alibi", heads=2, head_dim=8, causal=True, max_len=64, device="cpu", dtype=torch.float32)
+    module, _ = case.make(16)
+    assert resolved_backend(case, module, torch.device("cpu"), True) == "dense"
+    assert resolved_backend(case, module, torch.device("cuda"), True) == "flex"
+
+
+def test_peak_memory_cpu_counts_live_bytes():
+    n = 1 << 20  # 1 Mi float32 = 4 MiB
+
+    def two_at_once():
+        a = torch.ones(n)
+        b = torch.ones(n)
+        return float(a[0] + b[0])
+
+    def one_after_another():
+        for _ in range(2):
+            a = torch.ones(n)
+            del a
+
+    both = peak_memory(two_at_once, device=torch.device("cpu"))
+    seq = peak_memory(one_after_another, device=torch.device("cpu"))
+    assert 8 * 2**20 <= both < 8 * 2**20 + 2**16
+    assert 4 * 2**20 <= seq < 4 * 2**20 + 2**16
+
+
+def test_time_runs_rejects_bad_counts():
+    with pytest.raises(ValueError, match="repeats"):
+        time_runs(lambda: None, device=torch.device("cpu"), repeats=0)
+    assert len(time_runs(lambda: None, device=torch.device("cpu"), warmup=0, repeats=3)) == 3
+
+
+def test_machine_record_fields():
+    rec = machine_record(torch.device("cpu"))
+    for key in ("cpu", "cpu_count", "torch_threads", "torch", "device", "date_utc"):
+        assert rec[key] not in (None, "")
+    assert rec["torch"] == torch.__version__
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: on a shared 2-core machine two spinning threads crawl."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_bench_smoke_l128(tmp_path, one_thread):
+    """`posenc bench` end to end at L = 128: tables, JSON/CSV, plot, machine, Markdown."""
+    from posenc.cli import main
+
+    encs = [e for e in ("rope", "alibi", "t5") if e in posenc.available()]
+    out = tmp_path / "out"
+    md = tmp_path / "RESULTS.md"
+    argv = ["bench", "--lengths", "128", "--encodings", ",".join(encs), "--warmup", "0", "--repeats", "1"]
+    argv += ["--out", str(out), "--markdown", str(md), "--train-len", "32", "--train-batch", "1", "--quiet"]
+    argv += ["--train-dim", "64", "--train-depth", "1", "--device", "cpu"]
+    assert main(argv) == 0
+    for f in ("layers.json", "layers.csv", "throughput.json", "throughput.csv", "machine.json", "time_vs_length.png"):
+        assert (out / f).stat().st_size > 0, f
+    data = json.loads((out / "layers.json").read_text())
+    rows = data["rows"]
+    assert data["machine"]["device"] == "cpu"
+    labels = {r["label"] for r in rows}
+    assert "sdpa (no position)" in labels
+    assert {f"posenc:{e}" for e in encs} <= labels
+    assert "hf:T5Attention" in labels and "x-transformers:AlibiPositionalBias" in labels
+    for r in rows:
+        assert r["status"] == "ok", (r["label"], r["status"])
+        assert r["L"] == 128 and r["time_s"] > 0 and r["ratio"] > 0 and r["peak_bytes"] > 0
+    backends = {r["label"]: r["backend"] for r in rows if r["impl"] == "posenc"}
+    assert backends["posenc:rope"] == "sdpa" and backends["posenc:alibi"] == "dense"
+    trows = json.loads((out / "throughput.json").read_text())["rows"]
+    assert {(r["impl"], r["encoding"]) for r in trows} >= {("posenc", "rope"), ("x-transformers", "rope")}
+    assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in trows), trows
+    text = md.read_text()
+    assert "| sdpa (no position) |" in text and "L=128" in text and data["machine"]["cpu"] in text
+
+
+def test_bench_rejects_unknown_encoding(tmp_path, capsys):
+    from posenc.cli import main
+
+    assert main(["bench", "--encodings", "nosuch", "--out", str(tmp_path), "--quiet"]) == 2
+    assert "nosuch" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- torch.compile
+@pytest.mark.slow
+@pytest.mark.parametrize("name", posenc.available())
+def test_compile_transformer_lm(name):
+    """torch.compile of a whole TransformerLM equals eager in loss and gradients."""
+    torch.manual_seed(0)
+    lm = posenc.TransformerLM(64, 32, 2, 2, encoding=name, max_len=32)
+    tokens = torch.randint(0, 64, (2, 17))
+
+    def loss_of(model):
+        logits = model(tokens[:, :-1])
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, 64), tokens[:, 1:].reshape(-1))
+
+    ref = loss_of(lm)
+    ref.backward()
+    ref_grads = [p.grad.clone() for p in lm.parameters()]
+    lm.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(lm)
+    got = loss_of(compiled)
+    got.backward()
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    for g, r in zip((p.grad for p in lm.parameters()), ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- blocked backends
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("name", ["alibi", "t5", "shaw"])
+def test_blocked_backends_equal_eager(name, causal):
+    """The query-blocked dense/relative paths (causal key truncation, recompute in
+    backward) equal the eager oracle in outputs and gradients, with a cache offset and
+    a key padding mask."""
+    if name not in posenc.available():
+        pytest.skip(f"{name} not registered")
+    torch.manual_seed(0)
+    attn = posenc.Attention(16, 2, name, causal=causal, chunk_size=5, max_len=64)
+    attn.dense_chunk = 4
+    attn.checkpoint_bytes = 0  # force the recompute path too
+    x = torch.randn(2, 19, 16, requires_grad=True)
+    kpm = torch.ones(2, 19, dtype=torch.bool)
+    kpm[1, -3:] = False  # padding at the end: no query row is fully masked
+    pos = torch.arange(19).unsqueeze(0) + 7
+    for backend in [b for b in posenc.supported_backends(attn.encoding) if b in ("dense", "relative")]:
+        outs = {}
+        for b in (backend, "eager"):
+            x.grad = None
+            attn.zero_grad(set_to_none=True)
+            y = attn(x, pos, key_padding_mask=kpm, backend=b)
+            y.square().sum().backward()
+            outs[b] = (y.detach(), x.grad.clone(), [p.grad.clone() for p in attn.parameters()])
+        (y0, gx0, gp0), (y1, gx1, gp1) = outs[backend], outs["eager"]
+        torch.testing.assert_close(y0, y1, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gx0, gx1, rtol=1e-4, atol=1e-5)
+        for a, b in zip(gp0, gp1):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    # with a KV cache: a second call at offset 11 sees the cached keys
+    if causal:
+        cache = attn.init_cache(2, 19)
+        with torch.no_grad():
+            full = attn(x, backend="eager")
+            a = attn(x[:, :11], cache=cache, backend=supported_fast(attn))
+            b = attn(x[:, 11:], cache=cache, backend=supported_fast(attn))
+        torch.testing.assert_close(torch.cat((a, b), 1), full, rtol=1e-5, atol=1e-5)
+
+
+def supported_fast(attn) -> str:
+    return [b for b in posenc.supported_backends(attn.encoding) if b in ("dense", "relative")][0]
