@@ -361,11 +361,19 @@ class Attention(nn.Module):
                 bias = bias.masked_fill(~mask, float("-inf"))
             return F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bias.to(qb.dtype), scale=scale)
 
-        if Lq <= c:
-            return block(q, k, v, q_pos, k_pos, offset, kpm)
         grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         learned_bias = grad and any(p.requires_grad for p in self.encoding.parameters())
         recompute = learned_bias and self._saved_score_bytes(B, H, Lq, Lk) > self.checkpoint_bytes
+        return self._in_query_blocks(block, c, recompute, q, k, v, q_pos, k_pos, offset, kpm)
+
+    def _in_query_blocks(self, block, c, recompute, q, k, v, q_pos, k_pos, offset, kpm):
+        """Run ``block`` on query rows ``[s, s + c)``; causal blocks get only the keys they see.
+
+        ``recompute``: checkpoint each block (its scores are rebuilt in backward).
+        """
+        Lq, Lk = q.shape[2], k.shape[2]
+        if Lq <= c:
+            return block(q, k, v, q_pos, k_pos, offset, kpm)
         outs = []
         for s in range(0, Lq, c):
             e = min(s + c, Lq)
@@ -419,29 +427,9 @@ class Attention(nn.Module):
         """
         B, H, Lq, _ = q.shape
         Lk = k.shape[2]
-        c = self.chunk_size
-        if Lq <= c:
-            return self._attend_chunk(q, k, v, q_pos, k_pos, offset, kpm)
         grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         recompute = grad and self._saved_score_bytes(B, H, Lq, Lk) > self.checkpoint_bytes
-        outs = []
-        for s in range(0, Lq, c):
-            e = min(s + c, Lq)
-            kend = min(Lk, offset + e) if self.causal else Lk
-            args = (
-                q[:, :, s:e],
-                k[:, :, :kend],
-                v[:, :, :kend],
-                q_pos[:, s:e],
-                k_pos[:, :kend],
-                offset + s,
-                kpm[:, :kend] if kpm is not None else None,
-            )
-            if recompute:
-                outs.append(checkpoint(self._attend_chunk, *args, use_reentrant=False))
-            else:
-                outs.append(self._attend_chunk(*args))
-        return torch.cat(outs, dim=2)
+        return self._in_query_blocks(self._attend_chunk, self.chunk_size, recompute, q, k, v, q_pos, k_pos, offset, kpm)
 
     def _attend_chunk(self, q, k, v, q_pos, k_pos, offset, kpm):
         """Scores, softmax and output for a block of queries (all keys)."""
