@@ -152,7 +152,8 @@ class T5(PositionEncoding):
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         table, lo = self.distance_table(q_pos, k_pos)  # (H, n)
         Lk = k_pos.shape[-1]
-        if _is_range(q_pos) and _is_range(k_pos):
+        # the Toeplitz view crashes inductor's CPU backward (torch 2.13): gather when compiling
+        if not torch.compiler.is_compiling() and _is_range(q_pos) and _is_range(k_pos):
             # Toeplitz fast path: windows[h, a, j] = table[h, a + j]; row i is window Lq - 1 - i
             out = table.unfold(-1, Lk, 1).flip(-2)  # (H, Lq, Lk)
             return out if q_pos.dim() == 1 and k_pos.dim() == 1 else out.unsqueeze(0)
