@@ -2,10 +2,12 @@
 
 Ke et al. 2021, eq. (7)-(10): for head h,
 
-    α_ij = (x_i W_Q)(x_j W_K)ᵀ/√(2d) + (p_i U_Q)(p_j U_K)ᵀ/√(2d) [+ b_{j-i}]   (TUPE-A [TUPE-R])
+    α_ij = (x_i W_Q)(x_j W_K)ᵀ/√(2d) + reset_θ(v_ij, i, j)
+    v_ij = (p_i U_Q)(p_j U_K)ᵀ/√(2d) [+ b_{j-i}]                  (TUPE-A [TUPE-R])
+    reset_θ(v, i, j) = v if i ≠ [CLS] and j ≠ [CLS];  θ₁ if i = [CLS];  θ₂ if i ≠ [CLS], j = [CLS]
 
-with ``p = LayerNorm(P)``, and with [CLS] untied the positional term of row 0 is θ₁ and
-of column 0 (other rows) θ₂.
+with ``p = LayerNorm(P)``. ``reset_θ`` replaces the whole positional term v_ij, the
+relative bias b_{j-i} included (the official code gives [CLS] pairs buckets of their own).
 """
 
 from __future__ import annotations
@@ -37,12 +39,7 @@ def _formula(attn, x, pos, causal):
         for i in range(L):
             for j in range(L):
                 content = (q[:, i, h] * k[:, j, h]).sum(-1) / math.sqrt(2 * DH)
-                position = (pq[i, h] * pk[j, h]).sum() / math.sqrt(2 * DH)
-                if enc.untie_cls and pos[i] == 0:
-                    position = enc.cls_to_others[h]
-                elif enc.untie_cls and pos[j] == 0:
-                    position = enc.others_to_cls[h]
-                rel = 0.0
+                v_ij = (pq[i, h] * pk[j, h]).sum() / math.sqrt(2 * DH)
                 if enc.relative_bias:
                     bucket = PF.t5_relative_position_bucket(
                         torch.tensor(int(pos[j] - pos[i])),
@@ -50,8 +47,12 @@ def _formula(attn, x, pos, causal):
                         num_buckets=enc.num_buckets,
                         max_distance=enc.max_distance,
                     )
-                    rel = enc.relative_attention_bias.weight[bucket, h]
-                s[:, h, i, j] = content + position + rel
+                    v_ij = v_ij + enc.relative_attention_bias.weight[bucket, h]
+                if enc.untie_cls and pos[i] == 0:  # reset_θ: the whole positional term
+                    v_ij = enc.cls_to_others[h]
+                elif enc.untie_cls and pos[j] == 0:
+                    v_ij = enc.others_to_cls[h]
+                s[:, h, i, j] = content + v_ij
                 if causal and j > i:
                     s[:, h, i, j] = float("-inf")
     o = torch.softmax(s, -1) @ v.transpose(1, 2)  # (B, H, L, Dh)
@@ -59,7 +60,9 @@ def _formula(attn, x, pos, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("opts", [{}, {"relative_bias": True}, {"relative_bias": True, "untie_cls": True}])
+@pytest.mark.parametrize(
+    "opts", [{}, {"untie_cls": True}, {"relative_bias": True}, {"relative_bias": True, "untie_cls": True}]
+)
 def test_formula(opts, causal):
     torch.manual_seed(0)
     attn = posenc.Attention(D, H, "tupe", causal=causal, max_len=16, num_buckets=8, max_distance=10, **opts)
@@ -87,6 +90,19 @@ def test_untie_cls_only_touches_position_zero():
     plain = posenc.build("tupe", heads=H, head_dim=DH, max_len=10, causal=False)
     plain.load_state_dict({k: v for k, v in enc.state_dict().items() if "cls" not in k})
     torch.testing.assert_close(b[:, 1:, 1:], plain.bias(torch.arange(6), torch.arange(6))[:, 1:, 1:])
+
+
+def test_untie_cls_resets_the_relative_bias_too():
+    """With TUPE-R, the [CLS] row and column do not vary with distance (eq. 9)."""
+    torch.manual_seed(3)
+    enc = posenc.build(
+        "tupe", heads=H, head_dim=DH, max_len=16, causal=False, relative_bias=True, untie_cls=True, num_buckets=8
+    )
+    with torch.no_grad():
+        torch.nn.init.normal_(enc.relative_attention_bias.weight)
+    b = enc.bias(torch.arange(12), torch.arange(12))  # (H, L, L)
+    assert torch.equal(b[:, 0, :], enc.cls_to_others.detach().view(H, 1).expand(H, 12))
+    assert torch.equal(b[:, 1:, 0], enc.others_to_cls.detach().view(H, 1).expand(H, 11))
 
 
 def test_shared_across_layers_untied_from_input():

@@ -20,8 +20,9 @@
       s_ij = (x_i W_Q)·(x_j W_K) / sqrt(2·Dh) + (p_i U_Q)·(p_j U_K) / sqrt(2·Dh) [+ b_{j-i}]
 
   ``p = LayerNorm(P[pos])`` from a learned table; ``relative_bias=True`` adds T5's
-  bucketed bias (TUPE-R; TUPE-A without); ``untie_cls=True`` replaces the positional
-  term of every pair involving position 0 ([CLS]) by two learned scalars per head.
+  bucketed bias (TUPE-R; TUPE-A without); ``untie_cls=True`` replaces the whole positional
+  term (absolute and relative) of every pair involving position 0 ([CLS]) by two learned
+  scalars per head, as eq. (9) and the official code (own [CLS] buckets) do.
   Checked against the formula written out in the tests (there is no installable
   reference).
 
@@ -215,7 +216,8 @@ class TUPE(PositionEncoding):
         relative_bias: add T5's bucketed relative bias (TUPE-R); False is TUPE-A.
         num_buckets, max_distance: T5 bucket options of that bias.
         untie_cls: pairs involving position 0 ([CLS]) get learned per-head scalars
-            (``θ_cls→·`` for query 0, ``θ_·→cls`` for key 0) instead of the positional term.
+            (``θ_cls→·`` for query 0, ``θ_·→cls`` for key 0) instead of the whole
+            positional term, the relative bias included (eq. 9, ``reset_θ``).
         init_std: std of the normal init of the tables and projections.
 
     Needs ``max_len`` (the size of the learned position table); does not extrapolate.
@@ -288,12 +290,6 @@ class TUPE(PositionEncoding):
         self.check_length(k_pos)
         pq, pk = self._pos_proj(q_pos, self.pos_q), self._pos_proj(k_pos, self.pos_k)
         out = (pq @ pk.transpose(-1, -2)) * self.scale  # (..., H, Lq, Lk)
-        if self.untie_cls:
-            h = (-1, 1, 1)
-            q0 = (q_pos == 0).unsqueeze(-1).unsqueeze(-3)  # (..., 1, Lq, 1)
-            k0 = (k_pos == 0).unsqueeze(-2).unsqueeze(-3)  # (..., 1, 1, Lk)
-            out = torch.where(k0, self.others_to_cls.float().view(h), out)
-            out = torch.where(q0, self.cls_to_others.float().view(h), out)
         if self.relative_bias:
             b = PF.t5_relative_position_bucket(
                 self.rel_distance(q_pos, k_pos),
@@ -302,4 +298,12 @@ class TUPE(PositionEncoding):
                 max_distance=self.max_distance,
             )
             out = out + self.relative_attention_bias(b).float().movedim(-1, -3)
+        if self.untie_cls:
+            # eq. (9): reset_θ replaces the WHOLE positional term of pairs involving [CLS]
+            # (absolute and relative alike; the official code gives [CLS] its own buckets)
+            h = (-1, 1, 1)
+            q0 = (q_pos == 0).unsqueeze(-1).unsqueeze(-3)  # (..., 1, Lq, 1)
+            k0 = (k_pos == 0).unsqueeze(-2).unsqueeze(-3)  # (..., 1, 1, Lk)
+            out = torch.where(k0, self.others_to_cls.float().view(h), out)
+            out = torch.where(q0, self.cls_to_others.float().view(h), out)
         return out
