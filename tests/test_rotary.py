@@ -7,6 +7,7 @@ loaded by file path (importing the package pulls torchao and heavy extras).
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import math
 from pathlib import Path
@@ -16,6 +17,8 @@ import torch
 
 import posenc
 from posenc.encodings.rotary import permute_for_layout
+
+from tests.conftest import assert_close, tolerance
 
 H, DH = 4, 32
 
@@ -234,24 +237,19 @@ def test_meta_construction_then_init_buffers():
 
 # --------------------------------------------------------------------------- xpos
 def test_xpos_equals_rotary_embedding_torch_use_xpos():
-    """rotary-embedding-torch centres the decay on len//2; with ``center=len//2`` q̃, k̃ match,
-    with the default ``center=0`` (cache-safe) q̃ = q̃_ref·ζ^(c/512), k̃ = k̃_ref·ζ^(-c/512): same scores."""
+    """rotary-embedding-torch centres the decay on ``len//2``, as posenc's per-call reference
+    (the middle of the query positions) does for a full sequence: q̃, k̃ equal element-wise."""
     from rotary_embedding_torch import RotaryEmbedding
 
-    L = 64
-    ref_mod = RotaryEmbedding(dim=DH, use_xpos=True, xpos_scale_base=512)
-    q, k = _qk(L)
-    ref_q, ref_k = ref_mod.rotate_queries_and_keys(q, k)
-    pos = torch.arange(L)
-    centred = posenc.build("xpos", heads=H, head_dim=DH, center=L // 2)
-    got_q, got_k = centred.rotate(q, k, pos, pos)
-    _close(got_q, ref_q)
-    _close(got_k, ref_k)
-    enc = posenc.build("xpos", heads=H, head_dim=DH)
-    got_q, got_k = enc.rotate(q, k, pos, pos)
-    _close(got_q @ got_k.transpose(-1, -2), ref_q @ ref_k.transpose(-1, -2), tol=1e-4)
-    factor = enc.zeta ** ((L // 2) / 512)  # ours = theirs·ζ^(c/512), per pair (interleaved: twice)
-    _close(got_q, ref_q * factor.repeat_interleave(2))
+    for L in (64, 65):
+        ref_mod = RotaryEmbedding(dim=DH, use_xpos=True, xpos_scale_base=512)
+        q, k = _qk(L)
+        ref_q, ref_k = ref_mod.rotate_queries_and_keys(q, k)
+        enc = posenc.build("xpos", heads=H, head_dim=DH)
+        pos = torch.arange(L)
+        got_q, got_k = enc.rotate(q, k, pos, pos)
+        _close(got_q, ref_q)
+        _close(got_k, ref_k)
 
 
 def test_xpos_formula_decays_with_distance():
@@ -259,8 +257,7 @@ def test_xpos_formula_decays_with_distance():
     enc = posenc.build("xpos", heads=1, head_dim=8)
     q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
     i, j = 900, 100
-    got_q, _ = enc.rotate(q, q, torch.tensor([i]), torch.tensor([i]))
-    _, got_k = enc.rotate(k, k, torch.tensor([j]), torch.tensor([j]))
+    got_q, got_k = enc.rotate(q, k, torch.tensor([i]), torch.tensor([j]))  # one call: one reference
     score = float((got_q * got_k).sum())
     ref = 0.0
     for p in range(4):
@@ -278,11 +275,49 @@ def test_xpos_is_causal_only_and_checks_its_range():
         posenc.build("xpos", heads=2, head_dim=8, causal=False)
     enc = posenc.build("xpos", heads=2, head_dim=8)
     x = torch.zeros(1, 2, 1, 8)
-    with pytest.raises(ValueError, match="overflows float32"):
-        enc.rotate(x, x, torch.tensor([60000]), torch.tensor([60000]))
-    enc.rotate(x, x, torch.tensor([30000]), torch.tensor([30000]))
+    enc.rotate(x, x, torch.tensor([10**6]), torch.tensor([10**6]))  # absolute position alone is fine
+    long = torch.zeros(1, 2, 12000, 8)
+    with pytest.raises(ValueError, match=r"overflow torch.float16.*at most \d+ fit"):
+        enc.rotate(long.half(), long.half(), torch.arange(12000), torch.arange(12000))
+    enc.rotate(long, long, torch.arange(12000), torch.arange(12000))  # float32: far below its limit
+    with pytest.raises(ValueError, match="overflow torch.float32"):
+        enc.rotate(x, x, torch.tensor([0]), torch.tensor([70000]))  # a key far past the query
     with pytest.raises(ValueError, match="scale_base"):
         posenc.build("xpos", heads=2, head_dim=8, scale_base=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("start", [0, 4_000, 6_000, 32_768, 100_000])
+def test_xpos_half_precision_matches_float32_far_out(dtype, start):
+    """Scores depend on i - j only: a half-precision layer at position 10^5 is as exact as at 0.
+
+    Before the per-call reference, float16 keys overflowed past ~4 500 and a layer at
+    6000-6003 returned zeros. Compared with the float32 layer at the same positions,
+    within the half-precision tolerance of the reductions involved (D = 32 inputs, L keys).
+    """
+    torch.manual_seed(0)
+    attn = posenc.Attention(32, 4, "xpos")
+    x = torch.randn(2, 16, 32)
+    pos = torch.arange(start, start + 16)
+    with torch.no_grad():
+        ref = attn(x, pos=pos)
+        low = copy.deepcopy(attn).to(dtype)(x.to(dtype), pos=pos)
+        assert torch.isfinite(low).all()
+        assert float(low.float().abs().amax()) > 0.1 * float(ref.abs().amax())
+        assert_close(low.float(), ref, **tolerance(dtype, n=32 + 8 + 16 + 16 + 32, magnitude=float(x.abs().amax())))
+
+
+def test_xpos_half_precision_cached_decoding_far_out():
+    torch.manual_seed(0)
+    attn = posenc.Attention(32, 4, "xpos").half()
+    x = torch.randn(1, 8, 32).half()
+    pos = torch.arange(50_000, 50_008)
+    with torch.no_grad():
+        full = attn(x, pos=pos)
+        cache = attn.init_cache(1, 8)
+        steps = torch.cat([attn(x[:, t : t + 1], pos=pos[t : t + 1], cache=cache) for t in range(8)], 1)
+    assert torch.isfinite(full).all()
+    assert_close(steps.float(), full.float(), **tolerance(torch.float16, n=32 + 8 + 8 + 8 + 32, magnitude=4.0))
 
 
 def test_xpos_cache_decoding_equals_full_forward():

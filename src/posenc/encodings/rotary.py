@@ -383,18 +383,22 @@ class RoPE(PositionEncoding):
 class XPos(RoPE):
     """xPos: RoPE with an exponential decay, ``q·ζ^(n/scale_base)``, ``k·ζ^(-n/scale_base)``.
 
-    Positions are used as they are (shifted by the fixed ``center``, 0 by default), not
-    centred on the current length as ``rotary-embedding-torch`` does, so a KV cache
-    holds keys that stay valid. Scores are identical either way: the centre cancels in
-    ``ζ^((i-c)/s)·ζ^(-(j-c)/s) = ζ^((i-j)/s)``. The factors themselves are float32, so
-    ``|n - center|·ln(1/ζ_min)/scale_base`` must stay below ~80: a ``ValueError`` says
-    so past it (about 32 700 positions with the defaults; raise ``scale_base`` or
-    ``center`` to go further).
+    Scores depend only on ``i - j``: ``ζ^((i-r)/s)·ζ^(-(j-r)/s) = ζ^((i-j)/s)`` for any
+    reference position ``r``. Each call takes ``r`` at the middle of its query positions
+    (per batch row), as ``rotary-embedding-torch`` does for a full sequence (``n - L//2``),
+    so the factors stay bounded by half the query span whatever the absolute positions:
+    a float16 layer at position 10⁵ is as exact as at position 0. Because ``r`` moves
+    with the queries, the KV cache keeps keys before the rotation (``cache_raw_keys``)
+    and rotates them again at every step, so cached decoding still equals a full forward.
+
+    The factors are float32; the rotated ``q``/``k`` are cast to the activation dtype,
+    so the growth ``ζ_min^(-span/2/s)`` must fit it: a ``ValueError`` names the limit
+    when one call's query span is too long (about 4 500 query positions in float16,
+    32 000 in bfloat16/float32 with the defaults).
 
     Args:
         scale_base: the ``512`` of the paper.
         gamma: ``γ = 0.4``.
-        center: a fixed position subtracted before the decay.
         (others as :class:`RoPE`; the default layout is interleaved, as in the paper's code.)
     """
 
@@ -416,15 +420,12 @@ class XPos(RoPE):
         partial_rotary_factor: float = 1.0,
         scale_base: float = 512.0,
         gamma: float = 0.4,
-        center: int = 0,
     ):
         if not isinstance(scale_base, (int, float)) or scale_base <= 0:
             raise ValueError(f"scale_base must be a positive number, got {scale_base!r}")
         if not isinstance(gamma, (int, float)) or gamma <= 0:
             raise ValueError(f"gamma must be a positive number, got {gamma!r}")
-        if not isinstance(center, int) or isinstance(center, bool):
-            raise ValueError(f"center must be an int, got {center!r}")
-        self.scale_base, self.gamma, self.center = float(scale_base), float(gamma), center
+        self.scale_base, self.gamma = float(scale_base), float(gamma)
         super().__init__(
             heads=heads,
             head_dim=head_dim,
@@ -434,6 +435,7 @@ class XPos(RoPE):
             layout=layout,
             partial_rotary_factor=partial_rotary_factor,
         )
+        self.cache_raw_keys = True  # the reference position moves with the queries
         self.register_buffer("zeta", torch.empty(self.rotary_dim // 2), persistent=False)
         self.init_buffers()
 
@@ -445,23 +447,41 @@ class XPos(RoPE):
             self.zeta = zeta.to(self.inv_freq.device)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", scale_base={self.scale_base}, gamma={self.gamma}, center={self.center}"
+        return super().extra_repr() + f", scale_base={self.scale_base}, gamma={self.gamma}"
 
-    def decay(self, pos: Tensor) -> Tensor:
-        """``ζ^((pos - center)/scale_base)``: float32 ``pos.shape + (Dr/2,)``, broadcast like cos."""
-        power = (pos - self.center).to(torch.float64).unsqueeze(-1) / self.scale_base
-        if pos.numel() and not torch.compiler.is_compiling() and pos.device.type != "meta":
-            worst = float(power.abs().max()) * -math.log(float(self.zeta.min()))
-            if worst > 80.0:
-                limit = int(80.0 * self.scale_base / -math.log(float(self.zeta.min())))
-                raise ValueError(
-                    f"xpos decay overflows float32 for |position - center| > {limit} "
-                    f"(got {int((pos - self.center).abs().max())}); raise scale_base={self.scale_base} or set center"
-                )
-        scale = (self.zeta.to(torch.float64) ** power).float()
-        return scale.unsqueeze(1) if pos.dim() == 2 else scale
+    # largest exponent of a factor per activation dtype: ln(max) less ln(256) of headroom
+    # for the magnitude of q/k themselves and the dot product
+    _MAX_EXPONENT = {torch.float16: math.log(65504.0) - math.log(256.0)}
+
+    def decay(self, offset: Tensor) -> Tensor:
+        """``ζ^(offset/scale_base)``: float32 ``offset.shape + (Dr/2,)``, broadcast like cos."""
+        power = offset.to(torch.float32).unsqueeze(-1) / self.scale_base
+        scale = self.zeta**power
+        return scale.unsqueeze(1) if offset.dim() == 2 else scale
+
+    def reference(self, q_pos: Tensor) -> Tensor:
+        """The middle of each row's query positions, ``(min + max + 1) // 2``: ``(B|1, 1)`` or ``()``."""
+        return (q_pos.amin(-1, keepdim=True) + q_pos.amax(-1, keepdim=True) + 1) // 2
+
+    def _check_growth(self, q_pos: Tensor, k_pos: Tensor, ref: Tensor, dtype: torch.dtype) -> None:
+        """Raise when a factor ``ζ_min^(-d/s)`` would overflow ``dtype`` (d: distance to ``ref``)."""
+        if not q_pos.numel() or torch.compiler.is_compiling() or q_pos.device.type == "meta":
+            return
+        limit = self._MAX_EXPONENT.get(dtype, 80.0)
+        per_pos = -math.log(float(self.zeta.min())) / self.scale_base
+        far = max(int((ref - q_pos).amax()), int((k_pos - ref).amax()) if k_pos.numel() else 0)
+        if far * per_pos > limit:
+            raise ValueError(
+                f"xpos: the decay factors of this call overflow {dtype}: a query or key lies {far} positions "
+                f"from the middle of the queries, at most {int(limit / per_pos)} fit (about "
+                f"{2 * int(limit / per_pos)} query positions per call with scale_base={self.scale_base}); "
+                "attend in shorter calls, use a wider dtype, or raise scale_base"
+            )
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        q = self._rotate_one(q, q_pos, self._cos_sin(q_pos, self.inv_freq, self.decay(q_pos)))
-        k = self._rotate_one(k, k_pos, self._cos_sin(k_pos, self.inv_freq, 1.0 / self.decay(k_pos)))
+        ref = self.reference(q_pos)
+        self._check_growth(q_pos, k_pos, ref, q.dtype)
+        q = self._rotate_one(q, q_pos, self._cos_sin(q_pos, self.inv_freq, self.decay(q_pos - ref)))
+        # keys far behind the reference decay to 0 (never inf): ζ^((r - j)/s)
+        k = self._rotate_one(k, k_pos, self._cos_sin(k_pos, self.inv_freq, self.decay(ref - k_pos)))
         return q, k
