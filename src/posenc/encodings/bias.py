@@ -268,8 +268,8 @@ class FIRE(PositionEncoding):
     Args:
         mlp_width: hidden width of ``f_θ`` (32 in the paper).
         init_c: initial ``c`` (0.1).
-        init_L: initial threshold ``L_thr``: ``max_len / 4`` (the paper's 512 at training
-            length 2048), 512 without ``max_len``.
+        init_L: initial threshold ``L_thr`` (fixed; ``L_mult`` is learned): 512, the value of
+            the paper's listing, whatever ``max_len``.
     """
 
     name = "fire"
@@ -288,13 +288,11 @@ class FIRE(PositionEncoding):
         causal=True,
         mlp_width: int = 32,
         init_c: float = 0.1,
-        init_L: float | None = None,
+        init_L: float = 512.0,
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
         if not isinstance(mlp_width, int) or isinstance(mlp_width, bool) or mlp_width < 1:
             raise ValueError(f"mlp_width must be a positive int, got {mlp_width!r}")
-        if init_L is None:  # the paper's 512 for its training length 2048: a quarter of max_len
-            init_L = max_len / 4 if max_len else 512.0
         for arg, val in (("init_c", init_c), ("init_L", init_L)):
             if not isinstance(val, (int, float)) or val <= 0:
                 raise ValueError(f"{arg} must be a positive number, got {val!r}")
