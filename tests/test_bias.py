@@ -234,4 +234,3 @@ def test_fire_default_threshold_is_the_papers_512():
         enc = posenc.build("fire", heads=2, head_dim=8, max_len=max_len)
         assert float(enc.init_L) == 512.0 and float(enc.L_multiplier) == 1.0
     assert float(_PaperFIRE().init_L) == 512.0
-

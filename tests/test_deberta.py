@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import DebertaConfig, DebertaV2Config
@@ -51,6 +53,7 @@ def _v2_pair(c, causal):
         pos_att_type=c["pos_att_type"],
         share_att_key=c["share_att_key"],
         norm_rel_ebd=c["norm"],
+        clamp_relative_positions=False,  # HF's bucketing (Microsoft's clamp is the default)
     )
     enc = ours.encoding
     with torch.no_grad():
@@ -165,6 +168,44 @@ def test_log_buckets_match_hf():
     enc = posenc.build("deberta", heads=2, head_dim=4, position_buckets=8, max_relative_positions=20)
     idx = enc.rel_index(torch.arange(30), torch.arange(30))
     assert idx.min() >= 0 and idx.max() <= 15 and idx[5, 2] == 8 + 3 and idx[2, 5] == 8 - 3
+
+
+def _microsoft_bucket_index(q_size, k_size, bucket_size, max_position):
+    """Microsoft DeBERTa ``da_utils.make_log_bucket_dict`` / ``make_log_bucket_position`` and
+    ``disentangled_attention_bias``'s ``clamp(relative_pos + att_span, 0, 2·att_span - 1)``,
+    transcribed: δ = i - j is clamped to ±(max_position - 1), then looked up in a bucket
+    table built over [-max_position, max_position)."""
+    rel = torch.arange(-max_position, max_position)
+    sign = torch.sign(rel)
+    mid = bucket_size // 2
+    abs_pos = torch.where((rel < mid) & (rel > -mid), torch.tensor(mid - 1), rel.abs())
+    log_pos = torch.ceil(torch.log(abs_pos / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    bucket_dict = torch.where(abs_pos <= mid, rel, (log_pos * sign).long())
+    delta = torch.arange(q_size)[:, None] - torch.arange(k_size)[None, :]
+    delta = torch.clamp(delta, -max_position + 1, max_position - 1) + max_position
+    bucket = bucket_dict[delta]
+    return torch.clamp(bucket + bucket_size, 0, 2 * bucket_size - 1)
+
+
+@pytest.mark.parametrize("bucket_size,max_position", [(256, 512), (8, 20), (32, 100)])
+def test_default_clamps_like_microsoft_and_hf_mode_does_not(bucket_size, max_position):
+    """Issue: at L = 700 with (256, 512), 17,766 pairs differ between Microsoft and HF."""
+    L = max(700, 3 * max_position)
+    ms = _microsoft_bucket_index(L, L, bucket_size, max_position)
+    opts = dict(heads=2, head_dim=4, causal=False, position_buckets=bucket_size, max_relative_positions=max_position)
+    default = posenc.build("deberta", **opts).rel_index(torch.arange(L), torch.arange(L))
+    assert torch.equal(default, ms)
+    hf_mode = posenc.build("deberta", clamp_relative_positions=False, **opts).rel_index(
+        torch.arange(L), torch.arange(L)
+    )
+    hf_rel = v2.build_relative_position(torch.empty(1, L, 1), torch.empty(1, L, 1), bucket_size, max_position)[0]
+    assert torch.equal(hf_mode, torch.clamp(hf_rel + bucket_size, 0, 2 * bucket_size - 1))
+    differ = hf_mode != default
+    far_ahead = (torch.arange(L)[:, None] - torch.arange(L)[None, :]) <= -max_position  # key >= M positions ahead
+    assert torch.equal(differ, far_ahead)  # they disagree there and only there
+    if (bucket_size, max_position, L) == (256, 512, 700):
+        assert int(differ.sum()) == 17_766
+    assert int(hf_mode[far_ahead].unique().numel()) == 1 and int(hf_mode[far_ahead][0]) == 0  # the untrained row
 
 
 def test_scale_counts_position_terms():

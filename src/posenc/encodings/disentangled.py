@@ -73,6 +73,13 @@ class DeBERTa(PositionEncoding):
         hidden_size: width ``D`` of the table; ``H·Dh`` by default. Must equal the layer
             width with ``share_att_key``.
         layer_norm_eps: eps of that LayerNorm (HF default 1e-7).
+        clamp_relative_positions: clamp ``δ`` to ``±(max_relative_positions - 1)`` before
+            log-bucketing, as Microsoft's original code does (``da_utils.make_log_bucket_position``);
+            HF does not, so there a key more than ``max_relative_positions - 1`` positions
+            *ahead* of the query lands in table row 0, which no distance inside the range
+            uses (never trained), while Microsoft's lands in the last trained bucket. The two
+            agree for every ``|δ| < max_relative_positions`` and for every causal pair. True
+            (Microsoft's) by default; False reproduces HF exactly. No effect without buckets.
     """
 
     name = "deberta"
@@ -97,6 +104,7 @@ class DeBERTa(PositionEncoding):
         hidden_size: int | None = None,
         layer_norm_eps: float = 1e-7,
         init_std: float = 0.02,
+        clamp_relative_positions: bool = True,
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
         types = (
@@ -115,6 +123,9 @@ class DeBERTa(PositionEncoding):
                 f"max_relative_positions must exceed position_buckets // 2 + 1 = {position_buckets // 2 + 1}, "
                 f"got {max_relative_positions}"
             )
+        if not isinstance(clamp_relative_positions, bool):
+            raise ValueError(f"clamp_relative_positions must be a bool, got {clamp_relative_positions!r}")
+        self.clamp_relative_positions = clamp_relative_positions
         self.c2p, self.p2c = "c2p" in types, "p2c" in types
         self.position_buckets, self.max_relative_positions = position_buckets, max_relative_positions
         self.span = position_buckets if position_buckets > 0 else max_relative_positions
@@ -158,13 +169,20 @@ class DeBERTa(PositionEncoding):
         return (self.head_dim * (1 + self.num_terms)) ** -0.5
 
     def rel_index(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """``clamp(bucket(i - j) + span, 0, 2·span - 1)``: ``(..., Lq, Lk)`` int64."""
+        """``clamp(bucket(i - j) + span, 0, 2·span - 1)``: ``(..., Lq, Lk)`` int64.
+
+        With ``clamp_relative_positions``, ``i - j`` is first clamped to
+        ``±(max_relative_positions - 1)`` (Microsoft's code).
+        """
         delta = -self.rel_distance(q_pos, k_pos)  # i - j, (..., Lq, Lk)
         # bucket each distinct distance once (2L - 1 of them), then look the pairs up
         lo = int(q_pos.min()) - int(k_pos.max())
         hi = int(q_pos.max()) - int(k_pos.min())
         dist = torch.arange(lo, hi + 1, device=delta.device)
         if self.position_buckets > 0:
+            if self.clamp_relative_positions:  # Microsoft's original; HF does not clamp
+                m = self.max_relative_positions - 1
+                dist = dist.clamp(-m, m)
             dist = make_log_bucket_position(dist, self.position_buckets, self.max_relative_positions)
         table = (dist + self.span).clamp(0, 2 * self.span - 1)  # (hi - lo + 1,)
         return table[delta - lo]
