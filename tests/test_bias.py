@@ -232,5 +232,5 @@ def test_fire_default_threshold_is_the_papers_512():
     """Code, docstring and docs/rotary.md agree with the paper's listing: ``init_L = 512``."""
     for max_len in (None, 128, 8192):
         enc = posenc.build("fire", heads=2, head_dim=8, max_len=max_len)
-        assert float(enc.init_L) == 512.0 and float(enc.L_multiplier) == 1.0
+        assert float(enc.init_L) == 512.0 and float(enc.L_multiplier.detach()) == 1.0
     assert float(_PaperFIRE().init_L) == 512.0

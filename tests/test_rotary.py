@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.conftest import assert_close, tolerance
 
 import posenc
 from posenc.encodings.rotary import permute_for_layout
-
-from tests.conftest import assert_close, tolerance
 
 H, DH = 4, 32
 

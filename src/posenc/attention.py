@@ -445,9 +445,16 @@ class Attention(nn.Module):
         if st & Stage.BIAS:
             s.add_(enc.bias(q_pos, k_pos))
         mask = self._bool_mask(Lq, Lk, offset, kpm, q.device)
+        blind = None  # query rows that see no key at all (a fully padded row)
         if mask is not None:
             s.masked_fill_(~mask, float("-inf"))
-        attn = torch.softmax(s, dim=-1).to(v.dtype)
+            if kpm is not None:  # causal masks alone always leave the diagonal visible
+                blind = ~mask.any(-1, keepdim=True)  # (B|1, 1, Lq, 1)
+                s.masked_fill_(blind, 0.0)  # a finite row: no NaN in forward or backward
+        attn = torch.softmax(s, dim=-1)
+        if blind is not None:
+            attn = attn.masked_fill(blind, 0.0)  # output 0, as SDPA and FlexAttention give
+        attn = attn.to(v.dtype)
         out = attn @ v  # (B, H, Lq, Dh)
         if st & Stage.VALUE:
             out = out + enc.value_term(attn, q_pos, k_pos).to(out.dtype)

@@ -105,9 +105,12 @@ class Block(nn.Module):
         cache: KVCache | None,
         memory: Tensor | None = None,
         memory_pos: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
     ) -> Tensor:
         memory = None if memory is None else self.ln1(memory)  # memory holds block inputs
-        h = self.attn._forward(self.ln1(x), pos, cache, memory=memory, memory_pos=memory_pos)
+        h = self.attn._forward(
+            self.ln1(x), pos, cache, memory=memory, memory_pos=memory_pos, key_padding_mask=key_padding_mask
+        )
         x = x + self.drop(h)
         return x + self.mlp(self.ln2(x))
 
@@ -306,8 +309,15 @@ class TransformerLM(nn.Module):
         pos: Tensor | None = None,
         cache: ModelCache | None = None,
         memory: SegmentMemory | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
     ) -> Tensor:
         """Logits ``(B, L, vocab_size)``; with ``cache``, append to it and advance it.
+
+        ``key_padding_mask``: ``(B, Lk)`` bool, True = a real token, over every key the call
+        attends to (with a cache: the cached tokens first, then these). A query row that
+        sees no key (a padding token in a left-padded batch) gets a zero attention output
+        in every layer, so no NaN reaches the real tokens.
 
         With ``memory`` (Transformer-XL), every layer also attends to the memorised
         inputs of earlier segments, and ``memory`` is updated in place with this
@@ -328,6 +338,8 @@ class TransformerLM(nn.Module):
             raise ValueError(f"cache has {len(cache.layers)} layers, model has {self.depth}")
         if memory is not None and cache is not None:
             raise ValueError("memory and cache cannot be used together")
+        if memory is not None and key_padding_mask is not None:
+            raise ValueError("key_padding_mask is not supported together with memory")
         offset = cache.length if cache is not None else memory.seen if memory is not None else 0
         pos = as_positions(pos, L, offset=offset, device=tokens.device, batch=B)  # (B|1, L)
         for enc in self.encodings:
@@ -341,7 +353,7 @@ class TransformerLM(nn.Module):
             if i == self.absolute_from_layer:
                 x = x + self.emd_pos(pos).to(x.dtype)  # (B|1, L, D)
             if memory is None:
-                x = block(x, pos, cache.layers[i] if cache is not None else None)
+                x = block(x, pos, cache.layers[i] if cache is not None else None, key_padding_mask=key_padding_mask)
                 continue
             mem = memory.layers[i]
             if mem is not None and mem.shape[0] != B:
