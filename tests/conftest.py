@@ -33,16 +33,54 @@ def tolerance(dtype: torch.dtype = torch.float32, *, n: int = 1, magnitude: floa
     return {"rtol": n * eps, "atol": n * eps * magnitude}
 
 
-def attention_tolerance(
-    dtype: torch.dtype = torch.float32, *, dim: int, length: int, head_dim: int | None = None, magnitude: float = 1.0
-) -> dict[str, float]:
-    """:func:`tolerance` of one attention layer's output: ``D`` (projections) ``+ Dh + 2·Lk + D``."""
-    head_dim = dim if head_dim is None else head_dim
-    return tolerance(dtype, n=2 * dim + head_dim + 2 * length, magnitude=magnitude)
+def attention_n(*, dim: int, length: int, head_dim: int | None = None, grad: bool = False, batch: int = 2) -> int:
+    """Total reduction length of one attention layer's output: the q/k/v projections (``D``),
+    ``q·k`` (``Dh``), softmax and ``attn @ v`` (``2·Lk``) and the output projection (``D``).
+    Gradients run the chain back once more and sum weight gradients over ``B·L`` tokens."""
+    n = 2 * dim + (dim if head_dim is None else head_dim) + 2 * length
+    return 2 * n + batch * length if grad else n
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, rtol: float = 1e-5, atol: float = 1e-6, msg=""):
-    """Element-wise comparison with explicit tolerances (callers pass :func:`tolerance`'s)."""
+def lm_n(*, dim: int, depth: int, length: int, mlp_ratio: float = 4.0, grad: bool = False, batch: int = 2) -> int:
+    """Total reduction length of a :class:`posenc.TransformerLM`'s logits: per block one
+    attention layer and an MLP (``D + mlp_ratio·D``), then the output head (``D``)."""
+    block = attention_n(dim=dim, length=length) + dim + int(mlp_ratio * dim)
+    n = depth * block + dim
+    return 2 * n + batch * length if grad else n
+
+
+def attention_tolerance(dtype: torch.dtype = torch.float32, *, dim: int, length: int, **kw) -> dict[str, float]:
+    """:func:`tolerance` of one attention layer's output (see :func:`attention_n`)."""
+    magnitude = kw.pop("magnitude", 1.0)
+    return tolerance(dtype, n=attention_n(dim=dim, length=length, **kw), magnitude=magnitude)
+
+
+def assert_close(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    *,
+    n: int | None = None,
+    magnitude: float | None = None,
+    dtype: torch.dtype | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    msg="",
+):
+    """Element-wise comparison with the suite's rule (:func:`tolerance`).
+
+    ``n``: the total reduction length behind the values (required unless ``rtol``/``atol``
+    are given, for exact-by-construction comparisons); ``magnitude``: size of the summed
+    terms, by default that of the result (at least 1); ``dtype``: the lowest precision on
+    the path, by default ``expected``'s.
+    """
+    if rtol is None or atol is None:
+        if n is None:
+            raise TypeError("assert_close needs n= (the reduction length behind the values) or rtol= and atol=")
+        if magnitude is None:
+            magnitude = max(1.0, float(expected.detach().abs().amax())) if expected.numel() else 1.0
+        tol = tolerance(dtype or expected.dtype, n=n, magnitude=magnitude)
+        rtol = tol["rtol"] if rtol is None else rtol
+        atol = tol["atol"] if atol is None else atol
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=lambda m: f"{msg}\n{m}" if msg else m)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.conftest import assert_close, attention_n
 
 import posenc
 
@@ -34,7 +35,8 @@ def test_alibi_equals_bloom_build_alibi_tensor(heads):
     ref = torch.softmax((scores + bloom).masked_fill(~keep, float("-inf")), -1)
     got = torch.softmax((scores + enc.bias(pos, pos)).masked_fill(~keep, float("-inf")), -1)
     valid = attention_mask.bool()[:, None, :, None]  # rows of padded queries are all -inf in Bloom too
-    torch.testing.assert_close(got.masked_fill(~valid, 0), ref.masked_fill(~valid, 0), rtol=1e-5, atol=1e-6)
+    # one bias add, a softmax over L keys: n = L + 2 (slopes differ from Bloom's by an ulp)
+    assert_close(got.masked_fill(~valid, 0), ref.masked_fill(~valid, 0), n=L + 2)
 
 
 @pytest.mark.parametrize("heads", [4, 6, 16])
@@ -46,9 +48,7 @@ def test_alibi_equals_mpt_build_mpt_alibi_tensor(heads):
     enc = posenc.build("alibi", heads=heads, head_dim=8)
     scores = torch.randn(1, heads, L, L)
     pos = torch.arange(L)
-    torch.testing.assert_close(
-        _causal_softmax(scores + enc.bias(pos, pos)), _causal_softmax(scores + mpt), rtol=1e-5, atol=1e-6
-    )
+    assert_close(_causal_softmax(scores + enc.bias(pos, pos)), _causal_softmax(scores + mpt), n=L + 2)
 
 
 @pytest.mark.parametrize("heads,alibi_heads", [(8, 8), (8, 3), (6, 6), (12, 5)])
@@ -58,10 +58,10 @@ def test_alibi_equals_x_transformers(heads, alibi_heads):
     ref = AlibiPositionalBias(heads=alibi_heads, total_heads=heads)(L, L)  # (H, L, L): -|j - i|·m, 0 past alibi_heads
     pos = torch.arange(L)
     sym = posenc.build("alibi", heads=heads, head_dim=8, causal=False, alibi_num_heads=alibi_heads)
-    torch.testing.assert_close(sym.bias(pos, pos), ref.float(), rtol=1e-6, atol=0)
+    assert_close(sym.bias(pos, pos), ref.float(), n=2)  # slope·distance: one product, one rounding each
     causal = posenc.build("alibi", heads=heads, head_dim=8, alibi_num_heads=alibi_heads)
     lower = torch.ones(L, L, dtype=torch.bool).tril()
-    torch.testing.assert_close(causal.bias(pos, pos)[:, lower], ref.float()[:, lower], rtol=1e-6, atol=0)
+    assert_close(causal.bias(pos, pos)[:, lower], ref.float()[:, lower], n=2)
     assert torch.all(causal.slopes[alibi_heads:] == 0)
 
 
@@ -88,11 +88,11 @@ def test_kerple_equals_paper_formula(kernel):
     pos = torch.arange(L)
     lower = torch.ones(L, L, dtype=torch.bool).tril()
     ref = _kerple_paper(kernel, r1.detach(), r2.detach(), L)
-    torch.testing.assert_close(enc.bias(pos, pos)[:, lower], ref[:, lower], rtol=1e-5, atol=1e-6)
+    assert_close(enc.bias(pos, pos)[:, lower], ref[:, lower], n=4)  # -r1·log(1 + r2·d) or -r1·d^r2: 4 ops
     sym = posenc.build("kerple", heads=4, head_dim=8, kernel=kernel, causal=False)
     sym.load_state_dict(enc.state_dict())
     b = sym.bias(pos, pos)
-    torch.testing.assert_close(b, b.transpose(-1, -2))  # bidirectional: a kernel of |i - j|
+    assert torch.equal(b, b.transpose(-1, -2))  # bidirectional: a kernel of |i - j|
 
 
 @pytest.mark.parametrize("kernel", ["log", "power"])
@@ -154,7 +154,7 @@ def test_fire_equals_paper_listing(causal):
         enc.L_multiplier.fill_(1.3)
     pos = torch.arange(n)
     ref = paper(torch.zeros(1, n, 1))[0]
-    torch.testing.assert_close(enc.bias(pos, pos), ref, rtol=1e-5, atol=1e-6)
+    assert_close(enc.bias(pos, pos), ref, n=paper.mlp[0].out_features + 8)  # MLP of width 32 + ψ's 8 ops
     # gradients reach c and the threshold multiplier, as in the paper
     enc.bias(pos, pos).square().sum().backward()
     assert enc.c.grad.abs() > 0 and enc.L_multiplier.grad.abs() > 0
@@ -165,7 +165,7 @@ def test_fire_depends_on_query_position_past_threshold():
     assert enc.relative is False
     b = enc.bias(torch.arange(20), torch.arange(20))  # (H, L, L)
     assert not torch.allclose(b[:, 10, 5], b[:, 15, 10])  # same distance 5, different normaliser
-    torch.testing.assert_close(b[:, 2, 0], b[:, 3, 1])  # below L_thr: a function of i - j only
+    assert_close(b[:, 2, 0], b[:, 3, 1], n=enc.mlp_width + 8)  # below L_thr: a function of i - j only
 
 
 # --------------------------------------------------------------------------- score_mod == dense
@@ -203,14 +203,15 @@ def test_score_mod_materialised_equals_dense_bias_with_gradients(name, opts, cau
     i, j = torch.arange(n).view(1, 1, -1, 1), torch.arange(n).view(1, 1, 1, -1)
     via_mod = mod(torch.zeros(B, 4, n, n), b, h, i, j)
     dense = enc.bias(pos, pos)
-    torch.testing.assert_close(via_mod, dense, rtol=1e-5, atol=1e-6)
+    n_ops = getattr(enc, "mlp_width", 0) + 8  # FIRE's MLP, else a few elementwise ops
+    assert_close(via_mod, dense, n=n_ops)
     w = torch.randn(B, 4, n, n)
     params = [p for p in enc.parameters() if p.requires_grad]
     if params:
         g_mod = torch.autograd.grad((via_mod * w).sum(), params)
         g_dense = torch.autograd.grad((enc.bias(pos, pos) * w).sum(), params)
         for a, c in zip(g_mod, g_dense, strict=True):
-            torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5)
+            assert_close(a, c, n=2 * n_ops + B * n * n)  # backward: the chain again, summed over B·n² entries
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -225,7 +226,7 @@ def test_flex_attention_equals_dense(name, opts, causal):
     with torch.no_grad():
         flex = attn(x, pos, backend="flex")
         dense = attn(x, pos, backend="dense")
-    torch.testing.assert_close(flex, dense, rtol=1e-5, atol=1e-5)
+    assert_close(flex, dense, n=attention_n(dim=32, head_dim=8, length=10) + 40)
 
 
 def test_fire_default_threshold_is_the_papers_512():

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from tests.conftest import assert_close, attention_n
 
 import posenc
 
@@ -39,7 +40,7 @@ def test_cope_term_equals_formula():
     lower = torch.ones(n, n, dtype=torch.bool).tril()
     for h in range(H):
         ref = _formula(q[0, h], k[0, h], enc.pos_emb.detach(), enc.scale, 4)
-        torch.testing.assert_close(got[0, h][lower].double(), ref[lower], rtol=1e-5, atol=1e-5)
+        assert_close(got[0, h][lower].double(), ref[lower], n=2 * Dh + n + 2, dtype=torch.float32)
 
 
 class _PaperCoPE(torch.nn.Module):
@@ -89,7 +90,7 @@ def test_cope_attention_equals_paper_listing(backend):
     mask = torch.ones(n, n).tril().expand(H, n, n)
     ref = _paper_self_attn(paper, q, k, v, mask)  # (H, L, Dh)
     ref = attn.o_proj(ref.transpose(0, 1).reshape(1, n, dim))
-    torch.testing.assert_close(attn(x, backend=backend), ref, rtol=1e-5, atol=1e-5)
+    assert_close(attn(x, backend=backend), ref, n=attention_n(dim=dim, head_dim=Dh, length=n) + 2 * Dh + n + 2)
 
 
 def test_cope_cache_decoding_and_errors():
@@ -101,7 +102,7 @@ def test_cope_cache_decoding_and_errors():
         full = attn(x)
         cache = attn.init_cache(2, 10)
         steps = torch.cat([attn(x[:, t : t + 1], cache=cache) for t in range(10)], 1)
-    torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
+    assert_close(steps, full, n=attention_n(dim=16, head_dim=8, length=10) + 2 * 8 + 10 + 2)
     with pytest.raises(ValueError, match="causal only"):
         posenc.build("cope", heads=2, head_dim=8, causal=False)
     with pytest.raises(ValueError, match="npos_max"):

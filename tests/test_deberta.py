@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from tests.conftest import assert_close, attention_n, lm_n
 from transformers import DebertaConfig, DebertaV2Config
 from transformers.models.deberta import modeling_deberta as v1
 from transformers.models.deberta_v2 import modeling_deberta_v2 as v2
@@ -89,7 +90,8 @@ def test_parity_with_hf_deberta_v2(case, causal):
     with torch.no_grad():
         ref = hf(x, mask, relative_pos=rel_pos, rel_embeddings=ours.encoding.rel_table())[0]
         for backend in ("relative", "eager"):
-            torch.testing.assert_close(ours(x, backend=backend), ref, rtol=1e-5, atol=1e-5)
+            # + c2p and p2c: two more Dh-long products per score, the table projections (D)
+            assert_close(ours(x, backend=backend), ref, n=attention_n(dim=D, head_dim=DH, length=L) + 2 * DH + 2 * D)
 
 
 def test_rel_table_layer_norm_matches_hf_encoder():
@@ -103,7 +105,7 @@ def test_rel_table_layer_norm_matches_hf_encoder():
         enc_hf.rel_embeddings.weight.copy_(enc.rel_embeddings.weight)
         enc_hf.LayerNorm.load_state_dict(enc.rel_norm.state_dict())
         assert enc_hf.LayerNorm.eps == enc.rel_norm.eps
-        torch.testing.assert_close(enc.rel_table(), enc_hf.get_rel_embedding(), rtol=1e-6, atol=1e-6)
+        assert_close(enc.rel_table(), enc_hf.get_rel_embedding(), n=2 * D)  # LayerNorm: mean and variance over D
 
 
 @pytest.mark.parametrize("pos_att_type", ["c2p|p2c", "p2c"])
@@ -157,7 +159,7 @@ def test_parity_with_hf_deberta_v1(pos_att_type):
             mask = torch.ones(2, 1, L, L, dtype=torch.bool)
             rel_pos = v1.build_relative_position(x, x)
             ref = hf(x, mask, relative_pos=rel_pos, rel_embeddings=enc.rel_embeddings.weight)[0]
-            torch.testing.assert_close(ours(x), ref, rtol=1e-5, atol=1e-5)
+            assert_close(ours(x), ref, n=attention_n(dim=D, head_dim=DH, length=L) + 2 * DH + 2 * D)
 
 
 def test_log_buckets_match_hf():
@@ -232,7 +234,7 @@ def test_table_shared_across_layers_projections_per_layer():
     lm2.load_state_dict(state)
     assert lm2.encodings[2].rel_embeddings is lm2.encodings[0].rel_embeddings
     tok = torch.randint(0, 20, (1, 9))
-    torch.testing.assert_close(lm2(tok), lm(tok))
+    assert_close(lm2(tok), lm(tok), n=lm_n(dim=D, depth=3, length=9))
 
 
 def test_share_att_key_uses_the_layer_projections():

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.conftest import assert_close, attention_n, lm_n
 
 import posenc
 from posenc import functional as PF
@@ -137,7 +138,9 @@ def test_parity_with_hf_transfo_xl(xl_oracle):
     for (attn, ln, w, mems, _), exp, c in zip(built, expected, CASES):
         for backend in ("relative", "eager"):
             got = _posenc_out(attn, ln, w, mems, backend)
-            torch.testing.assert_close(got, exp.transpose(0, 1), rtol=1e-5, atol=1e-5, msg=f"{c} {backend}")
+            D, L = attn.dim, attn.dim + c["qlen"] + c.get("mlen", 0)
+            n = attention_n(dim=D, head_dim=attn.head_dim, length=L) + 2 * D + attn.head_dim + L
+            assert_close(got, exp.transpose(0, 1), n=n, msg=f"{c} {backend}")
 
 
 def _xl_formula(q, k, enc, q_pos, k_pos):
@@ -167,7 +170,7 @@ def test_score_terms_formula_bidirectional_any_positions(clamp_len):
     q_pos, k_pos = torch.tensor([9, 2, 4, 4, 11]), torch.tensor([0, 3, 6, 7, 1, 12, 5])
     with torch.no_grad():
         got = enc.score_terms(q, k, q_pos[None], k_pos[None])
-        torch.testing.assert_close(got, _xl_formula(q, k, enc, q_pos, k_pos), rtol=1e-5, atol=1e-5)
+        assert_close(got, _xl_formula(q, k, enc, q_pos, k_pos), n=2 * 4 + enc.d_model + 12)
 
 
 def test_sinusoids_are_halves_layout():
@@ -176,7 +179,7 @@ def test_sinusoids_are_halves_layout():
     r = PF.sinusoidal_table(d, 8, layout="halves")
     assert torch.allclose(r[:, :4], torch.stack([torch.sin(d * 10000 ** (-2 * k / 8)) for k in range(4)], -1))
     with torch.no_grad():
-        torch.testing.assert_close(enc.rel_keys(d), (r @ enc.r_net.weight.t()).view(7, 2, 4).transpose(0, 1))
+        assert_close(enc.rel_keys(d), (r @ enc.r_net.weight.t()).view(7, 2, 4).transpose(0, 1), n=8)
 
 
 def test_segment_memory_equals_full_context():
@@ -187,7 +190,7 @@ def test_segment_memory_equals_full_context():
     mem = lm.init_memory()
     parts = [lm(tokens[:, s : s + 4], memory=mem) for s in range(0, 16, 4)]
     # each segment sees 8 memorised tokens + itself: the full causal context holds up to position 11
-    torch.testing.assert_close(torch.cat(parts[:3], 1), full[:, :12], rtol=1e-5, atol=1e-5)
+    assert_close(torch.cat(parts[:3], 1), full[:, :12], n=lm_n(dim=32, depth=2, length=16) + 2 * (32 + 16))
     assert mem.pos.tolist() == [list(range(8, 16))] and mem.seen == 16
     assert all(m.shape == (2, 8, 32) and not m.requires_grad for m in mem.layers)
 
@@ -210,7 +213,7 @@ def test_segment_memory_truncates_context():
     for s in range(0, 12, 4):
         last = lm2(tokens[:, s : s + 4], memory=mem)
     # with one layer the memorised inputs are the embeddings, so a window pass is identical
-    torch.testing.assert_close(last, lm2(tokens[:, 4:12], pos=torch.arange(4, 12))[:, 4:], rtol=1e-5, atol=1e-5)
+    assert_close(last, lm2(tokens[:, 4:12], pos=torch.arange(4, 12))[:, 4:], n=lm_n(dim=32, depth=1, length=8) + 32 + 8)
 
 
 def test_bad_options_and_memory_misuse():
