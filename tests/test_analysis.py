@@ -221,13 +221,11 @@ def test_checkpoint_path_errors(tmp_path):
 
 
 # ============================================================================ specs and the command
-def test_resolve_skips_unregistered_names_with_a_note():
-    missing = [n for n in C.EXPECTED if n not in posenc.available()]
-    specs, notes = C.resolve(["sinusoidal", "no-such-encoding", *missing[:1]])
-    assert [s.name for s in specs] == ["sinusoidal"]
-    assert any("no-such-encoding" in n and "unknown encoding" in n for n in notes)
-    if missing:
-        assert any(missing[0] in n and "not registered yet" in n for n in notes)
+def test_resolve_rejects_unknown_names_and_splits_lists():
+    with pytest.raises(ValueError, match=r"unknown encoding 'no-such-encoding'; available: .*rope"):
+        C.resolve(["sinusoidal", "no-such-encoding"])
+    specs, _ = C.resolve(["rope,t5", "alibi", 'rope@{"base": 500, "partial_rotary_factor": 0.5},xpos'])
+    assert [s.label for s in specs] == ["rope", "t5", "alibi", "rope base=500,partial_rotary_factor=0.5", "xpos"]
 
 
 def test_spec_parse():
@@ -241,11 +239,38 @@ def test_spec_parse():
 def test_command_writes_json_and_png(tmp_path, capsys):
     from posenc.cli import main
 
-    rc = main(["analyze", "decompose", "--encodings", "sinusoidal", "t5", "no-such-encoding", "--out", str(tmp_path)])
+    rc = main(["analyze", "decompose", "--encodings", "sinusoidal", "t5", "--out", str(tmp_path)])
     assert rc == 0
     data = json.loads((tmp_path / "decompose.json").read_text())
     assert [r["encoding"] for r in data["results"]] == ["sinusoidal", "t5"]
-    assert any("no-such-encoding" in n for n in data["notes"])
     assert (tmp_path / "decompose.png").stat().st_size > 1000
-    out = capsys.readouterr().out
-    assert "content·content" in out and "no-such-encoding" in out
+    assert "content·content" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("analysis", ["decompose", "invariance", "similarity", "decay", "attention-maps"])
+def test_every_command_takes_comma_lists_and_rejects_unknown_names(analysis, tmp_path, capsys):
+    """Issue 11: `--encodings rope,t5` was one unknown name, skipped, exit 0 with nothing to plot."""
+    from posenc.cli import main
+
+    rc = main(["analyze", analysis, "--encodings", "rope,foo", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unknown encoding 'foo'" in err and "available: " in err and "rope" in err
+    if analysis in ("decompose", "invariance"):
+        assert main(["analyze", analysis, "--encodings", "rope,t5", "--out", str(tmp_path)]) == 0
+        data = json.loads((tmp_path / f"{analysis}.json").read_text())
+        assert [r["encoding"] for r in data["results"]] == ["rope", "t5"]
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\x01garbage" * 10, None])
+def test_bad_checkpoint_is_an_error_not_random_weights(content, tmp_path, capsys):
+    from posenc.cli import main
+
+    path = tmp_path / "bad.pt"
+    if content is None:  # a real checkpoint cut in half
+        posenc.save_checkpoint(path, posenc.TransformerLM(16, 8, 1, 2, "rope"))
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        path.write_bytes(content)
+    rc = main(["analyze", "decompose", "--checkpoint", str(path), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "bad.pt" in err and "not a readable posenc checkpoint" in err

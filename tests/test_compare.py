@@ -57,13 +57,13 @@ def test_presets_and_overrides():
             "--train-len",
             "8",
             "--encoding-options",
-            "t5.max_distance=16,rope.base=500.5,rope.layout=interleaved",
+            "alibi.alibi_num_heads=2,rope.base=500.5,rope.layout=interleaved",
         ]
     )
     cfg = build_config(args)
     assert cfg.encodings == ["rope", "alibi"] and cfg.eval_lens == [8, 16] and cfg.lr == 0.01
     assert cfg.randomized_positions and cfg.task == "copy" and cfg.dim == s.dim  # rest from the preset
-    assert cfg.encoding_options == {"t5": {"max_distance": 16}, "rope": {"base": 500.5, "layout": "interleaved"}}
+    assert cfg.encoding_options == {"alibi": {"alibi_num_heads": 2}, "rope": {"base": 500.5, "layout": "interleaved"}}
     assert from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg  # serialisable round trip
 
 

@@ -348,7 +348,15 @@ class TransformerLM(nn.Module):
             raise ValueError(
                 f"absolute_from_layer uses a table of max_len={self.max_len} positions, got position {int(pos.max())}"
             )
-        x = self.drop(self.embed(tokens, pos, cache.input_state if cache is not None else None))
+        try:
+            x = self.drop(self.embed(tokens, pos, cache.input_state if cache is not None else None))
+        except IndexError:  # checked only on failure: no host sync on the hot path
+            bad = tokens[(tokens < 0) | (tokens >= self.vocab_size)]
+            if bad.numel():
+                raise ValueError(
+                    f"token id {int(bad[0])} is out of range for vocab_size={self.vocab_size} (ids must be 0..{self.vocab_size - 1})"
+                ) from None
+            raise
         for i, block in enumerate(self.blocks):
             if i == self.absolute_from_layer:
                 x = x + self.emd_pos(pos).to(x.dtype)  # (B|1, L, D)

@@ -3,8 +3,8 @@
 Each subcommand prints a short table and writes ``<out>/<name>.json`` and
 ``<out>/<name>.png``; ``posenc analyze all --out DIR`` runs every one of them (this is
 how ``docs/figures`` is made). Encodings are given as ``name`` or ``name@{json options}``
-(``rope@{"base": 500000}``); names not registered in this checkout are skipped with a
-note. Trained models come from ``--checkpoint`` (a ``.pt`` saved by ``posenc compare`` or
+(``rope@{"base": 500000}``), separated by commas or spaces as ``compare --encodings``
+takes them; an unknown name is an error (exit 2) listing the registered ones. Trained models come from ``--checkpoint`` (a ``.pt`` saved by ``posenc compare`` or
 a run directory holding ``checkpoints/*.pt``) or from ``--train-steps N``, which trains a
 tiny LM per encoding on repeated random blocks.
 """
@@ -46,7 +46,7 @@ DEFAULTS = {
         "nope",
         "all",
     ],
-    "invariance": ["all", *C.EXPECTED],
+    "invariance": ["all"],
     "similarity": [
         "sinusoidal",
         "learned",
@@ -101,7 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         metavar="SPEC",
-        help='encodings with random weights: name or name@{json options}; "all" = every registered one',
+        help="encodings with random weights, separated by commas or spaces: name or name@{json options}; "
+        '"all" = every registered one; an unknown name is an error',
     )
     models.add_argument(
         "--checkpoint",

@@ -21,32 +21,6 @@ from torch import Tensor
 from ..base import Stage, available
 from ..model import TransformerLM, load_checkpoint, save_checkpoint
 
-# Encodings the design names. The ones not registered yet (families other developers are
-# adding) are skipped with a note rather than an error, so `posenc analyze all` runs on
-# any checkout.
-EXPECTED = (
-    "nope",
-    "learned",
-    "hierarchical",
-    "sinusoidal",
-    "multiplicative",
-    "floater",
-    "recurrent",
-    "conv",
-    "complex-order",
-    "rope",
-    "xpos",
-    "t5",
-    "alibi",
-    "kerple",
-    "fire",
-    "cope",
-    "shaw",
-    "xl",
-    "deberta",
-    "tupe",
-)
-
 
 @dataclass
 class Spec:
@@ -85,16 +59,36 @@ class Spec:
         return cls(name, options)
 
 
+def split_specs(args: list[str]) -> list[str]:
+    """``--encodings`` as compare takes it: names separated by commas or spaces (or both).
+
+    Commas inside a spec's JSON options (``rope@{"base": 1, "x": 2}``) do not split it.
+    """
+    out: list[str] = []
+    for arg in args:
+        depth, start = 0, 0
+        for i, ch in enumerate(arg):
+            depth += (ch in "{[") - (ch in "}]")
+            if ch == "," and depth == 0:
+                out.append(arg[start:i])
+                start = i + 1
+        out.append(arg[start:])
+    return [s.strip() for s in out if s.strip()]
+
+
 def resolve(specs: list[str], *, want=None) -> tuple[list[Spec], list[str]]:
-    """Parse encoding specs; keep the registered ones, explain each skipped one.
+    """Parse encoding specs (``name`` or ``name@{json}``; ``"all"`` = every registered one).
 
     Args:
-        specs: ``name`` or ``name@{json}`` strings; ``"all"`` means every registered encoding.
+        specs: the specs, each possibly a comma-separated list (see :func:`split_specs`).
         want: optional predicate ``cls -> str | None``; a returned string is the reason
-            the analysis does not apply to that encoding.
+            the analysis does not apply to that encoding (skipped with a note).
 
     Returns:
         ``(kept, notes)``.
+
+    Raises:
+        ValueError: an unknown encoding name (the message lists the registered ones).
     """
     from ..base import get_class
 
@@ -102,30 +96,21 @@ def resolve(specs: list[str], *, want=None) -> tuple[list[Spec], list[str]]:
     out: list[Spec] = []
     notes: list[str] = []
     expanded: list[str] = []
-    for s in specs:
+    for s in split_specs(specs):
         expanded.extend(names if s == "all" else [s])
     seen = set()
-    pending: list[str] = []
     for text in expanded:
         spec = Spec.parse(text)
         if spec.label in seen:
             continue
         seen.add(spec.label)
-        if spec.name not in names:
-            if spec.name in EXPECTED:
-                pending.append(spec.name)
-            else:
-                notes.append(f"skipped {spec.name!r}: unknown encoding (registered: {', '.join(names)})")
-            continue
+        get_class(spec.name)  # ValueError: unknown encoding, listing the valid names
         if want is not None:
             reason = want(get_class(spec.name))
             if reason:
                 notes.append(f"skipped {spec.label!r}: {reason}")
                 continue
         out.append(spec)
-    if pending:
-        pending = list(dict.fromkeys(pending))
-        notes.append(f"skipped {', '.join(pending)}: expected but not registered yet in this checkout")
     return out, notes
 
 
@@ -196,15 +181,19 @@ def train_len_of(model: TransformerLM, extra: dict) -> int:
 
 
 def load_subjects(paths: list[str], notes: list[str]) -> list[Subject]:
-    """Models from checkpoint files or run directories; unloadable ones are skipped with a note."""
+    """Models from checkpoint files or run directories.
+
+    Raises:
+        ValueError: a path that does not exist, holds no checkpoint, or one that cannot be read.
+    """
     out = []
     for arg in paths:
         for p in checkpoint_paths(arg):
             try:
                 model, extra = load_checkpoint(p)
-            except (ValueError, TypeError, KeyError, RuntimeError) as e:
-                notes.append(f"skipped checkpoint {p}: {e}")
-                continue
+            except Exception as e:  # truncated, random bytes, another format: one clear error
+                reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+                raise ValueError(f"--checkpoint {str(p)!r} is not a readable posenc checkpoint ({reason})") from None
             label = p.stem if p.stem.startswith(model.encoding_name) else model.encoding_name
             out.append(Subject(f"{label} (trained)", model.eval(), str(p), train_len_of(model, extra)))
     return out

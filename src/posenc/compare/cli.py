@@ -6,7 +6,8 @@ Examples::
     posenc compare --encodings all --preset standard --device cuda
     posenc compare --encodings rope,alibi --train-len 128 --eval-lens 128,512,2048
     posenc compare --task copy --train-len 16 --eval-lens 8,16,32,64
-    posenc compare --resume --out runs/2026-01-01T00-00-00
+    posenc compare --resume --out runs/2026-01-01T00-00-00-a1b2c3
+    posenc compare --overwrite --out runs/x      # start a finished run over
     torchrun --nproc_per_node=2 -m posenc.cli compare --out runs/ddp
     posenc compare --shard 1/2 --out runs/a ; posenc compare --shard 2/2 --out runs/b
     posenc compare --merge runs/a runs/b --out runs/all
@@ -17,31 +18,56 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from .config import PRESETS, CompareConfig, from_dict, preset_config
+from .rundir import default_out
 
 __all__ = ["add_arguments", "run"]
 
 _HELP = {
-    "encodings": "comma-separated encoding names, or 'all' (default: the core seven)",
+    "encodings": "comma-separated encoding names, or 'all'",
+    "preset": "quick (the default command's budget) or standard (a GPU-sized run)",
     "text": "train on a UTF-8 text file instead of the embedded corpus",
     "dataset": "a Hugging Face dataset name (needs the optional 'datasets' package and the hub)",
+    "dataset_config": "the dataset's configuration name",
+    "dataset_split": "the dataset split to read",
+    "dataset_field": "the dataset column holding the text",
     "task": "synthetic task: copy, reverse, sort, associative-recall (lengths count items)",
-    "train_len": "training sequence length",
-    "eval_lens": "comma-separated evaluation lengths",
+    "val_fraction": "fraction of the corpus (its end) held out for validation",
+    "dim": "model width D",
+    "depth": "number of blocks",
+    "heads": "attention heads",
+    "mlp_ratio": "MLP hidden width over D",
+    "dropout": "dropout of residual branches and the MLP",
+    "tie_embeddings": "share the token embedding with the output layer",
+    "embed_std": "std of the token embeddings (1.0 matches unit-amplitude sinusoids)",
+    "encoding_options": "per-encoding options, merged per key over the preset's: ENCODING.OPTION=VALUE,... "
+    "(e.g. t5.max_distance=64,rope.base=500)",
+    "train_len": "training sequence length (tokens; items for --task)",
+    "steps": "optimizer steps per encoding",
+    "batch_size": "sequences per step (the global batch under torchrun)",
+    "lr": "peak learning rate (AdamW)",
+    "warmup": "linear warmup steps",
+    "min_lr_ratio": "cosine decay ends at lr * min_lr_ratio",
+    "weight_decay": "AdamW weight decay",
+    "grad_clip": "clip the gradient norm to this (0: no clipping)",
+    "seed": "seed of weights, data order and data split",
+    "device": "auto, cpu or cuda",
+    "dtype": "float32 or bfloat16 (autocast)",
     "randomized_positions": "train with sorted random positions from [0, max-pos) (Ruoss et al. 2023)",
     "max_pos": "L_max of randomized positions (default: the longest eval length)",
+    "eval_lens": "comma-separated evaluation lengths",
+    "eval_tokens": "scored tokens per evaluation length (text)",
+    "eval_samples": "problems per evaluation length (tasks)",
+    "eval_batch_size": "sequences per evaluation batch",
     "sliding": "sliding-window evaluation (stride --stride) instead of non-overlapping windows",
-    "eval_tokens": "scored tokens per evaluation length",
+    "stride": "sliding stride (default: half the window)",
+    "position_buckets": "buckets of the per-position loss curve",
     "checkpoint_every": "write a checkpoint every N steps (and after each encoding)",
-    "device": "auto, cpu or cuda",
-    "encoding_options": "per-encoding options: ENCODING.OPTION=VALUE,... (e.g. t5.max_distance=64,rope.base=500)",
-    "embed_std": "std of the token embeddings (1.0 matches unit-amplitude sinusoids)",
-    "dtype": "float32 or bfloat16 (autocast)",
+    "shard": "i/n: run encodings i, i+n, ... of the list (join the shards with --merge)",
 }
 
 
@@ -73,27 +99,44 @@ def _parser_for(type_str: str):
     return {"int": int, "float": float, "str": str}[t]
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the examples' layout and shows every configuration field's default."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = getattr(action, "preset_default", argparse.SUPPRESS)
+        if default is not argparse.SUPPRESS:
+            shown = ",".join(map(str, default)) if isinstance(default, list) else default
+            text += f" (default: {shown if shown not in (None, '', {}) else 'none'})"
+        return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.formatter_class = _Formatter
     parser.epilog = __doc__.split("Examples::", 1)[1]
-    parser.add_argument("--out", help="output folder (default: runs/<timestamp>)")
+    parser.add_argument("--out", help="output folder (default: runs/<timestamp>-<random>)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoints")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="start over in a non-empty --out (removes its outputs and checkpoints)"
+    )
     parser.add_argument("--config", help="start from a config.json instead of a preset")
     parser.add_argument("--merge", nargs="+", metavar="DIR", help="join the results of --shard runs into --out")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    g = parser.add_argument_group("configuration (every field of CompareConfig; defaults from --preset)")
+    g = parser.add_argument_group("configuration (every field of CompareConfig; defaults: the quick preset)")
+    quick = preset_config("quick")
     for f in fields(CompareConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.name == "preset":
-            g.add_argument(flag, dest="cfg_preset", choices=sorted(PRESETS), help="quick (default) or standard")
+            act = g.add_argument(flag, dest="cfg_preset", choices=sorted(PRESETS), help=_HELP["preset"])
         elif f.type == "bool":
-            g.add_argument(flag, dest=f"cfg_{f.name}", action=argparse.BooleanOptionalAction, default=None,
-                           help=_HELP.get(f.name))  # fmt: skip
+            act = g.add_argument(flag, dest=f"cfg_{f.name}", action=argparse.BooleanOptionalAction, default=None,
+                                 help=_HELP[f.name])  # fmt: skip
         else:
-            g.add_argument(
+            act = g.add_argument(
                 flag, dest=f"cfg_{f.name}", metavar=f.name.upper(), type=_parser_for(f.type), default=None,
-                help=_HELP.get(f.name),
+                help=_HELP[f.name],
             )  # fmt: skip
+        act.preset_default = getattr(quick, f.name)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -108,11 +151,31 @@ def build_config(args: argparse.Namespace) -> CompareConfig:
     """Preset (or --config file), then command-line overrides."""
     over = _overrides(args)
     if args.config:
-        d = json.loads(Path(args.config).read_text())
+        d = read_config_file(args.config)
         if args.cfg_preset:
             d["preset"] = args.cfg_preset
+        opts = over.pop("encoding_options", None)
+        if opts:  # per key over the file's options, as over a preset's
+            merged = {k: dict(v) for k, v in d.get("encoding_options", {}).items()}
+            for name, o in opts.items():
+                merged.setdefault(name, {}).update(o)
+            over["encoding_options"] = merged
         return from_dict({**d, **over})
     return preset_config(args.cfg_preset or "quick", **over)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A ``config.json`` as a dict; ``ValueError`` naming the path when missing or not JSON."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"config file {str(p)!r} not found" if not p.exists() else f"{str(p)!r} is not a file")
+    try:
+        d = json.loads(p.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"config file {str(p)!r} is not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"config file {str(p)!r} must hold a JSON object, got {type(d).__name__}")
+    return d
 
 
 def _print_table(table: str) -> None:
@@ -127,9 +190,10 @@ def run(args: argparse.Namespace) -> int:
     from .report import merge_results, write_outputs
     from .runner import compare
 
+    out = None
     try:
         if args.merge:
-            out = Path(args.out or f"runs/{time.strftime('%Y-%m-%dT%H-%M-%S')}-merged")
+            out = Path(args.out or default_out() + "-merged")
             table = write_outputs(out, merge_results([Path(d) for d in args.merge]))
             _print_table(table)
             print(f"merged {len(args.merge)} runs into {out}")
@@ -144,15 +208,23 @@ def run(args: argparse.Namespace) -> int:
                 )
             path = Path(args.out) / "config.json"
             if not path.is_file():
-                raise ValueError(f"--resume: {str(path)!r} not found")
-            cfg = from_dict(json.loads(path.read_text()))
+                raise ValueError(f"--resume: {str(path)!r} not found (is {args.out!r} a run folder?)")
+            cfg = from_dict(read_config_file(path))
         else:
             cfg = build_config(args)
         out = args.out or _default_out()
-        results = compare(cfg, out, resume=args.resume, progress=not args.no_progress)
+        results = compare(cfg, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
     except (ValueError, DataError) as e:
         print(f"posenc compare: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        where = f" --out {out}" if out else ""
+        print(
+            f"\nposenc compare: interrupted. Checkpoints are kept (every --checkpoint-every steps and after each "
+            f"encoding); continue with: posenc compare --resume{where}",
+            file=sys.stderr,
+        )
+        return 130
     if results["runs"] and Path(out, "table.md").is_file():
         _print_table(Path(out, "table.md").read_text())
         print(f"wall time {results['wall_seconds']:.1f} s; results in {out}/")
@@ -160,8 +232,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _default_out() -> str:
-    """``runs/<timestamp>``; under torchrun every rank gets rank 0's."""
-    out = f"runs/{time.strftime('%Y-%m-%dT%H-%M-%S')}"
+    """A new unique folder name; under torchrun every rank gets rank 0's."""
+    out = default_out()
     import os
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:

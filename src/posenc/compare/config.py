@@ -9,6 +9,7 @@ results, so ``posenc compare --config run/config.json`` reproduces a table.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -121,6 +122,43 @@ class CompareConfig:
             isinstance(v, dict) for v in self.encoding_options.values()
         ):
             raise ValueError(f"encoding_options must map encoding names to dicts, got {self.encoding_options!r}")
+        self._validate_encoding_options()
+
+    def _validate_encoding_options(self) -> None:
+        """Options only for compared encodings, and only options those encodings take."""
+        from ..base import available, get_class, options_of
+
+        compared = set(available()) if self.encodings == ["all"] else set(self.encodings)
+        for name, opts in self.encoding_options.items():
+            if name not in compared:
+                raise ValueError(
+                    f"encoding_options name {name!r}, which is not compared (encodings: {', '.join(sorted(compared))})"
+                )
+            valid = options_of(get_class(name))
+            unknown = sorted(set(opts) - set(valid))
+            if unknown:
+                raise ValueError(
+                    f"unknown option(s) {unknown} for encoding {name!r}; valid options: {', '.join(valid) or '(none)'}"
+                )
+
+    # fields that do not change any encoding's numbers: how often to checkpoint, which shard
+    # of the encodings this process runs, and the list of encodings itself (a model's
+    # training does not depend on which other encodings share the run)
+    BOOKKEEPING = ("checkpoint_every", "shard", "encodings")
+
+    def fingerprint(self) -> str:
+        """A short hash of every field that decides the numbers (all but :attr:`BOOKKEEPING`).
+
+        Every checkpoint and ``results.json`` records it; ``--resume`` refuses a run folder
+        whose checkpoints carry another.
+        """
+        d = {k: v for k, v in self.to_dict().items() if k not in self.BOOKKEEPING}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def differing_fields(self, other: dict[str, Any]) -> list[str]:
+        """Fields (other than bookkeeping) whose value differs from ``other`` (a saved config dict)."""
+        mine = self.to_dict()
+        return sorted(k for k in set(mine) | set(other) if k not in self.BOOKKEEPING and mine.get(k) != other.get(k))
 
     @property
     def eval_lens_sorted(self) -> list[int]:
@@ -185,7 +223,17 @@ def preset_config(preset: str, **overrides: Any) -> CompareConfig:
         f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
         for f in fields(CompareConfig)
     }
-    base.update(PRESETS[preset])
+    preset_fields = dict(PRESETS[preset])
+    preset_options = preset_fields.pop("encoding_options", {})
+    base.update(preset_fields)
+    user_options = overrides.pop("encoding_options", None) or {}
     base.update(overrides)
     base["preset"] = preset
+    # per-encoding options merge per key: the preset's first, the user's on top; the
+    # preset's options for encodings that are not compared are dropped
+    compared = None if base["encodings"] == ["all"] else set(base["encodings"])
+    merged = {k: dict(v) for k, v in preset_options.items() if compared is None or k in compared}
+    for name, opts in user_options.items():
+        merged.setdefault(name, {}).update(opts)
+    base["encoding_options"] = merged
     return CompareConfig(**base)

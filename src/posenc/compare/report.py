@@ -57,23 +57,56 @@ def _write_csv(path: Path, results: dict[str, Any]) -> None:
                 w.writerow({**{k: r.get(k) for k in cols[:4]}, **{k: e.get(k) for k in cols[4:]}})
 
 
+def run_subtitle(cfg: dict[str, Any]) -> str:
+    """One line naming the run: preset, steps, seed(s), data."""
+    if cfg.get("task"):
+        data = f"task {cfg['task']}"
+    elif cfg.get("text"):
+        data = f"text {Path(cfg['text']).name}"
+    elif cfg.get("dataset"):
+        data = f"dataset {cfg['dataset']}"
+    else:
+        data = "embedded pydoc corpus"
+    seeds = cfg.get("seeds") or [cfg.get("seed", 0)]
+    seed = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {','.join(map(str, seeds))}"
+    return f"preset {cfg.get('preset')}, {cfg.get('steps')} steps, {seed}, {data}, trained at {cfg.get('train_len')}"
+
+
+def readable_log_axis(ax, values: list[float]) -> None:
+    """A log y axis whose labels let every plotted value be read (1-2-5 or denser ticks, plain numbers)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    vals = [v for v in values if v and v > 0 and math.isfinite(v)]
+    ax.set_yscale("log")
+    if not vals:
+        return
+    decades = math.log10(max(vals)) - math.log10(min(vals))
+    subs = (1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9) if decades <= 0.7 else (1, 2, 3, 4, 5, 7) if decades <= 1.5 else (1, 2, 5)
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def _plots(out: Path, results: dict[str, Any]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, NullLocator
+    from matplotlib.ticker import NullLocator
 
     cfg, runs = results["config"], results["runs"]
     metric = metric_name(cfg)
     train_len = cfg["train_len"]
+    subtitle = run_subtitle(cfg)
 
     color = {r["encoding"]: f"C{i % 10}" for i, r in enumerate(runs)}  # the same in both plots
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    plotted: list[float] = []
     for r in runs:
         pts = [(e["length"], e[metric]) for e in r["eval"] if e.get("applicable", True) and e.get(metric) is not None]
         if pts:
             x, y = zip(*pts)
+            plotted += list(y)
             na = [e["length"] for e in r["eval"] if not e.get("applicable", True)]
             label = r["encoding"] + (f" (n/a at {', '.join(map(str, na))})" if na else "")
             ax.plot(x, y, marker="o", color=color[r["encoding"]], label=label)
@@ -83,39 +116,68 @@ def _plots(out: Path, results: dict[str, Any]) -> None:
     ax.set_xticks(lens, [str(n) for n in lens])
     ax.xaxis.set_minor_locator(NullLocator())
     if metric == "ppl":
-        ax.set_yscale("log")
-        plain = FuncFormatter(lambda v, _: f"{v:g}")
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
+        readable_log_axis(ax, plotted)
         ax.set_ylabel("validation perplexity (bytes)")
     else:
         ax.set_ylabel("exact-match accuracy")
         ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("evaluation length" + (" (problem size n)" if cfg.get("task") else " (tokens)"))
-    ax.set_title("Length extrapolation")
+    ax.set_title(f"Length extrapolation\n{subtitle}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "extrapolation.png", dpi=120)
     plt.close(fig)
+    _per_position_plot(out, runs, cfg, color, subtitle)
 
-    # per-position loss at the longest length each encoding could run
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    longest = max(e["length"] for r in runs for e in r["eval"])
+
+def per_position_absent(runs: list[dict[str, Any]], length: int) -> dict[str, str]:
+    """Encodings with no per-position curve at ``length``, and why (the plot says so)."""
+    out = {}
     for r in runs:
-        e = next((e for e in r["eval"] if e["length"] == longest and e.get("applicable", True)), None)
-        if e is None or not e.get("per_position"):
-            continue
-        x = [(b["start"] + b["end"]) / 2 for b in e["per_position"]]
-        ax.plot(x, [b["loss"] for b in e["per_position"]], marker=".", color=color[r["encoding"]], label=r["encoding"])
-    seq_train = 2 * train_len if cfg.get("task") else train_len
-    ax.axvline(seq_train, color="gray", ls="--", lw=1, label="train length")
-    ax.set_xlabel(f"position in a sequence of evaluation length {longest}")
+        e = next((e for e in r["eval"] if e["length"] == length), None)
+        if e is None or not e.get("applicable", True) or not e.get("per_position"):
+            out[r["encoding"]] = (e or {}).get("reason") or "not evaluated at this length"
+    return out
+
+
+def _per_position_plot(out: Path, runs: list[dict[str, Any]], cfg: dict[str, Any], color, subtitle: str) -> None:
+    """Loss by position at the longest length, and its difference from ``nope`` (where each breaks)."""
+    import matplotlib.pyplot as plt
+
+    longest = max(e["length"] for r in runs for e in r["eval"])
+    absent = per_position_absent(runs, longest)
+    curves = {}
+    for r in runs:
+        e = next((e for e in r["eval"] if e["length"] == longest), None)
+        if r["encoding"] not in absent:
+            curves[r["encoding"]] = ([(b["start"] + b["end"]) / 2 for b in e["per_position"]],
+                                     [b["loss"] for b in e["per_position"]])  # fmt: skip
+    base = curves.get("nope")
+    panels = 2 if base is not None and len(curves) > 1 else 1
+    fig, axes = plt.subplots(panels, 1, figsize=(7.5, 4.2 * panels), sharex=True, squeeze=False)
+    seq_train = 2 * cfg["train_len"] if cfg.get("task") else cfg["train_len"]
+    ax = axes[0, 0]
+    for name, (x, y) in curves.items():
+        ax.plot(x, y, marker=".", color=color[name], label=name)
     ax.set_ylabel("loss (nats / token)")
-    ax.set_title("Loss by position: where an encoding breaks")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    ax.set_title(f"Loss by position at length {longest}: where an encoding breaks\n{subtitle}", fontsize=10)
+    if panels == 2:
+        ax2 = axes[1, 0]
+        for name, (x, y) in curves.items():
+            if name != "nope" and len(y) == len(base[1]):
+                ax2.plot(x, [a - b for a, b in zip(y, base[1])], marker=".", color=color[name], label=name)
+        ax2.axhline(0, color="black", lw=0.8)
+        ax2.set_ylabel("loss − nope's loss (nats / token)")
+    for a in axes[:, 0]:
+        a.axvline(seq_train, color="gray", ls="--", lw=1, label="train length")
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=8)
+    axes[-1, 0].set_xlabel(f"position in a sequence of evaluation length {longest}")
+    if absent:
+        text = "not drawn: " + "; ".join(f"{k}: n/a ({v})" for k, v in absent.items())
+        fig.text(0.01, 0.005, text, fontsize=7, va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.04 if absent else 0, 1, 1))
     fig.savefig(out / "per_position.png", dpi=120)
     plt.close(fig)
 

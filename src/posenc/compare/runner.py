@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch.distributed as dist
 from ..base import available, get_class
 from .config import CompareConfig, parse_shard
 from .report import write_outputs
+from .rundir import RunDir
 from .train import DistInfo, make_source, resolve_device, setup_distributed, train_encoding
 
 __all__ = ["compare", "resolve_encodings"]
@@ -33,14 +35,21 @@ def compare(
     out: str | Path,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     progress: bool = True,
     dinfo: DistInfo | None = None,
     log=print,
 ) -> dict[str, Any]:
     """Train and evaluate every encoding of ``cfg``; write the files to ``out``; return results.
 
+    The folder belongs to this run (see :mod:`posenc.compare.rundir`): a non-empty one is
+    refused unless ``resume`` (continue it; its checkpoints must carry ``cfg``'s
+    fingerprint) or ``overwrite`` (start it over), and a second process is kept out by a
+    lock for as long as this one runs.
+
     Raises:
-        ValueError: bad config or encoding names.
+        ValueError: bad config or encoding names, an unusable or busy run folder, a
+            checkpoint from another config or unreadable.
         posenc.data.DataError: the data source cannot be loaded.
     """
     out = Path(out)
@@ -48,27 +57,30 @@ def compare(
     dinfo = dinfo or setup_distributed(device)
     names = resolve_encodings(cfg)
     source = make_source(cfg)
-    if dinfo.main:
-        (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-        cfg.save(out / "config.json")
-    if dinfo.enabled:
-        dist.barrier()
-    t0 = time.perf_counter()
-    runs: list[dict[str, Any]] = []
-    for name in names:
-        run = train_encoding(
-            cfg, source, name, device=device, ckpt_dir=out / "checkpoints", resume=resume,
-            progress=progress, dinfo=dinfo,
-        )  # fmt: skip
-        runs.append(run)
+    with contextlib.ExitStack() as stack:
         if dinfo.main:
-            (out / "results.json").write_text(json.dumps({"config": cfg.to_dict(), "runs": runs}, indent=2) + "\n")
-            last = run["eval"]
-            log(f"{name}: " + ", ".join(_short(e) for e in last))
-    results = {"config": cfg.to_dict(), "runs": runs, "wall_seconds": round(time.perf_counter() - t0, 2),
-               "device": str(device), "processes": dinfo.world}  # fmt: skip
-    if dinfo.main:
-        write_outputs(out, results)
+            stack.enter_context(RunDir(out, resume=resume, overwrite=overwrite))
+            (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+            cfg.save(out / "config.json")
+        if dinfo.enabled:
+            dist.barrier()
+        t0 = time.perf_counter()
+        runs: list[dict[str, Any]] = []
+        for index, name in enumerate(names, 1):
+            run = train_encoding(
+                cfg, source, name, device=device, ckpt_dir=out / "checkpoints", resume=resume,
+                progress=progress, dinfo=dinfo, position=(index, len(names)), log=log,
+            )  # fmt: skip
+            runs.append(run)
+            if dinfo.main:
+                partial = {"config": cfg.to_dict(), "fingerprint": cfg.fingerprint(), "runs": runs}
+                (out / "results.json").write_text(json.dumps(partial, indent=2) + "\n")
+                log(f"[{index}/{len(names)}] {name}: " + ", ".join(_short(e) for e in run["eval"]))
+        results = {"config": cfg.to_dict(), "fingerprint": cfg.fingerprint(), "runs": runs,
+                   "wall_seconds": round(time.perf_counter() - t0, 2), "device": str(device),
+                   "processes": dinfo.world}  # fmt: skip
+        if dinfo.main:
+            write_outputs(out, results)
     return results
 
 

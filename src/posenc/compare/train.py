@@ -86,12 +86,23 @@ def make_source(cfg: CompareConfig) -> TextData | SyntheticTask:
     if cfg.task is not None:
         return SyntheticTask(cfg.task, seed=cfg.seed)
     if cfg.text is not None:
-        data = read_text(cfg.text)
+        data, name = read_text(cfg.text), f"--text {cfg.text!r}"
     elif cfg.dataset is not None:
         data = load_hf_dataset(cfg.dataset, cfg.dataset_config, cfg.dataset_split, cfg.dataset_field)
+        name = f"--dataset {cfg.dataset!r}"
     else:
-        data = embedded_corpus()
-    return TextData(data, val_fraction=cfg.val_fraction, seed=cfg.seed)
+        data, name = embedded_corpus(), "the embedded corpus"
+    try:
+        source = TextData(data, val_fraction=cfg.val_fraction, seed=cfg.seed)
+    except ValueError as e:
+        raise DataError(f"{name}: {e}") from None
+    longest = max(cfg.train_len, *cfg.eval_lens)
+    if len(source.val) < longest + 1:
+        raise DataError(
+            f"{name}: its validation split ({len(source.val)} bytes, the last {cfg.val_fraction:.0%}) is shorter "
+            f"than the longest evaluation length + 1 ({longest + 1}); give more text or shorter --eval-lens"
+        )
+    return source
 
 
 def max_positions(cfg: CompareConfig, source) -> int:
@@ -165,19 +176,24 @@ def train_encoding(
     resume: bool = False,
     progress: bool = True,
     dinfo: DistInfo | None = None,
+    position: tuple[int, int] = (1, 1),
+    log=print,
 ) -> dict[str, Any]:
     """Train and evaluate one encoding; returns its ``runs`` entry of ``results.json``.
 
     With ``resume`` and a checkpoint in ``ckpt_dir``, continue from it (or return its
-    stored result if that encoding had finished).
+    stored result if that encoding had finished); a checkpoint written under another
+    config, or unreadable, is a ``ValueError``. ``position``: ``(i, n)``, this encoding's
+    place in the run, shown in the progress lines.
     """
     dinfo = dinfo or DistInfo()
     path = ckpt_dir / f"{encoding}.pt" if ckpt_dir is not None else None
     model = build_model(cfg, source, encoding).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     start, losses, train_seconds = 0, [], 0.0
+    tag = f"[{position[0]}/{position[1]}] {encoding}"
     if resume and path is not None and path.exists():
-        saved, extra = load_checkpoint(path)
+        saved, extra = _load_for_resume(path, cfg)
         if extra.get("done"):
             return extra["result"]
         model.load_state_dict(saved.state_dict())
@@ -201,14 +217,11 @@ def train_encoding(
         if path is not None and dinfo.main:
             _save(
                 path, model, encoding=encoding, step=step, losses=losses, train_seconds=train_seconds,
-                optimizer=opt.state_dict(), rng_state=torch.get_rng_state(), compare_config=cfg.to_dict(), **more,
+                optimizer=opt.state_dict(), rng_state=torch.get_rng_state(), compare_config=cfg.to_dict(),
+                fingerprint=cfg.fingerprint(), **more,
             )  # fmt: skip
 
-    bar = None
-    if progress and dinfo.main:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=start, desc=f"{encoding:>12}", unit="step", dynamic_ncols=True, leave=True)
+    bar = _Progress(tag, cfg.steps, start, log) if progress and dinfo.main else None
     model.train()
     tokens_seen, t_window = 0, time.perf_counter()
     for step in range(start, cfg.steps):
@@ -238,12 +251,10 @@ def train_encoding(
         losses.append(float(value))
         train_seconds += time.perf_counter() - t0
         tokens_seen += B * tokens.shape[1]
-        if bar is not None:
-            bar.update(1)
-            if step % 10 == 9 or step == cfg.steps - 1:
-                now = time.perf_counter()
-                bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tokens_seen / (now - t_window):,.0f}")
-                tokens_seen, t_window = 0, now
+        if bar is not None and bar.due(step + 1):
+            now = time.perf_counter()
+            bar.update(step + 1, losses[-1], tokens_seen / (now - t_window))
+            tokens_seen, t_window = 0, now
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
             save(step + 1, done=False)
     if bar is not None:
@@ -253,6 +264,8 @@ def train_encoding(
     if dinfo.main:
         n_tokens = cfg.steps * B * L
         t0 = time.perf_counter()
+        if progress:
+            log(f"{tag}: evaluating at {', '.join(map(str, cfg.eval_lens_sorted))}")
         model.eval()
         evals = [evaluate(cfg, source, model, n, device=device) for n in cfg.eval_lens_sorted]
         result = {
@@ -269,6 +282,54 @@ def train_encoding(
     if dinfo.enabled:
         dist.barrier()
     return result
+
+
+def _load_for_resume(path: Path, cfg: CompareConfig):
+    """The checkpoint at ``path``, refused (``ValueError``) if unreadable or from another config."""
+    from .rundir import RunDirError, check_checkpoint
+
+    try:
+        saved, extra = load_checkpoint(path)
+    except Exception as e:  # truncated, random bytes, not a posenc checkpoint: all one answer
+        raise RunDirError(
+            f"--resume: checkpoint {str(path)!r} is unreadable ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+            "delete it to retrain that encoding from scratch, or start the run over with --overwrite"
+        ) from None
+    check_checkpoint(path, extra, cfg)
+    return saved, extra
+
+
+class _Progress:
+    """Training progress of one encoding: a tqdm bar on a terminal, plain lines otherwise
+    (a log file gets one line per tenth of the steps, no carriage returns)."""
+
+    def __init__(self, tag: str, total: int, start: int, log) -> None:
+        import sys
+
+        self.tag, self.total, self.log = tag, total, log
+        self.every = max(1, total // 10)
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=start, desc=tag, unit="step", dynamic_ncols=True, leave=True)
+        self.last = start
+
+    def due(self, step: int) -> bool:
+        """Whether to report after ``step`` steps: every 10 on a terminal, every tenth of the run else."""
+        return step == self.total or step % (10 if self.bar is not None else self.every) == 0
+
+    def update(self, step: int, loss: float, tok_s: float) -> None:
+        if self.bar is not None:
+            self.bar.update(step - self.last)
+            self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
+        else:
+            self.log(f"{self.tag}: step {step}/{self.total}  loss {loss:.3f}  {tok_s:,.0f} tok/s")
+        self.last = step
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 # ------------------------------------------------------------------ evaluation

@@ -57,9 +57,16 @@ def embedded_corpus() -> bytes:
 def read_text(path: str | Path) -> bytes:
     """The bytes of a UTF-8 text file (validated as UTF-8)."""
     p = Path(path)
+    if p.is_dir():
+        raise DataError(f"--text: {str(p)!r} is a directory, not a text file")
     if not p.is_file():
         raise DataError(f"--text: no such file {str(p)!r}")
-    data = p.read_bytes()
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise DataError(f"--text: cannot read {str(p)!r} ({e.strerror or e})") from None
+    if not data.strip():
+        raise DataError(f"--text: {str(p)!r} is empty")
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as e:
