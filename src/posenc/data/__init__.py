@@ -9,7 +9,8 @@ download is needed:
 * :func:`load_hf_dataset` — a Hugging Face dataset (``--dataset NAME``); optional,
   it needs the ``datasets`` package and the hub (or its local cache) and fails with a
   :class:`DataError` that says so;
-* :mod:`posenc.data.tasks` — ``copy``, ``reverse``, ``sort``, ``associative-recall``.
+* :mod:`posenc.data.tasks` — ``copy``, ``reverse``, ``sort``, ``associative-recall``;
+* :mod:`posenc.data.passkey` — passkey retrieval from filler text of a corpus.
 
 :class:`TextData` splits a byte string deterministically into train and validation
 (the last ``val_fraction`` of the bytes) and serves batches that depend only on
@@ -26,11 +27,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .passkey import PasskeyTask
 from .tasks import TASKS, Batch, SyntheticTask, step_generator
 
 __all__ = [
     "Batch",
     "DataError",
+    "PasskeyTask",
     "TASKS",
     "SyntheticTask",
     "TextData",
@@ -146,11 +149,11 @@ class TextData:
         """Tokens in a sequence of evaluation length ``length`` (the length itself)."""
         return length
 
-    def train_batch(self, step: int, batch_size: int, length: int) -> Batch:
-        """Random windows of the train split: the same for a given ``(seed, step)``."""
+    def train_batch(self, step: int, batch_size: int, length: int, seed: int | None = None) -> Batch:
+        """Random windows of the train split: the same for a given ``(seed, step)`` (``seed``: this object's by default)."""
         if length + 1 > len(self.train):
             raise ValueError(f"train length {length} exceeds the train split ({len(self.train)} bytes)")
-        g = step_generator(self.seed, step)
+        g = step_generator(self.seed if seed is None else seed, step)
         starts = torch.randint(0, len(self.train) - length, (batch_size,), generator=g)  # (B,)
         idx = starts[:, None] + torch.arange(length + 1)  # (B, L+1)
         w = self.train[idx]
