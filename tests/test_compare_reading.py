@@ -214,3 +214,35 @@ def test_summary_intervals_and_passkey_depths():
     assert s.depths["rope"][256][0].kind == "wilson" and s.cells["rope"][256].n == 5 * 64
     assert passkey_reach(s) == {"rope": 128}
     assert [s.depths["rope"][128][d].mean for d in (0, 0.25)] == [0.95, 1.0]
+
+
+# ------------------------------------------------------------------ report.md
+def test_report_markdown_has_every_part_and_reads_the_numbers():
+    from posenc.compare.report_md import fmt_interval, report_markdown, table_rows
+
+    res = _results(PRESS, seeds=(0, 1, 2))
+    for r in res["runs"]:
+        r.update(params=1000, train_seconds=10.0, train_tokens_per_s=1e4, train_flops=6e9, seed=r["seed"],
+                 val_curve=[{"step": 50, "loss": 1.7}, {"step": 100, "loss": 1.6}])  # fmt: skip
+        r["convergence"]["threshold"] = 0.03
+    res.update(command="posenc compare --seeds 0,1,2", environment={"torch": "2.x", "matmul_peak_flops": 1.2e9},
+               wall_seconds=12.0)  # fmt: skip
+    heads, rows, notes = table_rows(res)
+    assert heads[4] == "L=64 (train)" and rows[1][0] == "rope" and rows[1][-1] == "ok"
+    assert any("mean ± 95 % t-interval of 3 seeds" in n for n in notes)
+    assert any(n.startswith("MFU 50.0%: 0.6 GFLOP/s") for n in notes)
+    assert any("max/min 1.064" in n and "within 1.15" in n for n in notes)
+    report = report_markdown(res, ["extrapolation.png"])
+    for part in ("## Command", "posenc compare --seeds 0,1,2", "![extrapolation.png](extrapolation.png)",
+                 "- **agrees** — Press et al. 2022, Table 2: past the training length", "## Ranking at each length",
+                 "- L=512: alibi > t5 > rope > sinusoidal", "## Convergence", "| `rope` | 1 | 50: 1.700, 100: 1.600 |",
+                 "## Environment", "- torch: 2.x", "## Config", '"train_len": 64'):  # fmt: skip
+        assert part in report, part
+    # the reading flips with the numbers: rotary breaking worse than sinusoidal
+    swapped = _results(dict(PRESS, rope=[4.8, 20.0, 90.0]), seeds=(0, 1, 2))
+    assert "- **partly** — Press et al. 2022, Table 2" in report_markdown(swapped, [])
+    # unconverged models are named next to their row
+    slow = _results(PRESS, converged=False)
+    assert table_rows(slow)[1][0][-1].startswith("not converged: train longer (loss fell 5.0%")
+    assert fmt_interval(interval([1.0, 2.0]), "ppl") == "1.50 (1.00–2.00)" and fmt_interval(None, "ppl") == "n/a"
+    assert fmt_interval(interval([0.5, 0.6, 0.7]), "accuracy") == "60.0% ± 24.8%"
