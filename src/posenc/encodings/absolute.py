@@ -15,6 +15,11 @@
   table); checked against the formula written out in the test.
 
 All act on ``embed(x, pos)`` with ``x`` ``(B, L, D)``.
+
+With ``axes=2|3`` (``pos`` ``(B|1, L, A)``), ``sinusoidal`` concatenates one table per axis
+like ``positional-encodings``' ``PositionalEncoding2D/3D`` (checked element-wise), MAE and
+DETR (summed sinusoids would be symmetric in the axes); ``learned`` sums one table per axis
+(lucidrains' ``axial-positional-embedding``, ViViT) or concatenates them (``axial_dims``).
 """
 
 from __future__ import annotations
@@ -28,7 +33,15 @@ from ..base import PositionEncoding, Stage, register
 
 @register
 class Learned(PositionEncoding):
-    """Trainable absolute positions, ``nn.Embedding(max_len, D)`` initialised N(0, 0.02²)."""
+    """Trainable absolute positions, ``nn.Embedding(max_len, D)`` initialised N(0, 0.02²).
+
+    Args:
+        init_std: standard deviation of the initial table(s).
+        axes: coordinates per position (1: a sequence; 2, 3: grids), see the module docstring.
+        axial_shape: table length per axis, ``(n_1, …, n_A)``; ``max_len`` on every axis by default.
+        axial_dims: ``None``: the ``A`` tables are ``D`` wide and summed; ``(d_1, …, d_A)``
+            summing to ``D``: concatenated (lucidrains' ``axial_dims``).
+    """
 
     name = "learned"
     family = "absolute"
@@ -36,12 +49,42 @@ class Learned(PositionEncoding):
     year = 2018
     stages = Stage.INPUT
 
-    def __init__(self, *, heads, head_dim, max_len=None, causal=True, init_std: float = 0.02):
+    def __init__(
+        self,
+        *,
+        heads,
+        head_dim,
+        max_len=None,
+        causal=True,
+        init_std: float = 0.02,
+        axes: int = 1,
+        axial_shape: tuple[int, ...] | None = None,
+        axial_dims: tuple[int, ...] | None = None,
+    ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
-        if max_len is None:
+        self.set_axes(axes)
+        if axes == 1 and (axial_shape is not None or axial_dims is not None):
+            raise ValueError("axial_shape and axial_dims need axes >= 2")
+        if max_len is None and axial_shape is None:
             raise ValueError("encoding 'learned' needs max_len (the size of its table)")
-        self.table = nn.Embedding(max_len, self.dim)
-        nn.init.normal_(self.table.weight, std=init_std)
+        if axes == 1:
+            self.table = nn.Embedding(max_len, self.dim)
+            nn.init.normal_(self.table.weight, std=init_std)
+            return
+        shape = tuple(axial_shape) if axial_shape is not None else (max_len,) * axes
+        dims = tuple(axial_dims) if axial_dims is not None else (self.dim,) * axes
+        concat = f" summing to D = {self.dim}" if axial_dims is not None else ""
+        for opt, val, rule in (("axial_shape", shape, ""), ("axial_dims", dims, concat)):
+            if (
+                len(val) != axes
+                or not all(isinstance(n, int) and n >= 1 for n in val)
+                or (rule and sum(val) != self.dim)
+            ):
+                raise ValueError(f"{opt} must be {axes} positive ints{rule}, got {val!r}")
+        self.axial_shape, self.axial_dims, self.summed = shape, dims, axial_dims is None
+        self.tables = nn.ModuleList(nn.Embedding(n, d) for n, d in zip(shape, dims))
+        for t in self.tables:
+            nn.init.normal_(t.weight, std=init_std)
 
     @property
     def relative(self) -> bool:
@@ -51,14 +94,38 @@ class Learned(PositionEncoding):
     def extrapolates(self) -> bool:
         return False
 
-    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+    def check_length(self, pos: Tensor) -> None:
+        if self.axes == 1:
+            return super().check_length(pos)
+        if torch.compiler.is_compiling() or pos.device.type == "meta" or pos.numel() == 0:
+            return
+        pos = self.axis_positions(pos)
+        for a, n in enumerate(self.axial_shape):
+            hi = int(pos[..., a].max())
+            if hi >= n:
+                raise ValueError(
+                    f"encoding 'learned' supports positions 0..{n - 1} on axis {a} (axial_shape={self.axial_shape}, "
+                    f"max_len={self.max_len}), got position {hi}; it does not extrapolate"
+                )
+
+    def positions(self, pos: Tensor) -> Tensor:
+        """The position vectors: ``pos.shape + (D,)``, or ``(B|1, L, D)`` for positions with axes."""
         self.check_length(pos)
-        return x + self.table(pos).to(x.dtype)  # (B|1, L, D) broadcast over B
+        if self.axes == 1:
+            return self.table(pos)
+        pos = self.axis_positions(pos)
+        parts = [t(pos[..., a]) for a, t in enumerate(self.tables)]  # A × (B|1, L, d_a)
+        return torch.stack(parts).sum(0) if self.summed else torch.cat(parts, dim=-1)
+
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        return x + self.positions(pos).to(x.dtype)  # (B|1, L, D) broadcast over B
 
 
 @register
 class Sinusoidal(PositionEncoding):
-    """Fixed sinusoids, interleaved layout (Vaswani); ``layout="halves"`` for XL/RoFormer."""
+    """Fixed sinusoids, interleaved layout (Vaswani); ``layout="halves"`` for XL/RoFormer/MAE.
+
+    ``axes=2|3``: per-axis tables of ``2·ceil(D/2A)`` channels concatenated, cut to ``D``."""
 
     name = "sinusoidal"
     family = "absolute"
@@ -67,9 +134,18 @@ class Sinusoidal(PositionEncoding):
     stages = Stage.INPUT
 
     def __init__(
-        self, *, heads, head_dim, max_len=None, causal=True, base: float = 10000.0, layout: str = "interleaved"
+        self,
+        *,
+        heads,
+        head_dim,
+        max_len=None,
+        causal=True,
+        base: float = 10000.0,
+        layout: str = "interleaved",
+        axes: int = 1,
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
+        self.set_axes(axes)
         if layout not in ("interleaved", "halves"):
             raise ValueError(f"layout must be 'interleaved' or 'halves', got {layout!r}")
         if base <= 1:
@@ -80,9 +156,20 @@ class Sinusoidal(PositionEncoding):
     def relative(self) -> bool:
         return False
 
+    def table(self, pos: Tensor) -> Tensor:
+        """Position vectors, float32: ``pos.shape + (D,)``, or ``(B|1, L, D)`` for positions with axes.
+
+        Computed on the fly from int64 positions in float64 -> float32: no table to outgrow.
+        """
+        if self.axes == 1:
+            return PF.sinusoidal_table(pos, self.dim, base=self.base, layout=self.layout)
+        pos = self.axis_positions(pos)
+        c = 2 * -(-self.dim // (2 * self.axes))  # channels per axis, even
+        parts = [PF.sinusoidal_table(pos[..., a], c, base=self.base, layout=self.layout) for a in range(self.axes)]
+        return torch.cat(parts, dim=-1)[..., : self.dim]
+
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
-        # computed on the fly from int64 positions in float64 -> float32: no table to outgrow
-        return x + PF.sinusoidal_table(pos, self.dim, base=self.base, layout=self.layout).to(x.dtype)
+        return x + self.table(pos).to(x.dtype)
 
 
 @register
