@@ -168,20 +168,19 @@ class PositionEncoding(nn.Module):
             raise ValueError(f"axes must be a positive int (1 for a sequence, 2 or 3 for grids), got {axes!r}")
         self.axes = axes
 
-    def axis_positions(self, pos: Tensor) -> Tensor:
+    def axis_positions(self, pos: Tensor, length: int | None = None) -> Tensor:
         """``pos`` as ``(B|1, L, A)`` with ``A = self.axes``, for direct calls of the stage methods.
 
-        One position per token, ``(L,)`` or ``(B, L)``, stands for the same coordinate on every
-        axis (Qwen2-VL's text tokens, ``t = h = w``); ``(B|1, L, A)`` passes through.
+        ``(B|1, L, A)`` passes through; ``(L, A)``, ``(L,)`` and ``(B, L)`` are validated and
+        expanded by :func:`posenc.functional.check_positions` (one position per token stands
+        for the same coordinate on every axis). ``length``: the sequence length, when known;
+        without it a 2-D tensor whose last dimension is ``A`` is read as ``(L, A)``.
         """
-        if pos.dim() == 3:
-            if pos.shape[-1] != self.axes:
-                raise ValueError(
-                    f"encoding {self.name!r} reads axes={self.axes}, got positions of shape {tuple(pos.shape)}"
-                )
+        if pos.dim() == 3 and pos.shape[-1] == self.axes:
             return pos
-        pos = pos if pos.dim() == 2 else pos.unsqueeze(0)
-        return pos.unsqueeze(-1).expand(*pos.shape, self.axes)
+        if length is None:
+            length = pos.shape[0] if pos.dim() == 2 and pos.shape[-1] == self.axes else pos.shape[-1]
+        return PF.check_positions(pos, length, axes=self.axes)
 
     # ------------------------------------------------------------------ stages
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:

@@ -77,15 +77,16 @@ def check_positions(pos: Tensor, length: int, name: str = "pos", batch: int | No
             f"for an encoding with axes={axes}; got shape {shape}"
         )
         if pos.dim() == 2:
-            as_bl, as_la = pos.shape[1] == length, shape == (length, axes)
-            if as_bl and as_la:
-                raise ValueError(
-                    f"{name} of shape {shape} is ambiguous for an encoding with axes={axes}: pass (1, L, {axes}) "
-                    "for positions with axes, or (B, L, 1) expanded for one position per token"
-                )
-            if not (as_bl or as_la) and pos.shape[0] == length:
+            if pos.shape[1] == length == axes:  # (B, L) and (L, A) read the same shape
+                if pos.shape[0] == length:
+                    raise ValueError(
+                        f"{name} of shape {shape} is ambiguous for an encoding with axes={axes}: pass (1, L, {axes}) "
+                        "for positions with axes, or (B, L, 1) expanded for one position per token"
+                    )
+            elif pos.shape[1] == axes:
+                pos = pos.unsqueeze(0)  # (L, A) -> (1, L, A)
+            elif pos.shape[0] == length and pos.shape[1] != length:
                 raise bad
-            pos = pos.unsqueeze(0) if as_la else pos
         if pos.dim() not in (1, 2, 3) or (pos.dim() == 3 and pos.shape[-1] != axes):
             raise bad
     seq = pos.shape[1] if pos.dim() == 3 else pos.shape[-1]

@@ -427,15 +427,15 @@ class RoPE(PositionEncoding):
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         if self.axes > 1:
             same = k_pos is q_pos
-            q_pos = self.axis_positions(q_pos)
-            k_pos = q_pos if same else self.axis_positions(k_pos)
+            q_pos = self.axis_positions(q_pos, q.shape[-2])
+            k_pos = q_pos if same else self.axis_positions(k_pos, k.shape[-2])
         inv_freq = self.frequencies(self._seq_len(q_pos, k_pos))
         q_tab = self._cos_sin(q_pos, inv_freq)
         k_tab = q_tab if k_pos is q_pos else self._cos_sin(k_pos, inv_freq)
         return self._rotate_one(q, q_pos, q_tab), self._rotate_one(k, k_pos, k_tab)
 
     def rotate_value(self, v: Tensor, k_pos: Tensor) -> Tensor:
-        k_pos = self.axis_positions(k_pos) if self.axes > 1 else k_pos
+        k_pos = self.axis_positions(k_pos, v.shape[-2]) if self.axes > 1 else k_pos
         return self._rotate_one(v, k_pos, self._cos_sin(k_pos, self.frequencies(self._seq_len(k_pos))))
 
 
