@@ -15,6 +15,7 @@ import inspect
 import pytest
 import torch
 from tests.conftest import assert_close, attention_n, encoding_modes, lm_n, mode_id
+from tests.test_contract import assert_backend_equals_eager
 
 import posenc
 from posenc.base import options_of
@@ -179,22 +180,9 @@ def test_backends_equal_eager_oracle(mode):
     name, causal, opts = mode
     attn = make_attn(name, causal, opts, chunk_size=3)
     pos = _pos(attn.encoding.axes)
-    x = _x()
     for backend in posenc.supported_backends(attn.encoding):
-        with_grad = backend != "flex"
-        outs, grads = {}, {}
-        for b in ("eager", backend):
-            attn.zero_grad()
-            xi = x.clone().requires_grad_(with_grad)
-            with torch.set_grad_enabled(with_grad):
-                y = attn(xi, pos=pos, backend=b)
-            outs[b] = y.detach()
-            if with_grad:
-                (y * torch.linspace(-1, 1, DIM)).sum().backward()
-                grads[b] = [xi.grad] + [p.grad.clone() for p in attn.parameters()]
-        assert_close(outs[backend], outs["eager"], n=N_ATTN, msg=f"{name} {opts} {backend}")
-        for g, ge in zip(grads.get(backend, []), grads.get("eager", [])):
-            assert_close(g, ge, n=N_ATTN_GRAD, msg=f"{name} {opts} {backend} gradient")
+        if backend != "eager":
+            assert_backend_equals_eager(attn, _x(), pos, backend, n=N_ATTN, n_grad=N_ATTN_GRAD, msg=f"{name} {opts}")
 
 
 @pytest.mark.parametrize("mode", AXIS_MODES, ids=_id)
