@@ -162,9 +162,9 @@ def plot_decompose(results: list[dict], path, *, subtitle: str | None = None) ->
         ax.barh(0, 0, color=colors(k), label=t)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles, strict=True))
-    ax.legend(uniq.values(), uniq.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize=8)
+    fig.legend(uniq.values(), uniq.keys(), loc="outside lower center", ncol=4, fontsize=8)
     ax.set_yticks(range(len(results)), [_label(r) for r in results])
-    ax.invert_yaxis()
+    ax.set_ylim(len(results) - 0.5, -0.5)  # first row on top
     ax.set_xlim(0, 1)
     ax.set_xlabel(f"share of logit variance, layer {results[0]['layer'] if results else 0}")
     save_figure(fig, path, title="Attention logits split into content and position terms", subtitle=subtitle)

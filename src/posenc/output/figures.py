@@ -26,6 +26,8 @@ STYLE = {
     "ytick.labelsize": 8,
     "legend.fontsize": 7,
     "savefig.dpi": 120,
+    # constrained layout keeps the title, colorbars and outside legends clear of the panels
+    "figure.constrained_layout.use": True,
 }
 DPI = 120
 
@@ -45,12 +47,13 @@ def save_figure(fig, path: str | Path, *, title: str, subtitle: str | None = Non
     """Title the figure (``title``, then ``subtitle`` naming the run in smaller type), lay it
     out, save it as PNG and close it. ``footer``: a note along the bottom edge."""
     plt = pyplot()
-    fig.suptitle(
-        title if not subtitle else f"{title}\n{subtitle}", fontsize=STYLE["figure.titlesize"] - (subtitle is not None)
-    )
-    if footer:
-        fig.text(0.01, 0.005, footer, fontsize=7, va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.04 if footer else 0, 1, 1))
+    text = title if not subtitle else f"{title}\n{subtitle}"
+    size = STYLE["figure.titlesize"] - (subtitle is not None)
+    fig.suptitle(text, fontsize=size)
+    if footer:  # a figure-level x label: the layout keeps it clear of the panels
+        fig.supxlabel(footer, fontsize=7, x=0.01, ha="left", wrap=True)
+    if fig.get_layout_engine() is None:  # a figure made before pyplot() set the style
+        fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
