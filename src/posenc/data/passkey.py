@@ -5,15 +5,26 @@ a random 5-digit key sits at a chosen depth inside filler text, and the sequence
 asking for it. Byte-level, with the filler drawn from the corpus (its train split for
 training, its validation split for evaluation)::
 
-    filler ... ␁ 4 8 0 1 7 filler ... ␁ 4 8 0 1 7
-               ^ the key at depth d     ^ the question; the answer digits are scored
+    filler ... ␁ k1 k2 k3 k4 k5 filler ... ␁ k1 k2 k3 k4 k5
+               ^ the key at depth d          ^ the question; the answer is scored
 
-The key and the question are marked by byte ``0x01``, which prose never holds (filler
-bytes ``0x01`` become spaces), instead of the papers' sentences ("The pass key is 48017.
-Remember it."), so that a 2-layer byte model trained at 64 tokens has room for filler.
-What is asked is the same: copy a token sequence from an arbitrary distance back (an
-induction head's job, Olsson et al. 2022). Exact match: a sample is solved when the
-argmax at all five answer positions is right, what greedy decoding would answer.
+Scaled down in two ways, so that a 2-layer byte model trained at 64 tokens learns it in
+the quick budget:
+
+* the key and the question are marked by byte ``0x01`` instead of the papers' sentences
+  ("The pass key is 48017. Remember it."), leaving room for filler;
+* digit ``d`` in place ``j`` of the key is the byte ``0x80 + 10 j + d`` (each place has
+  its own ten symbols, which the filler never holds: filler bytes that are marks or key
+  symbols become spaces). Writing the key in ASCII digits would make retrieval a
+  two-step induction circuit (find the earlier occurrence of the previous digit, copy
+  its successor; Olsson et al. 2022), which this model does not form in the budget
+  (0 % exact match after 1 600 steps, 47 % of digits right, in a trial); with one alphabet
+  per place a single attention step finds "the place-j symbol" from the end, however far
+  back. That is the question a position encoding decides: can attention still reach a
+  token that far away, and tell it apart?
+
+Exact match: a sample is solved when the argmax at all five answer positions is right,
+what greedy decoding would answer (chance 1e-5).
 
 Training puts the key at a uniformly random depth in sequences of the training length
 and scores every token: the filler as language modelling, the answer as retrieval
@@ -31,12 +42,17 @@ from torch import Tensor
 
 from .tasks import Batch, step_generator
 
-__all__ = ["PasskeyTask", "DEPTHS", "MARK", "KEY_DIGITS"]
+__all__ = ["PasskeyTask", "DEPTHS", "MARK", "KEY_DIGITS", "KEY_BASE", "key_digits"]
 
 MARK = 1  # byte 0x01: marks the key and the question
 KEY_DIGITS = 5
+KEY_BASE = 0x80  # digit d in place j of the key: byte KEY_BASE + 10 j + d
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-_DIGIT0 = ord("0")
+
+
+def key_digits(symbols: Tensor) -> Tensor:
+    """The digits ``(..., 5)`` of key symbols ``(..., 5)`` (the inverse of the place coding)."""
+    return (symbols - KEY_BASE) % 10
 
 
 @dataclass
@@ -86,8 +102,9 @@ class PasskeyTask:
         n_fill = length + 1 - self.overhead  # filler bytes around the key
         starts = torch.randint(0, len(filler) - n_fill + 1, (count,), generator=g)  # (B,)
         fill = filler[starts[:, None] + torch.arange(n_fill)]  # (B, F)
-        fill = torch.where(fill == MARK, ord(" "), fill)
-        digits = torch.randint(0, 10, (count, KEY_DIGITS), generator=g) + _DIGIT0  # (B, 5)
+        special = (fill == MARK) | ((fill >= KEY_BASE) & (fill < KEY_BASE + 10 * KEY_DIGITS))
+        fill = torch.where(special, ord(" "), fill)
+        digits = torch.randint(0, 10, (count, KEY_DIGITS), generator=g) + KEY_BASE + 10 * torch.arange(KEY_DIGITS)
         key = torch.cat([torch.full((count, 1), MARK), digits], 1)  # (B, 6)
         if depth is None:
             before = torch.randint(0, n_fill + 1, (count, 1), generator=g)  # (B, 1)
