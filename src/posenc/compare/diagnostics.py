@@ -14,7 +14,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["convergence", "training_flops_per_token", "matmul_peak_flops", "mfu", "CONVERGED_DROP"]
+__all__ = [
+    "convergence",
+    "training_flops_per_token",
+    "matmul_peak_flops",
+    "process_matmul_peak",
+    "mfu",
+    "CONVERGED_DROP",
+]
 
 # A model counts as still improving when its loss fell by more than this fraction over the
 # last 20 % of training (see docs/compare.md for how it was calibrated).
@@ -142,9 +149,26 @@ def matmul_peak_flops(*, dtype=None, size: int = 1024, seconds: float = 1.0, dev
     return best
 
 
+_PEAKS: dict[tuple[str, str, int], float] = {}
+
+
+def process_matmul_peak(device, dtype: str = "float32") -> float:
+    """:func:`matmul_peak_flops` of this process on ``device`` in ``dtype`` (``"float32"`` or
+    ``"bfloat16"``) at its current thread count, measured once per process and remembered."""
+    import torch
+
+    key = (str(device), dtype, torch.get_num_threads())
+    if key not in _PEAKS:
+        _PEAKS[key] = matmul_peak_flops(dtype=getattr(torch, dtype), device=device)
+    return _PEAKS[key]
+
+
 def mfu(results: dict[str, Any]) -> dict[str, Any] | None:
     """Model FLOPs utilisation of a comparison: the training FLOPs of every run over their
-    training seconds, divided by ``results["environment"]["matmul_peak_flops"]``.
+    training seconds, divided by the matmul peak of the processes that trained them
+    (``results["environment"]["matmul_peak_flops"]``, measured in those processes at the
+    same thread count; with several worker processes this is each worker's share of the
+    machine, so the ratio is the machine's utilisation while they all train).
 
     Returns ``{"flops_per_s", "peak_flops_per_s", "mfu", "per_encoding": {enc: mfu}}``, or
     None when the runs or the environment lack the numbers.

@@ -28,13 +28,14 @@ import torch
 from torch import Tensor
 
 from .passkey import PasskeyTask
-from .tasks import TASKS, Batch, SyntheticTask, step_generator
+from .tasks import TASK_NAMES, TASKS, Batch, SyntheticTask, step_generator
 
 __all__ = [
     "Batch",
     "DataError",
     "PasskeyTask",
     "TASKS",
+    "TASK_NAMES",
     "SyntheticTask",
     "TextData",
     "embedded_corpus",
@@ -207,9 +208,10 @@ def load_source(
     val_fraction: float = 0.1,
     seed: int = 0,
     longest: int = 1,
-) -> TextData | SyntheticTask:
+) -> TextData | SyntheticTask | PasskeyTask:
     """The data source named by at most one of ``task``, ``text`` or ``dataset``; the
-    embedded corpus when none is.
+    embedded corpus when none is. ``task="passkey"`` draws its filler from the text the
+    other arguments name (the embedded corpus by default).
 
     Args:
         longest: the longest window (training or evaluation length) the text validation
@@ -219,7 +221,7 @@ def load_source(
         DataError: the source cannot be loaded, or its validation split is shorter than
             ``longest + 1`` bytes (the message names the source).
     """
-    if task is not None:
+    if task is not None and task != "passkey":
         return SyntheticTask(task, seed=seed)
     if text is not None:
         data, name = read_text(text), f"--text {str(text)!r}"
@@ -236,4 +238,4 @@ def load_source(
             f"{name}: its validation split ({len(source.val)} bytes, the last {val_fraction:.0%}) is shorter "
             f"than the longest evaluation length + 1 ({longest + 1}); give more text or shorter --eval-lens"
         )
-    return source
+    return PasskeyTask(source.train, source.val, seed=seed) if task == "passkey" else source

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["Batch", "SyntheticTask", "TASKS", "step_generator"]
+__all__ = ["Batch", "SyntheticTask", "TASKS", "TASK_NAMES", "step_generator"]
 
 SEP = 0
 
@@ -45,7 +45,8 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed) * 1_000_003 + int(step))
 
 
-TASKS = ("copy", "reverse", "sort", "associative-recall")
+TASKS = ("copy", "reverse", "sort", "associative-recall")  # SyntheticTask's
+TASK_NAMES = (*TASKS, "passkey")  # every task posenc compare offers (passkey: posenc.data.passkey)
 
 
 @dataclass
