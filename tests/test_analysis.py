@@ -96,7 +96,7 @@ def test_decomposition_terms_sum_to_the_logits(name):
     terms, how, residual = decompose_terms(model, tokens())
     assert residual < 1e-5, (name, residual)
     enc = model.blocks[0].attn.encoding
-    additive_input = model.input_encoding is not None and not model.input_encoding.builds_embedding
+    additive_input = model.input_encoding is not None and model.tok_emb is not None
     pos_terms = ("content·position", "position·content", "position·position")
     if additive_input:
         assert all(float(terms[t].abs().max()) > 0 for t in pos_terms), how

@@ -89,7 +89,7 @@ def test_parity_with_hf_deberta_v2(case, causal):
     )
     with torch.no_grad():
         ref = hf(x, mask, relative_pos=rel_pos, rel_embeddings=ours.encoding.rel_table())[0]
-        for backend in ("relative", "eager"):
+        for backend in ("chunked", "eager"):
             # + c2p and p2c: two more Dh-long products per score, the table projections (D)
             assert_close(ours(x, backend=backend), ref, n=attention_n(dim=D, head_dim=DH, length=L) + 2 * DH + 2 * D)
 
@@ -239,33 +239,46 @@ def test_table_shared_across_layers_projections_per_layer():
 
 def test_share_att_key_uses_the_layer_projections():
     attn = posenc.Attention(D, H, "deberta", causal=False)
-    assert attn.encoding.__dict__["_layer"] is attn
-    assert not any(n.startswith("pos_") for n, _ in attn.encoding.named_parameters())
-    with pytest.raises(ValueError, match="posenc.Attention"):
-        posenc.build("deberta", heads=H, head_dim=DH, causal=False).score_terms(
-            torch.randn(1, H, 3, DH), torch.randn(1, H, 3, DH), torch.arange(3)[None], torch.arange(3)[None]
-        )
-    with pytest.raises(ValueError, match="one layer"):
-        posenc.Attention(D, H, attn.encoding, causal=False)
+    enc = attn.encoding
+    assert enc.uses_layer_projections and not any(n.startswith("pos_") for n, _ in enc.named_parameters())
+    q, k, pos = torch.randn(1, H, 3, DH), torch.randn(1, H, 3, DH), torch.arange(3)[None]
+    with pytest.raises(ValueError, match="qk_proj"):
+        enc.score_terms(q, k, pos, pos)
+    # the table goes through exactly the projections given: the layer's own
+    got = enc.score_terms(q, k, pos, pos, qk_proj=(attn.q_proj, attn.k_proj))
+    table = enc.rel_table()
+    kr = attn.k_proj(table).view(-1, H, DH).transpose(0, 1)  # (H, 2span, Dh)
+    qr = attn.q_proj(table).view(-1, H, DH).transpose(0, 1)
+    idx = enc.rel_index(pos, pos)[0]  # (Lq, Lk)
+    want = torch.einsum("bhid,hijd->bhij", q, kr[:, idx]) + torch.einsum("bhjd,hijd->bhij", k, qr[:, idx])
+    assert_close(got, want.detach(), n=2 * DH)
+    # one instance shared by two layers projects with each layer's own weights
+    other = posenc.Attention(D, H, enc, causal=False)
+    x = torch.randn(1, 3, D)
+    assert not torch.allclose(other(x), attn(x))
 
 
 def test_emd_absolute_positions_only_from_a_layer():
     torch.manual_seed(0)
     lm = posenc.TransformerLM(20, D, 3, H, "deberta", max_len=16, absolute_from_layer=2)
-    assert lm.emd_pos.weight.shape == (16, D)
+    encs = lm.encodings
+    table = encs[0].absolute
+    assert table.weight.shape == (16, D) and all(e.absolute is table for e in encs)  # one table
+    assert lm.stages_before == {2: [encs[0]]}  # added to the residual stream before block 2 only
+    assert sum(p.numel() for p in lm.parameters() if p.shape == (16, D)) == 16 * D
     tok = torch.randint(0, 20, (1, 8))
     base = lm(tok)
     with torch.no_grad():
-        lm.emd_pos.weight.zero_()
+        table.weight.zero_()
     no_abs = lm(tok)
     assert not torch.allclose(base, no_abs)
     # a relative model without the table is shift invariant; the EMD table breaks that
     with torch.no_grad():
-        torch.nn.init.normal_(lm.emd_pos.weight)
+        torch.nn.init.normal_(table.weight)
     assert not torch.allclose(lm(tok, pos=torch.arange(8)), lm(tok, pos=torch.arange(8) + 3), atol=1e-4)
     with pytest.raises(ValueError, match="max_len"):
         lm(tok, pos=torch.arange(8) + 10)
-    with pytest.raises(ValueError, match="absolute_from_layer"):
+    with pytest.raises(ValueError, match=r"block index in \[0, 2\], got 3"):
         posenc.TransformerLM(20, D, 3, H, "deberta", max_len=16, absolute_from_layer=3)
     with pytest.raises(ValueError, match="max_len"):
         posenc.TransformerLM(20, D, 3, H, "deberta", absolute_from_layer=1)

@@ -21,8 +21,6 @@ __all__ = [
     "sinusoidal_table",
     "sinusoidal_inv_freq",
     "rope_angles",
-    "apply_rope_half",
-    "apply_rope_interleaved",
     "interleaved_to_half_perm",
     "alibi_slopes",
     "t5_relative_position_bucket",
@@ -102,30 +100,12 @@ def rope_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
     return (pos.to(torch.float64).unsqueeze(-1) * inv_freq.to(torch.float64)).float()
 
 
-def apply_rope_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate split-halves pairs ``(x_k, x_{k+Dr/2})`` (HF Llama / GPT-NeoX layout).
-
-    ``x`` is ``(..., Dr)``; ``cos``/``sin`` broadcast to ``(..., Dr/2)``, float32. The
-    result has the dtype of ``x``; math runs in float32.
-    """
-    x1, x2 = x.float().chunk(2, dim=-1)
-    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return out.to(x.dtype)
-
-
-def apply_rope_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate interleaved pairs ``(x_{2k}, x_{2k+1})`` (RoFormer / GPT-J / Meta Llama layout)."""
-    xf = x.float().unflatten(-1, (-1, 2))
-    x1, x2 = xf[..., 0], xf[..., 1]
-    out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    return out.to(x.dtype)
-
-
 def interleaved_to_half_perm(dim: int) -> Tensor:
     """Permutation ``[0, 2, 4, ..., 1, 3, 5, ...]`` of head dimensions.
 
-    ``apply_rope_interleaved(x)[..., perm] == apply_rope_half(x[..., perm])``: permuting
-    W_Q/W_K rows per head with it converts an interleaved checkpoint to split halves.
+    Rotating interleaved pairs of ``x`` and then permuting equals rotating split-halves
+    pairs of ``x[..., perm]``: permuting W_Q/W_K rows per head with it converts an
+    interleaved checkpoint to split halves (see :func:`posenc.encodings.rotary.permute_for_layout`).
     """
     if dim % 2:
         raise ValueError(f"rotary dim must be even, got {dim}")

@@ -4,7 +4,7 @@ attention scores of a layer split by where position entered, and output files.
 Every analysis works on a :class:`posenc.TransformerLM`, either freshly initialised
 (``random``) or loaded from a checkpoint saved by ``posenc compare`` (or by
 :func:`train_tiny`). It only calls the stage interface of the encodings
-(``embed``/``embed_tokens``, ``rotate``, ``score_terms``, ``bias``), so an encoding that
+(``embed``, ``rotate``, ``score_terms``, ``bias``), so an encoding that
 registers is analysed without any change here.
 """
 
@@ -18,8 +18,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..base import Stage, available
-from ..model import TransformerLM, load_checkpoint, save_checkpoint
+from ..backends import scores
+from ..base import available, check_lengths
+from ..checkpoint import load_checkpoint, save_checkpoint
+from ..model import TransformerLM
 
 
 @dataclass
@@ -262,7 +264,11 @@ def tiny_checkpoints(specs: list[Spec], out_dir: Path, notes: list[str], *, step
 
 # ============================================================================ scores
 def layer_inputs(model: TransformerLM, tokens: Tensor, pos: Tensor) -> list[Tensor]:
-    """The input of every block (before ``ln1``), ``(B, L, D)`` each, from a plain forward."""
+    """The input of every block (before ``ln1``), ``(B, L, D)`` each, from a plain forward.
+
+    Raises ``ValueError`` for positions past ``max_len`` of an encoding that does not extrapolate.
+    """
+    check_lengths(model.encodings, pos)
     x = model.embed(tokens, pos)
     outs = []
     for block in model.blocks:
@@ -288,7 +294,7 @@ def attention_scores(model: TransformerLM, tokens: Tensor, pos: Tensor | None = 
     pos = torch.arange(L).unsqueeze(0) if pos is None else pos.reshape(1, L) if pos.dim() == 1 else pos
     out = []
     for block, x in zip(model.blocks, layer_inputs(model, tokens, pos), strict=True):
-        parts = score_parts(block.attn, block.ln1(x), pos)
+        parts = score_parts(block, x, pos)
         out.append(sum(parts.values()))
     return out
 
@@ -305,30 +311,16 @@ def attention_probs(model: TransformerLM, tokens: Tensor, pos: Tensor | None = N
     return probs
 
 
-def _project(attn, h: Tensor) -> tuple[Tensor, Tensor]:
-    B, L, _ = h.shape
-    q = attn.q_proj(h).view(B, L, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, L, Dh)
-    k = attn.k_proj(h).view(B, L, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, L, Dh)
-    return q, k
-
-
-def score_parts(attn, h: Tensor, pos: Tensor) -> dict[str, Tensor]:
+def score_parts(block, x: Tensor, pos: Tensor) -> dict[str, Tensor]:
     """One layer's logits split by stage: ``qk`` (``scale·q̃·k̃``), ``terms``, ``bias``.
 
-    ``h``: the attention input ``(B, L, D)`` (after ``ln1``); ``pos``: ``(1|B, L)``.
-    The parts sum to the pre-mask logits; each is ``(B, H, L, L)`` float32.
+    ``x``: the block input ``(B, L, D)`` (before ``ln1``); ``pos``: ``(1|B, L)``.
+    The parts sum to the pre-mask logits; each is ``(B, H, L, L)`` float32
+    (:func:`posenc.scores` with ``parts=True``, the sum every backend computes).
     """
-    enc = attn.encoding
-    if attn.apply_input_stage and enc.stages & Stage.INPUT:
-        h = enc.embed(h, pos)
-    q, k = _project(attn, h)
-    q, k = enc.rotate(q, k, pos, pos)
-    parts = {"qk": (q @ k.transpose(-1, -2)).float() * enc.scale}  # (B, H, L, L)
-    if enc.stages & Stage.TERMS:
-        parts["terms"] = enc.score_terms(q, k, pos, pos).float() * enc.scale
-    if enc.stages & Stage.BIAS:
-        parts["bias"] = enc.bias(pos, pos).float().expand_as(parts["qk"])
-    return parts
+    attn = block.attn
+    q, k, _, q_pos, k_pos = attn.project(block.attention_input(x, pos), pos)
+    return scores(attn.encoding, q, k, q_pos, k_pos, qk_proj=(attn.q_proj, attn.k_proj), parts=True)
 
 
 # ============================================================================ numbers

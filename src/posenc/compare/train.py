@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..checkpoint import load_checkpoint, save_checkpoint
 from ..data import (
     Batch,
     DataError,
@@ -36,7 +37,7 @@ from ..data import (
     read_text,
     step_generator,
 )
-from ..model import TransformerLM, load_checkpoint, save_checkpoint
+from ..model import TransformerLM
 from ..positions import randomized_positions
 from .config import CompareConfig
 
@@ -334,9 +335,9 @@ class _Progress:
 
 # ------------------------------------------------------------------ evaluation
 def _not_applicable(model: TransformerLM, seq_len: int) -> str | None:
-    for enc in model.encodings + ([model.input_encoding] if model.input_encoding is not None else []):
-        if not enc.extrapolates and enc.max_len is not None and seq_len > enc.max_len:
-            return f"{enc.name} supports positions < max_len={enc.max_len}; needs {seq_len}"
+    for enc in model.encodings:
+        if enc.position_limit is not None and seq_len > enc.position_limit:
+            return f"{enc.name} supports positions < {enc.position_limit} (max_len={enc.max_len}); needs {seq_len}"
     return None
 
 

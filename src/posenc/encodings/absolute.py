@@ -19,11 +19,14 @@ All act on ``embed(x, pos)`` with ``x`` ``(B, L, D)``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor, nn
 
 from .. import functional as PF
 from ..base import PositionEncoding, Stage, register
+from ..config import LayerSpec, ModelConfig
 
 
 @register
@@ -52,7 +55,6 @@ class Learned(PositionEncoding):
         return False
 
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
-        self.check_length(pos)
         return x + self.table(pos).to(x.dtype)  # (B|1, L, D) broadcast over B
 
 
@@ -148,19 +150,18 @@ class Hierarchical(PositionEncoding):
     def extrapolates(self) -> bool:
         return True  # up to table_len² (check_length raises beyond)
 
-    def check_length(self, pos: Tensor) -> None:
-        if torch.compiler.is_compiling() or pos.device.type == "meta" or pos.numel() == 0:
-            return
-        hi, cap = int(pos.max()), self.table_len**2
-        if hi >= cap:
-            raise ValueError(
-                f"encoding 'hierarchical' supports positions 0..{cap - 1} (table_len² = {self.table_len}², "
-                f"max_len={self.max_len}), got position {hi}"
-            )
+    @property
+    def position_limit(self) -> int:
+        return self.table_len**2
+
+    def length_error(self, hi: int) -> str:
+        return (
+            f"encoding 'hierarchical' supports positions 0..{self.table_len**2 - 1} (table_len² = {self.table_len}², "
+            f"max_len={self.max_len}), got position {hi}"
+        )
 
     def positions(self, pos: Tensor) -> Tensor:
-        """``q_pos``: ``pos.shape + (D,)`` in the table's dtype."""
-        self.check_length(pos)
+        """``q_pos``: ``pos.shape + (D,)`` in the table's dtype (positions below ``table_len²``, unchecked)."""
         n, a = self.table_len, self.alpha
         w = self.table.weight  # (n, D)
         u = (w - a * w[:1]) / (1.0 - a)  # (n, D)
@@ -181,17 +182,19 @@ def learned_to_hierarchical(model, *, alpha: float = 0.4):
     ``max_len²``. Its ``config`` says ``encoding="hierarchical"``, so
     :func:`posenc.save_checkpoint` / :func:`posenc.load_checkpoint` round-trip it.
     """
-    from ..model import TransformerLM
-
-    if not isinstance(model, TransformerLM) or model.config.get("encoding") != "learned":
+    cfg = getattr(model, "config", None)
+    if not isinstance(cfg, ModelConfig) or any(s.encoding != "learned" for s in cfg.layer_specs()):
         raise ValueError(
             f"expects a TransformerLM built with encoding='learned', got {type(model).__name__} "
-            f"with encoding={getattr(model, 'config', {}).get('encoding')!r}"
+            f"with encoding={getattr(cfg, 'encoding', None)!r}"
         )
-    config = dict(model.config, encoding="hierarchical", alpha=alpha)
+    layers = (
+        None if cfg.layers is None else [LayerSpec("hierarchical", {**s.options, "alpha": alpha}) for s in cfg.layers]
+    )
+    new_cfg = replace(cfg, encoding="hierarchical", options={**cfg.options, "alpha": alpha}, layers=layers)
     ref = model.head.weight
     with torch.device("meta"):
-        new = TransformerLM(**config)
+        new = type(model)(config=new_cfg)
     new = new.to_empty(device=ref.device).to(ref.dtype)
     new.load_state_dict(model.state_dict())
     for m in new.modules():
@@ -258,7 +261,6 @@ class Multiplicative(PositionEncoding):
 
     def multiplier(self, pos: Tensor) -> Tensor:
         """``1 + β·PE(pos)``: ``pos.shape + (D,)`` float32 (sinusoidal) or the table's dtype."""
-        self.check_length(pos)
         pe = PF.sinusoidal_table(pos, self.dim, base=self.base) if self.table is None else self.table(pos)
         return 1.0 + self.strength * pe
 
