@@ -10,6 +10,7 @@ H     attention heads
 Dh    head dimension (``D / H`` unless given)
 i, j  query index / position, key index / position
 R     number of relative distances in a table
+A     coordinates per position (2: row, column; 3: time, row, column)
 ====  ==========================================================
 
 Where position enters attention, for one head (see :mod:`posenc.base`)::
@@ -32,7 +33,10 @@ Public names::
     posenc.BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask)   # see posenc.backends
 """
 
-from . import encodings  # noqa: F401  (registers the built-in encodings)
+from . import (
+    encodings,  # noqa: F401  (registers the built-in encodings)
+    positions,
+)
 from .attention import Attention, Projection
 from .backends import BACKENDS, BlockOptions, scores, select_backend, supported_backends
 from .base import PositionEncoding, Stage, available, build, get_class, register
@@ -61,6 +65,7 @@ __all__ = [
     "available",
     "build",
     "get_class",
+    "positions",
     "load_checkpoint",
     "save_checkpoint",
     "register",

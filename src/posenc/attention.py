@@ -62,7 +62,8 @@ class Attention(nn.Module):
         **options: encoding options (``base``, ``num_buckets``, ...).
 
     Shape notation: ``x``: ``(B, L, D)`` -> ``(B, L, D)``; ``pos``: ``(L,)`` or ``(B, L)``
-    int64; ``key_padding_mask``: ``(B, Lk)`` bool, True = attend.
+    int64, or ``(L, A)`` / ``(B, L, A)`` for an encoding with ``axes = A > 1`` (see
+    :func:`posenc.positions.grid`); ``key_padding_mask``: ``(B, Lk)`` bool, True = attend.
     """
 
     dense_chunk = 256  # see posenc.BlockOptions
@@ -136,9 +137,8 @@ class Attention(nn.Module):
     def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> KVCache:
         """An empty :class:`~posenc.KVCache` for ``batch_size`` sequences of up to ``max_len`` tokens."""
         w = self.q_proj.weight
-        return KVCache(
-            batch_size, max_len, self.heads, self.head_dim, dtype=dtype or w.dtype, device=device or w.device
-        )
+        dtype, device, axes = dtype or w.dtype, device or w.device, self.encoding.axes
+        return KVCache(batch_size, max_len, self.heads, self.head_dim, dtype=dtype, device=device, axes=axes)
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -165,13 +165,14 @@ class Attention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
         B, L, _ = x.shape
+        axes = self.encoding.axes  # coordinates per position (1: a sequence)
         offset = cache.length if cache is not None else 0
         if memory is not None:  # default positions: the memory first, then x
             if memory.dim() != 3 or memory.shape[0] != B or memory.shape[2] != self.dim:
                 raise ValueError(f"memory must have shape ({B}, M, {self.dim}), got {tuple(memory.shape)}")
-            memory_pos = as_positions(memory_pos, memory.shape[1], device=x.device, batch=B)  # (B|1, M)
+            memory_pos = as_positions(memory_pos, memory.shape[1], device=x.device, batch=B, axes=axes)  # (B|1, M)
             offset = memory.shape[1]
-        pos = as_positions(pos, L, offset=offset, device=x.device, batch=B)  # (B|1, L)
+        pos = as_positions(pos, L, offset=offset, device=x.device, batch=B, axes=axes)  # (B|1, L[, A])
         check_lengths([self.encoding], pos)
         if self.runs_input_stage:
             x = self.embed_input(x, pos, cache)
@@ -200,7 +201,7 @@ class Attention(nn.Module):
     ) -> Projection:
         """Projections and the q/k stage: the inputs of a backend (see :class:`Projection`).
 
-        ``pos``: ``(B|1, L)`` int64, checked. With ``cache``, the new keys/values are
+        ``pos``: ``(B|1, L[, A])`` int64, checked. With ``cache``, the new keys/values are
         appended and every cached one comes back; with ``memory`` ``(B, M, D)`` at
         ``memory_pos`` ``(B|1, M)`` (Transformer-XL), keys and values are computed from
         ``cat(memory, x)``, queries from ``x`` only.

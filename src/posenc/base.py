@@ -95,6 +95,10 @@ class PositionEncoding(nn.Module):
         uses_layer_projections: ``score_terms`` projects the encoding's own table with the
             layer's ``W_Q``/``W_K``, passed as ``qk_proj=(q_proj, k_proj)`` (DeBERTa's
             ``share_att_key``).
+        axes: coordinates per position the encoding reads, ``A``: 1 for a sequence, 2 or 3
+            for image rows/columns or video time/rows/columns (set per instance by the
+            encodings that take an ``axes`` option). With ``A > 1`` every stage receives
+            positions ``(B|1, L, A)``; see :meth:`axis_positions`.
     """
 
     name: ClassVar[str] = ""
@@ -110,6 +114,7 @@ class PositionEncoding(nn.Module):
     cache_raw_keys: bool = False
     memory_len: int = 0
     uses_layer_projections: bool = False
+    axes: int = 1
 
     def __init__(self, *, heads: int, head_dim: int, max_len: int | None = None, causal: bool = True) -> None:
         super().__init__()
@@ -138,8 +143,8 @@ class PositionEncoding(nn.Module):
         return True
 
     @property
-    def position_limit(self) -> int | None:
-        """Positions must be below this; None when any position works.
+    def position_limit(self) -> int | tuple[int, ...] | None:
+        """Positions must be below this (a tuple: per axis); None when any position works.
 
         ``max_len`` for an encoding that does not extrapolate.
         """
@@ -167,8 +172,8 @@ class PositionEncoding(nn.Module):
         self.init_buffers()
         return out
 
-    def length_error(self, hi: int) -> str:
-        """The message for a position ``hi >= position_limit``."""
+    def length_error(self, hi: int, axis: int | None = None) -> str:
+        """The message for a position ``hi >= position_limit`` (on ``axis`` when the limit is per axis)."""
         return (
             f"encoding {self.name!r} supports positions 0..{self.position_limit - 1} (max_len={self.max_len}), "
             f"got position {hi}; it does not extrapolate"
@@ -180,7 +185,27 @@ class PositionEncoding(nn.Module):
         Layers and models call it once per call, at the door (:func:`check_lengths`); the
         stage methods themselves do not check.
         """
-        check_lengths([self], pos)
+        check_lengths([self], self.axis_positions(pos) if self.axes > 1 else pos)
+
+    def set_axes(self, axes: int) -> None:
+        """Set :attr:`axes` from an encoding's ``axes`` option (a positive int)."""
+        if not isinstance(axes, int) or isinstance(axes, bool) or axes < 1:
+            raise ValueError(f"axes must be a positive int (1 for a sequence, 2 or 3 for grids), got {axes!r}")
+        self.axes = axes
+
+    def axis_positions(self, pos: Tensor, length: int | None = None) -> Tensor:
+        """``pos`` as ``(B|1, L, A)`` with ``A = self.axes``, for direct calls of the stage methods.
+
+        ``(B|1, L, A)`` passes through; ``(L, A)``, ``(L,)`` and ``(B, L)`` are validated and
+        expanded by :func:`posenc.functional.check_positions` (one position per token stands
+        for the same coordinate on every axis). ``length``: the sequence length, when known;
+        without it a 2-D tensor whose last dimension is ``A`` is read as ``(L, A)``.
+        """
+        if pos.dim() == 3 and pos.shape[-1] == self.axes:
+            return pos
+        if length is None:
+            length = pos.shape[0] if pos.dim() == 2 and pos.shape[-1] == self.axes else pos.shape[-1]
+        return PF.check_positions(pos, length, axes=self.axes)
 
     # ------------------------------------------------------------------ stages
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
@@ -302,23 +327,34 @@ def build(
     return cls(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
 
 
-def as_positions(pos: Tensor | None, length: int, *, offset: int = 0, device=None, batch=None) -> Tensor:
-    """Positions as ``(B or 1, L)`` int64: ``None`` means ``arange(offset, offset+L)``."""
+def as_positions(pos: Tensor | None, length: int, *, offset: int = 0, device=None, batch=None, axes: int = 1) -> Tensor:
+    """Positions as ``(B or 1, L)`` int64, or ``(B or 1, L, A)`` for ``axes = A > 1``.
+
+    ``None`` means ``arange(offset, offset+L)`` (on every axis when ``A > 1``); see
+    :func:`posenc.functional.check_positions` for the accepted shapes.
+    """
     if pos is None:
-        return PF.default_positions(length, offset=offset, device=device).unsqueeze(0)
-    return PF.check_positions(pos, length, batch=batch)
+        pos = PF.default_positions(length, offset=offset, device=device).unsqueeze(0)  # (1, L)
+        return pos if axes == 1 else pos.unsqueeze(-1).expand(1, length, axes)
+    return PF.check_positions(pos, length, batch=batch, axes=axes)
 
 
 def check_lengths(encodings, pos: Tensor) -> None:
     """Raise ``ValueError`` if a position in ``pos`` is at or past an encoding's :attr:`~PositionEncoding.position_limit`.
 
-    One host sync (``pos.max()``) for all of them, none when every encoding extrapolates;
-    skipped under ``torch.compile`` and on the meta device.
+    One host sync for all of them (the largest position, per axis for positions with axes
+    ``(B|1, L, A)``), none when every encoding extrapolates; skipped under
+    ``torch.compile`` and on the meta device.
     """
     limited = [e for e in encodings if e.position_limit is not None]
     if not limited or torch.compiler.is_compiling() or pos.device.type == "meta" or pos.numel() == 0:
         return
-    hi = int(pos.max())
+    his = (pos.flatten(0, -2).amax(0) if pos.dim() == 3 else pos.max().reshape(1)).tolist()  # per axis
     for e in limited:
-        if hi >= e.position_limit:
-            raise ValueError(e.length_error(hi))
+        limit = e.position_limit
+        if isinstance(limit, tuple):
+            for axis, (hi, n) in enumerate(zip(his, limit, strict=False)):
+                if hi >= n:
+                    raise ValueError(e.length_error(hi, axis))
+        elif max(his) >= limit:
+            raise ValueError(e.length_error(max(his)))

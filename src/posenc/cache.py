@@ -28,9 +28,9 @@ __all__ = ["KVCache", "InputHistory", "ModelCache", "SegmentMemory", "cat_positi
 
 
 def cat_positions(a: Tensor, b: Tensor) -> Tensor:
-    """``(B|1, La)`` and ``(B|1, Lb)`` -> ``(B|1, La + Lb)``, broadcasting the batch."""
+    """``(B|1, La[, A])`` and ``(B|1, Lb[, A])`` -> ``(B|1, La + Lb[, A])``, broadcasting the batch."""
     n = max(a.shape[0], b.shape[0])
-    return torch.cat((a.expand(n, -1), b.expand(n, -1)), dim=1)
+    return torch.cat((a.expand(n, *a.shape[1:]), b.expand(n, *b.shape[1:])), dim=1)
 
 
 class InputHistory:
@@ -76,20 +76,24 @@ def input_history(enc: PositionEncoding) -> InputHistory | None:
 class KVCache(nn.Module):
     """Keys, values and key positions of past tokens for one attention layer.
 
-    Shapes: ``k, v``: ``(B, H, Lmax, Dh)``; ``pos``: ``(B, Lmax)``. The keys are stored
+    Shapes: ``k, v``: ``(B, H, Lmax, Dh)``; ``pos``: ``(B, Lmax)``, or ``(B, Lmax, A)`` for an
+    encoding that reads ``axes = A > 1`` coordinates per position. The keys are stored
     after ``rotate`` unless the encoding sets ``cache_raw_keys`` (then before, and the
     whole cache is rotated again at each step). ``inputs`` is the history of the layer's
     own input stage, if it reads preceding inputs.
     """
 
-    def __init__(self, batch_size: int, max_len: int, heads: int, head_dim: int, *, dtype=None, device=None):
+    def __init__(
+        self, batch_size: int, max_len: int, heads: int, head_dim: int, *, dtype=None, device=None, axes: int = 1
+    ):
         super().__init__()
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
         shape = (batch_size, heads, max_len, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("pos", torch.zeros(batch_size, max_len, dtype=torch.long, device=device), persistent=False)
+        pos_shape = (batch_size, max_len) if axes == 1 else (batch_size, max_len, axes)
+        self.register_buffer("pos", torch.zeros(pos_shape, dtype=torch.long, device=device), persistent=False)
         self.length = 0
         self.inputs: InputHistory | None = None
 
@@ -103,7 +107,7 @@ class KVCache(nn.Module):
             self.inputs.reset()
 
     def update(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Append ``k, v`` ``(B, H, L, Dh)`` at ``pos`` ``(B|1, L)``; return all cached so far."""
+        """Append ``k, v`` ``(B, H, L, Dh)`` at ``pos`` ``(B|1, L[, A])``; return all cached so far."""
         B, _, L, _ = k.shape
         start, end = self.length, self.length + L
         if B != self.k.shape[0]:
@@ -112,7 +116,7 @@ class KVCache(nn.Module):
             raise ValueError(f"KV cache overflow: {start} cached + {L} new > max_len={self.max_len}")
         self.k[:, :, start:end] = k.to(self.k.dtype)
         self.v[:, :, start:end] = v.to(self.v.dtype)
-        self.pos[:, start:end] = pos.expand(B, L)
+        self.pos[:, start:end] = pos.expand(B, *pos.shape[1:])
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end], self.pos[:, :end]
 

@@ -268,7 +268,8 @@ class TransformerLM(nn.Module):
         if memory is not None and key_padding_mask is not None:
             raise ValueError("key_padding_mask is not supported together with memory")
         offset = cache.length if cache is not None else memory.seen if memory is not None else 0
-        pos = as_positions(pos, L, offset=offset, device=tokens.device, batch=B)  # (B|1, L)
+        axes = self.blocks[0].attn.encoding.axes  # coordinates per position (1: a sequence)
+        pos = as_positions(pos, L, offset=offset, device=tokens.device, batch=B, axes=axes)  # (B|1, L[, A])
         check_lengths(self.encodings, pos)  # once, for every layer
         try:
             x = self.drop(self.embed(tokens, pos, cache))
