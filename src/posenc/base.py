@@ -24,10 +24,10 @@ import inspect
 from collections.abc import Callable
 from typing import ClassVar
 
-import torch
 from torch import Tensor, nn
 
 from . import functional as PF
+from .functional import as_positions, check_lengths  # re-exported: the layer and model call them from here
 
 __all__ = [
     "Stage",
@@ -325,36 +325,3 @@ def build(
             f"unknown option(s) {unknown} for encoding {name!r}; valid options: {', '.join(valid) or '(none)'}"
         )
     return cls(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
-
-
-def as_positions(pos: Tensor | None, length: int, *, offset: int = 0, device=None, batch=None, axes: int = 1) -> Tensor:
-    """Positions as ``(B or 1, L)`` int64, or ``(B or 1, L, A)`` for ``axes = A > 1``.
-
-    ``None`` means ``arange(offset, offset+L)`` (on every axis when ``A > 1``); see
-    :func:`posenc.functional.check_positions` for the accepted shapes.
-    """
-    if pos is None:
-        pos = PF.default_positions(length, offset=offset, device=device).unsqueeze(0)  # (1, L)
-        return pos if axes == 1 else pos.unsqueeze(-1).expand(1, length, axes)
-    return PF.check_positions(pos, length, batch=batch, axes=axes)
-
-
-def check_lengths(encodings, pos: Tensor) -> None:
-    """Raise ``ValueError`` if a position in ``pos`` is at or past an encoding's :attr:`~PositionEncoding.position_limit`.
-
-    One host sync for all of them (the largest position, per axis for positions with axes
-    ``(B|1, L, A)``), none when every encoding extrapolates; skipped under
-    ``torch.compile`` and on the meta device.
-    """
-    limited = [e for e in encodings if e.position_limit is not None]
-    if not limited or torch.compiler.is_compiling() or pos.device.type == "meta" or pos.numel() == 0:
-        return
-    his = (pos.flatten(0, -2).amax(0) if pos.dim() == 3 else pos.max().reshape(1)).tolist()  # per axis
-    for e in limited:
-        limit = e.position_limit
-        if isinstance(limit, tuple):
-            for axis, (hi, n) in enumerate(zip(his, limit, strict=False)):
-                if hi >= n:
-                    raise ValueError(e.length_error(hi, axis))
-        elif max(his) >= limit:
-            raise ValueError(e.length_error(max(his)))

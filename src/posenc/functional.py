@@ -16,6 +16,8 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "as_positions",
+    "check_lengths",
     "check_positions",
     "default_positions",
     "sinusoidal_table",
@@ -283,3 +285,36 @@ def scatter_relative_values(attn: Tensor, index: Tensor, num_rel: int) -> Tensor
     index = index.unsqueeze(1).expand(B, H, Lq, Lk)
     out = attn.new_zeros(B, H, Lq, num_rel)
     return out.scatter_add(-1, index, attn)
+
+
+def as_positions(pos: Tensor | None, length: int, *, offset: int = 0, device=None, batch=None, axes: int = 1) -> Tensor:
+    """Positions as ``(B or 1, L)`` int64, or ``(B or 1, L, A)`` for ``axes = A > 1``.
+
+    ``None`` means ``arange(offset, offset+L)`` (on every axis when ``A > 1``); see
+    :func:`posenc.functional.check_positions` for the accepted shapes.
+    """
+    if pos is None:
+        pos = default_positions(length, offset=offset, device=device).unsqueeze(0)  # (1, L)
+        return pos if axes == 1 else pos.unsqueeze(-1).expand(1, length, axes)
+    return check_positions(pos, length, batch=batch, axes=axes)
+
+
+def check_lengths(encodings, pos: Tensor) -> None:
+    """Raise ``ValueError`` if a position in ``pos`` is at or past an encoding's :attr:`~PositionEncoding.position_limit`.
+
+    One host sync for all of them (the largest position, per axis for positions with axes
+    ``(B|1, L, A)``), none when every encoding extrapolates; skipped under
+    ``torch.compile`` and on the meta device.
+    """
+    limited = [e for e in encodings if e.position_limit is not None]
+    if not limited or torch.compiler.is_compiling() or pos.device.type == "meta" or pos.numel() == 0:
+        return
+    his = (pos.flatten(0, -2).amax(0) if pos.dim() == 3 else pos.max().reshape(1)).tolist()  # per axis
+    for e in limited:
+        limit = e.position_limit
+        if isinstance(limit, tuple):
+            for axis, (hi, n) in enumerate(zip(his, limit, strict=False)):
+                if hi >= n:
+                    raise ValueError(e.length_error(hi, axis))
+        elif max(his) >= limit:
+            raise ValueError(e.length_error(max(his)))
