@@ -1,7 +1,11 @@
 """The contract suite: every registered encoding, in every mode it supports.
 
 Parametrised over ``posenc.available()``, so an encoding that registers is enrolled
-with no opt-in. See ``shared/DESIGN.md`` ("The contract suite").
+with no opt-in. What it checks, for every encoding and mode: shapes and dtypes, gradients
+to every parameter, explicit ``arange`` positions equal ``None``, cached decoding equals
+the full forward, declared shift invariance, behaviour past ``max_len``, every backend
+equals the eager oracle (outputs and gradients), fully padded rows give 0 (no NaN across
+layers), ``state_dict`` round trip, meta-device construction, errors on bad input.
 """
 
 from __future__ import annotations
