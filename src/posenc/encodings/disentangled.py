@@ -22,7 +22,8 @@
   ``p = LayerNorm(P[pos])`` from a learned table; ``relative_bias=True`` adds T5's
   bucketed bias (TUPE-R; TUPE-A without); ``untie_cls=True`` replaces the whole positional
   term (absolute and relative) of every pair involving position 0 ([CLS]) by two learned
-  scalars per head, as eq. (9) and the official code (own [CLS] buckets) do.
+  scalars per head, as eq. (11) (``reset_θ`` of eq. 9 around the sum) and the official code
+  (own [CLS] buckets) do.
   Checked against the formula written out in the tests (there is no installable
   reference).
 
@@ -74,8 +75,8 @@ class DeBERTa(PositionEncoding):
             width with ``share_att_key``.
         layer_norm_eps: eps of that LayerNorm (HF default 1e-7).
         clamp_relative_positions: clamp ``δ`` to ``±(max_relative_positions - 1)`` before
-            log-bucketing, as Microsoft's original code does (``da_utils.make_log_bucket_position``);
-            HF does not, so there a key more than ``max_relative_positions - 1`` positions
+            log-bucketing, as Microsoft's code does (``da_utils.make_log_bucket_position`` since
+            its 2023 DeBERTaV3 release; its 2021 v2 release did not); HF does not, so there a key more than ``max_relative_positions - 1`` positions
             *ahead* of the query lands in table row 0, which no distance inside the range
             uses (never trained), while Microsoft's lands in the last trained bucket. The two
             agree for every ``|δ| < max_relative_positions`` and for every causal pair. True
@@ -317,7 +318,7 @@ class TUPE(PositionEncoding):
             )
             out = out + self.relative_attention_bias(b).float().movedim(-1, -3)
         if self.untie_cls:
-            # eq. (9): reset_θ replaces the WHOLE positional term of pairs involving [CLS]
+            # eq. (9)/(11): reset_θ replaces the WHOLE positional term of pairs involving [CLS]
             # (absolute and relative alike; the official code gives [CLS] its own buckets)
             h = (-1, 1, 1)
             q0 = (q_pos == 0).unsqueeze(-1).unsqueeze(-3)  # (..., 1, Lq, 1)
