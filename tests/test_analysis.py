@@ -274,3 +274,15 @@ def test_bad_checkpoint_is_an_error_not_random_weights(content, tmp_path, capsys
     rc = main(["analyze", "decompose", "--checkpoint", str(path), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and "bad.pt" in err and "not a readable posenc checkpoint" in err
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_unusable_out_is_one_line(where, tmp_path, capsys):
+    from posenc.cli import main
+
+    f = tmp_path / "f"
+    f.write_text("x")
+    out = f if where == "file" else f / "sub"
+    assert main(["analyze", "decay", "--encodings", "rope", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(out) in err and "--out" in err
