@@ -191,6 +191,9 @@ def cmd_invariance(args) -> int:
     for r in res:
         by = {row["shift"]: row["logits"] for row in r["shifts"]}
         rows.append([r["label"], _tag(r["source"]), "yes" if r["relative"] else "no", *[by.get(s, "") for s in shifts]])
+        for a in range(r["axes"] if r["axes"] > 1 else 0):  # positions with axes: each axis shifted alone
+            by = {row["shift"]: row["per_axis"][a]["logits"] for row in r["shifts"]}
+            rows.append([f"  axis {a}", "", "", *[by.get(s, "") for s in shifts]])
     cols = ["model", "", "relative", *[f"s={s}" for s in shifts]]
     table = Table(cols, rows, title="invariance: relative change of attention logits (max over layers)")
     return _report(args, "invariance", res, notes, plot_invariance, table)
