@@ -1,13 +1,14 @@
 """TUPE (``tupe``): against the paper's formula written out (no installable reference exists).
 
-Ke et al. 2021, eq. (7)-(10): for head h,
+Ke et al. 2021 (ICLR version), eq. (7)-(11): for head h,
 
     α_ij = (x_i W_Q)(x_j W_K)ᵀ/√(2d) + reset_θ(v_ij, i, j)
     v_ij = (p_i U_Q)(p_j U_K)ᵀ/√(2d) [+ b_{j-i}]                  (TUPE-A [TUPE-R])
     reset_θ(v, i, j) = v if i ≠ [CLS] and j ≠ [CLS];  θ₁ if i = [CLS];  θ₂ if i ≠ [CLS], j = [CLS]
 
-with ``p = LayerNorm(P)``. ``reset_θ`` replaces the whole positional term v_ij, the
-relative bias b_{j-i} included (the official code gives [CLS] pairs buckets of their own).
+with ``p = LayerNorm(P)``. Eq. (11) (TUPE-R) applies ``reset_θ`` to the sum, so it replaces
+the whole positional term v_ij, the relative bias b_{j-i} included (the official code gives
+[CLS] pairs buckets of their own).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ D = H * DH
 
 
 def _formula(attn, x, pos, causal):
-    """Every term of eq. (7)-(10) looped over (h, i, j); then softmax, values, output."""
+    """Every term of eq. (7)-(11) looped over (h, i, j); then softmax, values, output."""
     enc = attn.encoding
     B, L, _ = x.shape
     q = attn.q_proj(x).view(B, L, H, DH)

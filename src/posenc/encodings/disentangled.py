@@ -23,7 +23,8 @@
   ``p = LayerNorm(P[pos])`` from a learned table; ``relative_bias=True`` adds T5's
   bucketed bias (TUPE-R; TUPE-A without); ``untie_cls=True`` replaces the whole positional
   term (absolute and relative) of every pair involving position 0 ([CLS]) by two learned
-  scalars per head, as eq. (9) and the official code (own [CLS] buckets) do.
+  scalars per head, as eq. (11) (``reset_θ`` of eq. 9 around the sum) and the official code
+  (own [CLS] buckets) do.
   Checked against the formula written out in the tests (there is no installable
   reference).
 
@@ -79,10 +80,12 @@ class DeBERTa(PositionEncoding):
             the hidden states just before this block of a model, so only the blocks from
             there on see absolute positions. None: no such table (relative only).
         clamp_relative_positions: clamp ``δ`` to ``±(max_relative_positions - 1)`` before
-            log-bucketing, as Microsoft's ``da_utils.make_log_bucket_position`` does (default);
-            False reproduces HF, where a key ``max_relative_positions`` or more positions
-            *ahead* lands in the never-trained table row 0. They agree for every
-            ``|δ| < max_relative_positions`` and every causal pair. No effect without buckets.
+            log-bucketing, as Microsoft's code does (``da_utils.make_log_bucket_position`` since
+            its 2023 DeBERTaV3 release; its 2021 v2 release did not); HF does not, so there a key more than ``max_relative_positions - 1`` positions
+            *ahead* of the query lands in table row 0, which no distance inside the range
+            uses (never trained), while Microsoft's lands in the last trained bucket. The two
+            agree for every ``|δ| < max_relative_positions`` and for every causal pair. True
+            (Microsoft's) by default; False reproduces HF exactly. No effect without buckets.
     """
 
     name = "deberta"
@@ -337,7 +340,7 @@ class TUPE(PositionEncoding):
             )
             out = out + self.relative_attention_bias(b).float().movedim(-1, -3)
         if self.untie_cls:
-            # eq. (9): reset_θ replaces the WHOLE positional term of pairs involving [CLS]
+            # eq. (9)/(11): reset_θ replaces the WHOLE positional term of pairs involving [CLS]
             # (absolute and relative alike; the official code gives [CLS] its own buckets)
             h = (-1, 1, 1)
             q0 = (q_pos == 0).unsqueeze(-1).unsqueeze(-3)  # (..., 1, Lq, 1)

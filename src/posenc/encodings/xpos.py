@@ -35,7 +35,8 @@ class XPos(RoPE):
     The factors are float32; the rotated ``q``/``k`` are cast to the activation dtype,
     so the growth ``ζ_min^(-span/2/s)`` must fit it: a ``ValueError`` names the limit
     when one call's query span is too long (about 4 500 query positions in float16,
-    32 000 in bfloat16/float32 with the defaults).
+    65 000 in bfloat16/float32 with the defaults); a longer prompt goes in chunks through
+    the KV cache.
 
     Args:
         scale_base: the ``512`` of the paper.
