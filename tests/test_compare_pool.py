@@ -40,3 +40,15 @@ def test_workers_run_elsewhere_with_their_threads_and_fail_loudly():
     assert {r[1] for r in out} == {1} and os.getpid() not in {r[2] for r in out}
     with pytest.raises(ValueError, match="negative job -1"):
         run_jobs([1, -1, 2], _square_and_threads, workers=2, threads=1)
+
+
+def test_slowest_encodings_start_first():
+    """Longest job first on the workers: clipped-relative (chunked backend), then T5's learned
+    bucket biases (dense), then ALiBi's fixed biases; SDPA encodings last, in list order."""
+    from posenc.compare import preset_config
+    from posenc.compare.runner import _slow_first
+
+    cfg = preset_config("quick")
+    assert _slow_first(cfg, cfg.encodings) == ["shaw", "t5", "alibi", "learned", "nope", "sinusoidal", "rope"]
+    # an encoding whose options do not fit keeps its place among the fast ones, no error
+    assert _slow_first(cfg, ["rope", "shaw"]) == ["shaw", "rope"]

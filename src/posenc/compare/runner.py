@@ -48,19 +48,21 @@ def make_source(cfg: CompareConfig):
 
 def _slow_first(cfg: CompareConfig, names: list[str]) -> list[str]:
     """Encodings ordered for worker processes: the ones on slower attention backends first
-    (the relative backend, then dense biases, then SDPA), so that no long job starts last."""
-    from ..attention import select_backend
+    (chunked, then dense biases, then SDPA; within one backend, learned position
+    parameters first: their gradients cost time), so that no long job starts last (the
+    longest-first rule for jobs on parallel workers)."""
     from ..base import build
+    from ..backends import select_backend
 
-    rank = {"relative": 0, "dense": 1, "flex": 1, "sdpa": 2}
+    rank = {"chunked": 0, "eager": 0, "dense": 1, "flex": 1, "sdpa": 2}
 
-    def cost(name: str) -> int:
+    def cost(name: str) -> tuple[int, int]:
         try:
             enc = build(name, heads=cfg.heads, head_dim=cfg.dim // cfg.heads, max_len=cfg.train_len,
                         **cfg.encoding_options.get(name, {}))  # fmt: skip
-            return rank.get(select_backend(enc, "cpu", True), 2)
-        except Exception:  # an encoding that needs other options: no opinion, keep its place
-            return 2
+        except (TypeError, ValueError):  # an encoding that needs other options: no opinion, keep its place
+            return (2, 0)
+        return rank[select_backend(enc, "cpu")], -sum(p.numel() for p in enc.parameters())
 
     return sorted(names, key=cost)
 
