@@ -69,8 +69,16 @@ def test_convergence_flags_a_model_still_improving():
     flat = [3.0 + 0.01 * math.sin(i) for i in range(1000)]
     done = convergence(flat, [{"step": 800, "loss": 3.001}, {"step": 1000, "loss": 3.0}])
     assert done["converged"] is True and abs(done["train_slope"]) < 0.01
-    # either measurement alone decides: a flat training loss with a falling validation loss
-    assert convergence(flat, vals)["converged"] is False
+    # the validation loss decides: a flat training loss with a falling validation loss is still
+    # improving; a training loss still falling on seen data over a flat validation loss is not
+    assert convergence(flat, vals)["converged"] is False and convergence(flat, vals)["decided_by"] == "val_drop"
+    assert convergence(falling, [{"step": 800, "loss": 3.001}, {"step": 1000, "loss": 3.0}])["converged"] is True
+    # without validation points the training loss's line decides, at the same threshold
+    assert convergence(falling, [])["converged"] is False and convergence(flat, [])["converged"] is True
+    assert convergence(falling, [])["decided_by"] == "train_slope"
+    # either side of the threshold: a 1.9 % drop is converged, 2.1 % is not
+    assert convergence(flat, [{"step": 800, "loss": 1.0}, {"step": 1000, "loss": 0.981}])["converged"] is True
+    assert convergence(flat, [{"step": 800, "loss": 1.0}, {"step": 1000, "loss": 0.979}])["converged"] is False
     assert convergence([1.0] * 3, [])["converged"] is None  # too short to tell
     with pytest.raises(ValueError, match="threshold"):
         convergence(flat, [], threshold=0)
@@ -189,7 +197,7 @@ def test_kazemnejad_ordering_on_tasks():
 
 def test_caveats_name_unconverged_single_seed_unlearned_and_spread():
     c = caveats(_results(PRESS, converged=False))
-    assert any(x.startswith("not converged: train longer") and "sinusoidal (loss fell 5.0%" in x for x in c)
+    assert any(x.startswith("not converged: train longer") and "sinusoidal (validation loss fell 5.0%" in x for x in c)
     assert any(x.startswith("one seed") for x in c)
     assert not any(
         x.startswith("one seed") or x.startswith("not converged") for x in caveats(_results(PRESS, seeds=(0, 1)))
@@ -243,6 +251,6 @@ def test_report_markdown_has_every_part_and_reads_the_numbers():
     assert "- **partly** — Press et al. 2022, Table 2" in report_markdown(swapped, [])
     # unconverged models are named next to their row
     slow = _results(PRESS, converged=False)
-    assert table_rows(slow)[1][0][-1].startswith("not converged: train longer (loss fell 5.0%")
+    assert table_rows(slow)[1][0][-1].startswith("not converged: train longer (validation loss fell 5.0%")
     assert fmt_interval(interval([1.0, 2.0]), "ppl") == "1.50 (1.00–2.00)" and fmt_interval(None, "ppl") == "n/a"
     assert fmt_interval(interval([0.5, 0.6, 0.7]), "accuracy") == "60.0% ± 24.8%"

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .diagnostics import still_improving
 from .stats import Interval, interval, rank_with_ties, tied, wilson
 
 __all__ = ["Summary", "summarize", "findings", "caveats", "train_spread", "metric_name"]
@@ -247,8 +248,7 @@ def caveats(results: dict[str, Any]) -> list[str]:
         details = []
         for enc in still:
             conv = [r.get("convergence") or {} for r in results["runs"] if r["encoding"] == enc]
-            drops = [max(-(c.get("train_slope") or 0.0), c.get("val_drop") or 0.0) for c in conv]
-            details.append(f"{enc} (loss fell {max(drops):.1%} over the last 20 % of training)")
+            details.append(f"{enc} ({still_improving(conv)})")
         out.append(f"not converged: train longer — {', '.join(details)}; models still improving are compared "
                    "before they reached their quality")  # fmt: skip
     if all(len(v) == 1 for v in s.seeds.values()):
