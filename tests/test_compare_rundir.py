@@ -21,8 +21,8 @@ from posenc.cli import make_parser
 from posenc.compare import CompareConfig, preset_config
 from posenc.compare.cli import build_config
 from posenc.compare.report import per_position_absent, run_subtitle
-from posenc.output import readable_log_axis
 from posenc.compare.rundir import RunDir, default_out
+from posenc.output import readable_log_axis
 
 FAST = [*TINY, "--steps", "2", "--eval-lens", "16"]
 

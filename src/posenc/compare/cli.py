@@ -239,4 +239,3 @@ def _command_line(argv: list[str] | None) -> str:
     if "compare" in argv:
         argv = argv[argv.index("compare") + 1 :]
     return "posenc compare" + "".join(" " + shlex.quote(a) for a in argv)
-

@@ -230,8 +230,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "encoding_options": {"t5": {"max_distance": 64}},
         "tasks": {
             # Kazemnejad et al.'s regime scaled down: sizes up to 16 items (32 tokens), tested to 4x
-            "synthetic": {"train_len": 16, "eval_lens": [8, 16, 32, 64], "steps": 3000,
-                          "encoding_options": {"t5": {"max_distance": 32}}},
+            "synthetic": {
+                "train_len": 16,
+                "eval_lens": [8, 16, 32, 64],
+                "steps": 3000,
+                "encoding_options": {"t5": {"max_distance": 32}},
+            },
             "passkey": {"steps": 2400, "eval_samples": 64},
         },  # fmt: skip
     },

@@ -51,8 +51,8 @@ def _slow_first(cfg: CompareConfig, names: list[str]) -> list[str]:
     (chunked, then dense biases, then SDPA; within one backend, learned position
     parameters first: their gradients cost time), so that no long job starts last (the
     longest-first rule for jobs on parallel workers)."""
-    from ..base import build
     from ..backends import select_backend
+    from ..base import build
 
     rank = {"chunked": 0, "eager": 0, "dense": 1, "flex": 1, "sdpa": 2}
 
