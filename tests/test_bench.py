@@ -22,17 +22,20 @@ def _small(name: str, causal: bool = True):
 
 @pytest.mark.parametrize("name", posenc.available())
 def test_select_backend_dispatch(name):
-    """auto picks sdpa (flash on GPU) / flex on CUDA / dense on CPU / relative, by stages."""
+    """auto picks sdpa (flash on GPU) / flex on CUDA / blockwise on CPU where the terms are
+    per distance / dense / relative, by stages."""
     enc = _small(name)
     st = enc.stages
     vector = bool(st & (Stage.TERMS | Stage.VALUE)) or enc.rotates_value
+    per_distance = type(enc).distance_terms is not posenc.PositionEncoding.distance_terms
     for grad in (True, False):
         cpu = posenc.select_backend(enc, "cpu", grad)
         cuda = posenc.select_backend(enc, "cuda", grad)
         if vector:
-            assert cpu == cuda == "relative"
+            assert cpu == ("blockwise" if per_distance else "relative")
+            assert cuda == "relative"
         elif st & Stage.BIAS:
-            assert cpu == "dense"
+            assert cpu == ("blockwise" if per_distance else "dense")
             assert cuda == ("flex" if enc.has_score_mod else "dense")
         else:
             assert cpu == cuda == "sdpa"
@@ -44,7 +47,7 @@ def test_scalar_biases_go_to_flex_on_cuda(name):
     enc = _small(name)
     assert enc.has_score_mod
     assert posenc.select_backend(enc, "cuda", True) == "flex"
-    assert posenc.select_backend(enc, "cpu", True) == "dense"
+    assert posenc.select_backend(enc, "cpu", True) == "blockwise"
 
 
 def test_bench_resolves_auto_backend_per_device():
@@ -53,7 +56,7 @@ def test_bench_resolves_auto_backend_per_device():
 
     case = posenc_case("alibi", heads=2, head_dim=8, causal=True, max_len=64, device="cpu", dtype=torch.float32)
     module, _ = case.make(16)
-    assert resolved_backend(case, module, torch.device("cpu"), True) == "dense"
+    assert resolved_backend(case, module, torch.device("cpu"), True) == "blockwise"
     assert resolved_backend(case, module, torch.device("cuda"), True) == "flex"
 
 
@@ -122,7 +125,7 @@ def test_bench_smoke_l128(tmp_path, one_thread):
         assert r["status"] == "ok", (r["label"], r["status"])
         assert r["L"] == 128 and r["time_s"] > 0 and r["ratio"] > 0 and r["peak_bytes"] > 0
     backends = {r["label"]: r["backend"] for r in rows if r["impl"] == "posenc"}
-    assert backends["posenc:rope"] == "sdpa" and backends["posenc:alibi"] == "dense"
+    assert backends["posenc:rope"] == "sdpa" and backends["posenc:alibi"] == "blockwise"
     trows = json.loads((out / "throughput.json").read_text())["rows"]
     assert {(r["impl"], r["encoding"]) for r in trows} >= {("posenc", "rope"), ("x-transformers", "rope")}
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in trows), trows

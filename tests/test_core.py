@@ -50,9 +50,11 @@ def test_learned_needs_max_len():
         ("nope", "sdpa", "sdpa"),
         ("rope", "sdpa", "sdpa"),
         ("sinusoidal", "sdpa", "sdpa"),
-        ("alibi", "dense", "flex"),
-        ("t5", "dense", "flex"),
-        ("shaw", "relative", "relative"),
+        ("alibi", "blockwise", "flex"),
+        ("t5", "blockwise", "flex"),
+        ("shaw", "blockwise", "relative"),
+        ("fire", "dense", "flex"),
+        ("cope", "relative", "relative"),
     ],
 )
 def test_backend_dispatch(name, cpu, cuda):

@@ -40,7 +40,7 @@ from .base import PositionEncoding, Stage, as_positions, build
 
 __all__ = ["Attention", "KVCache", "BACKENDS", "select_backend", "supported_backends"]
 
-BACKENDS = ("auto", "sdpa", "flex", "dense", "relative", "eager")
+BACKENDS = ("auto", "sdpa", "flex", "blockwise", "dense", "relative", "eager")
 
 _compiled_flex = None
 
@@ -63,6 +63,8 @@ def supported_backends(enc: PositionEncoding) -> list[str]:
     out = []
     if not st & (Stage.BIAS | Stage.TERMS | Stage.VALUE) and not enc.rotates_value:
         out.append("sdpa")
+    if type(enc).distance_terms is not PositionEncoding.distance_terms and not enc.rotates_value:
+        out.append("blockwise")
     if st & Stage.BIAS and not st & (Stage.TERMS | Stage.VALUE) and not enc.rotates_value:
         out += ["flex", "dense"]
     return out + ["relative", "eager"]
@@ -79,6 +81,8 @@ def select_backend(enc: PositionEncoding, device_type: str, needs_grad: bool) ->
         return "sdpa"
     if "flex" in ok and enc.has_score_mod and device_type == "cuda":
         return "flex"
+    if "blockwise" in ok and device_type == "cpu":
+        return "blockwise"
     if "dense" in ok:
         return "dense"
     return "relative"
@@ -412,6 +416,28 @@ class Attention(nn.Module):
             # off CUDA the unfused reference runs on purpose (FlexAttention has no CPU backward)
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
             return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=self.encoding.scale)
+
+    def _attend_blockwise(self, q, k, v, q_pos, k_pos, offset, kpm):
+        """:mod:`posenc.kernels`: fused calls on the far field, explicit near keys; the general
+        backend when positions are not consecutive or the device is not the CPU."""
+        from .kernels.backend import blockwise_attention
+
+        out = blockwise_attention(
+            self.encoding,
+            q,
+            k,
+            v,
+            q_pos,
+            k_pos,
+            causal=self.causal,
+            offset=offset,
+            key_padding_mask=kpm,
+            max_block=self.chunk_size,
+        )
+        if out is not None:
+            return out
+        fallback = "dense" if "dense" in supported_backends(self.encoding) else "relative"
+        return getattr(self, f"_attend_{fallback}")(q, k, v, q_pos, k_pos, offset, kpm)
 
     def _attend_eager(self, q, k, v, q_pos, k_pos, offset, kpm):
         """The oracle: every term materialised, float32 throughout."""
