@@ -30,7 +30,7 @@ from torch import Tensor
 from .band import Tables, band_backward, band_forward
 from .flash import flash_backward, flash_forward, flush_denormals, merge_into, safe_lse
 from .plan import FlashCall, Plan
-from .strip import StripTables, strip_backward, strip_forward
+from .strip import StripTables, key_logits, key_logits_backward, strip_backward, strip_forward
 
 __all__ = ["SegmentConfig", "SegmentAttention"]
 
@@ -212,9 +212,10 @@ class SegmentAttention(torch.autograd.Function):
             x = (q, _pad_keys(k, before, after), _pad_keys(v, before, after), t["q_rel"])
             kpm_p = None if masks.kpm is None else F.pad(masks.kpm, (before, after))
             st = StripTables(t["bias"], t["rel_k"], t["rel_q"], t["rel_v"])
+            rk = key_logits(x[1], st)
             for strip in plan.strips:
                 ob, lb, p = strip_forward(
-                    x, strip, st, scale=cfg.scale, geom=g, pad=before, kpm_padded=kpm_p, keep=keep
+                    x, strip, st, scale=cfg.scale, geom=g, pad=before, kpm_padded=kpm_p, keep=keep, rk=rk
                 )
                 merge_into(out, lse, slice(strip.r0, strip.r1), ob, lb)
                 kept.append((p, lb))
@@ -285,6 +286,8 @@ class SegmentAttention(torch.autograd.Function):
             kpm_p = None if masks.kpm is None else F.pad(masks.kpm, (before, after))
             sgrads = dict(grads, k=_pad_keys(grads["k"], before, after), v=_pad_keys(grads["v"], before, after))
             st = StripTables(t["bias"], t["rel_k"], t["rel_q"], t["rel_v"])
+            rk = key_logits(x[1], st)
+            d_rk = None if rk is None else torch.zeros_like(rk)
             for strip in plan.strips:
                 p, own = next(kept)
                 rows = slice(strip.r0, strip.r1)
@@ -300,8 +303,12 @@ class SegmentAttention(torch.autograd.Function):
                     kpm_padded=kpm_p,
                     p=p,
                     own_lse=own,
+                    rk=rk,
+                    d_rk=d_rk,
                     **common,
                 )
+            if d_rk is not None:
+                key_logits_backward(d_rk, x[1], st, sgrads)
             for name in ("k", "v"):
                 if grads[name] is not None and sgrads[name] is not grads[name]:
                     grads[name] = sgrads[name][:, :, before : before + g.Lk]

@@ -9,7 +9,9 @@ whatever the row, so the terms are per column::
 ``bias`` ``(H, W)``, ``rel_k/rel_q/rel_v`` ``(H|1, W, Dh)`` are already the rows of the
 strip's distances (gathered by the caller, with gradients). For a block of ``c`` rows the
 keys form a rectangle of ``c + W - 1``; ``q·k`` and ``p·v`` are matmuls against it and the
-strip is its diagonal band, a strided view (``[r, t] -> [r, r + t]``). ``k`` and ``v`` are
+strip is its diagonal band, a strided view (``[r, t] -> [r, r + t]``). The key-side term
+``k_j·rel_q[t]`` is one ``(Lk, W)`` matmul for the whole call (:func:`key_logits`), read
+along its diagonals (``[r, t] -> [r + t, t]``). ``k`` and ``v`` are
 given padded with ``pad`` zero rows in front (and enough behind), so the rectangle never
 leaves them; keys outside ``[0, Lk)`` are masked. All float32, like the eager oracle.
 """
@@ -23,7 +25,7 @@ from torch import Tensor
 
 from .flash import safe_lse
 
-__all__ = ["StripTables", "strip_forward", "strip_backward"]
+__all__ = ["StripTables", "key_logits", "key_logits_backward", "strip_forward", "strip_backward"]
 
 
 @dataclass
@@ -73,13 +75,20 @@ def _block(x, strip, geom, pad: int, kpm_padded: Tensor | None) -> _Block:
     return _Block(qb, qr, k[:, :, k0 : k0 + n].float(), v[:, :, k0 : k0 + n].float(), k0, allowed)
 
 
-def _scores(b: _Block, tables: StripTables, scale: float, W: int) -> Tensor:
+def key_logits(k_padded: Tensor, tables: StripTables) -> Tensor | None:
+    """``k_j·rel_q[t]`` for every (padded) key and strip column: ``(B, H, Lk + pads, W)`` float32."""
+    if tables.rel_q is None:
+        return None
+    return k_padded.float() @ tables.rel_q.float().transpose(-1, -2)
+
+
+def _scores(b: _Block, tables: StripTables, scale: float, W: int, rk: Tensor | None) -> Tensor:
     c = b.q.shape[-2]
     s = _diag(b.q @ b.k.transpose(-1, -2), W).contiguous()  # (B, H, c, W)
     if tables.rel_k is not None:
         s.add_(b.q_rel @ tables.rel_k.float().transpose(-1, -2))
-    if tables.rel_q is not None:
-        s.add_(_diag_keys(b.k @ tables.rel_q.float().transpose(-1, -2), c))
+    if rk is not None:
+        s.add_(_diag_keys(rk[:, :, b.k0 : b.k0 + b.k.shape[-2]], c))
     s.mul_(scale)
     if tables.bias is not None:
         s.add_(tables.bias.float().unsqueeze(-2))
@@ -95,10 +104,12 @@ def _spread(p: Tensor, n: int) -> Tensor:
     return out
 
 
-def strip_forward(x, strip, tables: StripTables, *, scale, geom, pad, kpm_padded, keep: bool):
-    """``(out (B, H, c, Dh), lse (B, H, c), p or None)`` of one strip block, float32."""
+def strip_forward(x, strip, tables: StripTables, *, scale, geom, pad, kpm_padded, keep: bool, rk=None):
+    """``(out (B, H, c, Dh), lse (B, H, c), p or None)`` of one strip block, float32.
+
+    ``rk``: :func:`key_logits` of the call."""
     b = _block(x, strip, geom, pad, kpm_padded)
-    s = _scores(b, tables, scale, strip.width)
+    s = _scores(b, tables, scale, strip.width, rk)
     lse = torch.logsumexp(s, dim=-1)
     p = s.sub_(safe_lse(lse).unsqueeze(-1)).exp_()
     out = _spread(p, b.k.shape[-2]) @ b.v
@@ -114,14 +125,15 @@ def _sum_to(g: Tensor, like: Tensor) -> Tensor:
 
 
 def strip_backward(
-    x, strip, tables: StripTables, grads, *, do, lse, delta_rows, scale, geom, pad, kpm_padded, p, own_lse
+    x, strip, tables: StripTables, grads, *, do, lse, delta_rows, scale, geom, pad, kpm_padded, p, own_lse, rk, d_rk
 ):
-    """Add one strip block's gradients into ``grads`` (``k``/``v`` buffers are the padded ones)."""
+    """Add one strip block's gradients into ``grads`` (``k``/``v`` buffers are the padded ones);
+    the key-side term's gradient goes into ``d_rk`` (the shape of :func:`key_logits`)."""
     b = _block(x, strip, geom, pad, kpm_padded)
     W, n = strip.width, b.k.shape[-2]
     rows, keys = slice(strip.r0, strip.r1), slice(b.k0, b.k0 + n)
     if p is None:
-        p = _scores(b, tables, scale, W).sub_(safe_lse(lse).unsqueeze(-1)).exp_()
+        p = _scores(b, tables, scale, W, rk).sub_(safe_lse(lse).unsqueeze(-1)).exp_()
     else:  # renormalise the strip's own softmax to the whole row's
         p = p * torch.exp(own_lse - safe_lse(lse)).nan_to_num_(0.0).unsqueeze(-1)
     do = do.float()
@@ -147,10 +159,13 @@ def strip_backward(
             grads[key][:, :, rows] += ds @ tables.rel_k.float()
         if grads["rel_k"] is not None:
             grads["rel_k"] += _sum_to(ds.transpose(-1, -2) @ b.q_rel, tables.rel_k)
-    if tables.rel_q is not None:
-        d_rk = ds.new_zeros(*ds.shape[:-2], n, W)
-        _diag_keys(d_rk, ds.shape[-2]).copy_(ds)
-        if grads["k"] is not None:
-            grads["k"][:, :, keys] += d_rk @ tables.rel_q.float()
-        if grads["rel_q"] is not None:
-            grads["rel_q"] += _sum_to(d_rk.transpose(-1, -2) @ b.k, tables.rel_q)
+    if d_rk is not None:
+        _diag_keys(d_rk[:, :, keys], ds.shape[-2]).add_(ds)
+
+
+def key_logits_backward(d_rk: Tensor, k_padded: Tensor, tables: StripTables, grads) -> None:
+    """Gradients of :func:`key_logits` into ``grads["k"]`` (padded) and ``grads["rel_q"]``."""
+    if grads["k"] is not None:
+        grads["k"] += d_rk @ tables.rel_q.float()
+    if grads["rel_q"] is not None:
+        grads["rel_q"] += _sum_to(d_rk.transpose(-1, -2) @ k_padded.float(), tables.rel_q)
