@@ -96,7 +96,7 @@ def test_decomposition_terms_sum_to_the_logits(name):
     terms, how, residual = decompose_terms(model, tokens())
     assert residual < 1e-5, (name, residual)
     enc = model.blocks[0].attn.encoding
-    additive_input = model.input_encoding is not None and not model.input_encoding.builds_embedding
+    additive_input = model.input_encoding is not None and model.tok_emb is not None
     pos_terms = ("content·position", "position·content", "position·position")
     if additive_input:
         assert all(float(terms[t].abs().max()) > 0 for t in pos_terms), how
@@ -274,6 +274,18 @@ def test_bad_checkpoint_is_an_error_not_random_weights(content, tmp_path, capsys
     rc = main(["analyze", "decompose", "--checkpoint", str(path), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and "bad.pt" in err and "not a readable posenc checkpoint" in err
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_unusable_out_is_one_line(where, tmp_path, capsys):
+    from posenc.cli import main
+
+    f = tmp_path / "f"
+    f.write_text("x")
+    out = f if where == "file" else f / "sub"
+    assert main(["analyze", "decay", "--encodings", "rope", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(out) in err and "--out" in err
 
 
 @pytest.mark.parametrize(

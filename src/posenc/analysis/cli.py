@@ -327,10 +327,21 @@ def run(args: argparse.Namespace) -> int:
     if not hasattr(args, "_argv"):
         args._argv = _argv_after("analyze")
     try:
+        _check_out(args.out)
         return COMMANDS[args.analysis](args)
     except ValueError as e:
         print(f"posenc analyze {args.analysis}: error: {e}", file=sys.stderr)
         return 2
+
+
+def _check_out(out: Path) -> None:
+    """Create ``--out`` up front: a path that cannot be a folder is one sentence, not a traceback."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"--out {str(out)!r} exists and is not a folder") from None
+    except OSError as e:
+        raise ValueError(f"--out {str(out)!r} cannot be created: {e.strerror or e}") from None
 
 
 def _argv_after(word: str) -> list[str]:
