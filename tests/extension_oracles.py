@@ -21,7 +21,9 @@ def llama_rotary(heads: int, head_dim: int, theta: float = 10000.0, factor: floa
     params = {"rope_type": "default", "rope_theta": theta}
     if factor is not None:  # LlamaLinearScalingRotaryEmbedding of the 4.31 patch
         params = {"rope_type": "linear", "rope_theta": theta, "factor": float(factor)}
-    cfg = LlamaConfig(hidden_size=heads * head_dim, num_attention_heads=heads, head_dim=head_dim, rope_parameters=params)
+    cfg = LlamaConfig(
+        hidden_size=heads * head_dim, num_attention_heads=heads, head_dim=head_dim, rope_parameters=params
+    )
     return LlamaRotaryEmbedding(cfg)
 
 
@@ -112,7 +114,10 @@ def self_extend_decode(q, k, v, q_position, *, group_size, window, scale_base, r
     key_pos = torch.arange(Lk).view(1, Lk)
     nq, nk = _apply(rotary, q, q_position), _apply(rotary, k, key_pos)
     re = 0 if q_position.max() < window else window
-    gq, gk = _apply(rotary, q, q_position // group_size + re - re / group_size), _apply(rotary, k, key_pos // group_size)
+    gq, gk = (
+        _apply(rotary, q, q_position // group_size + re - re / group_size),
+        _apply(rotary, k, key_pos // group_size),
+    )
     sn = nq @ nk.transpose(2, 3) / math.sqrt(q.shape[-1])
     sg = gq @ gk.transpose(2, 3) / math.sqrt(q.shape[-1])
     neighbor = torch.zeros(1, Lk, dtype=torch.bool)

@@ -109,14 +109,14 @@ def scores(
     """Pre-softmax scores ``s = scale·(q̃·k̃ + score_terms) + bias``: float32 ``(B, H, Lq, Lk)``.
 
     ``q``/``k`` are after the q/k stage; the encoding's ``score_terms`` and ``bias`` run if
-    it declares them. With ``parts=True`` the separate terms come back as a dict
+    it declares them, and its ``qk_scores`` replaces ``q̃·k̃`` if it declares ``Stage.SCORES``. With ``parts=True`` the separate terms come back as a dict
     (``"qk"``, and ``"terms"``/``"bias"`` where the encoding has them), each float32
     ``(B, H, Lq, Lk)``; they sum to the scores.
     """
     st = enc.stages
     extra = {"qk_proj": qk_proj} if enc.uses_layer_projections else {}
     if parts:
-        out = {"qk": (q @ k.transpose(-1, -2)).float() * enc.scale}  # (B, H, Lq, Lk)
+        out = {"qk": _qk(enc, q, k, q_pos, k_pos).float() * enc.scale}  # (B, H, Lq, Lk)
         if st & Stage.TERMS:
             out["terms"] = enc.score_terms(q, k, q_pos, k_pos, **extra).float() * enc.scale
         if st & Stage.BIAS:
@@ -124,13 +124,20 @@ def scores(
         return out
     # in place from the matmul on: none of these intermediates is saved for backward,
     # and each L×L pass that allocates costs as much as the arithmetic on CPU
-    s = q @ k.transpose(-1, -2)  # (B, H, Lq, Lk)
+    s = _qk(enc, q, k, q_pos, k_pos)  # (B, H, Lq, Lk)
     if st & Stage.TERMS:
         s.add_(enc.score_terms(q, k, q_pos, k_pos, **extra))
     s = s.float().mul_(enc.scale)
     if st & Stage.BIAS:
         s.add_(enc.bias(q_pos, k_pos))
     return s
+
+
+def _qk(enc: PositionEncoding, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """The ``q̃·k̃`` term ``(B, H, Lq, Lk)``: the encoding's own ``qk_scores`` where it has them."""
+    if enc.stages & Stage.SCORES:
+        return enc.qk_scores(q, k, q_pos, k_pos)
+    return q @ k.transpose(-1, -2)
 
 
 def _materialized(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, qk_proj=None) -> Tensor:
@@ -288,7 +295,7 @@ def canonical_backend(name: str) -> str:
 def supported_backends(enc: PositionEncoding) -> list[str]:
     """Backends able to run ``enc`` (every one of them equals ``eager``)."""
     st = enc.stages
-    vector = bool(st & (Stage.TERMS | Stage.VALUE)) or enc.rotates_value
+    vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES)) or enc.rotates_value
     out = []
     if not st & Stage.BIAS and not vector:
         out.append("sdpa")

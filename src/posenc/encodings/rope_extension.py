@@ -21,11 +21,15 @@ Both reference patches optionally multiply each query by ``max(1, log(i + 1)/log
 (log-n scaling; bojone's ReRoPE applies it with ``scale_base`` = the training length,
 LongLM's is off by default): the ``scale_base`` key.
 
-The two maps are computed from *unrotated* queries and keys, so with an extension ``rope``'s
-q/k stage is the identity (the KV cache holds raw keys) and the encoding supplies the whole
-``q·k`` term through :meth:`PositionEncoding.qk_scores`; backends that compute ``q·k``
-themselves inside a fused kernel (``sdpa``, ``flex``, ``dense``) cannot run it. Causal
-(decoder) models only, as in both references.
+The two maps are computed from *unrotated* queries and keys, so with an extension ``rope``
+declares the ``SCORES`` stage instead of ``QK``: its q/k stage is the identity (the KV cache
+holds raw keys and their positions, as both references' caches do) and it supplies the whole
+``q·k`` term through :meth:`~posenc.PositionEncoding.qk_scores`, which every backend that
+materialises scores (``chunked``, ``eager``) runs; the fused ones (``sdpa``, ``flex``,
+``dense``) cannot. Every pair's score depends on its two positions only, so cached decoding
+equals the full forward exactly (bojone's decoding path rotates the raw cached keys by the
+clipped distance; LongLM's by the grouped one: the same numbers). Causal (decoder) models
+only, as in both references; one position per token (no ``axes``).
 
 Checked against a transcription of each reference's attention (prefill and one-token
 decoding) built on HF Llama's rotary functions.
@@ -50,7 +54,12 @@ _REQUIRED = {"rerope": ("window",), "leaky-rerope": ("window", "factor"), "self-
 
 
 def check_extension(ext: dict | None, *, causal: bool, max_len: int | None) -> dict | None:
-    """Validate ``rope_extension`` and return a normalised copy (``scale_base`` filled in)."""
+    """Validate ``rope_extension`` and return a normalised copy (``scale_base`` filled in).
+
+    ``{"type": "rerope", "window": w}``, ``{"type": "leaky-rerope", "window": w, "factor": k}``,
+    ``{"type": "self-extend", "window": W, "group_size": G}``; each optionally with
+    ``"scale_base"`` (``None``: no log-n query scaling).
+    """
     if ext is None:
         return None
     if not isinstance(ext, dict):
