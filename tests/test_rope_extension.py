@@ -61,60 +61,24 @@ def _x(B=2, n=L, seed=1, dim=DIM):
     return torch.randn(B, n, dim, generator=torch.Generator().manual_seed(seed))
 
 
-def reference_prefill(ext, attn, x, pos):
-    """The official patch's attention on the whole sequence, through ``attn``'s projections."""
+def reference(ext, attn, x, pos, *, decode: bool = False):
+    """The official patch's attention through ``attn``'s projections: its prefill path on all of
+    ``x`` at ``pos`` ``(B, L)``, or (``decode``) its ``q_len == 1`` path for the last token of ``x``
+    against keys ``0 .. L-1`` at default positions."""
     q, k, v = qkv(attn, x)
+    if decode:
+        q = q[:, :, -1:]
     rot = llama_rotary(attn.heads, attn.head_dim)
-    kind, w = ext["type"], ext["window"]
+    kind, w, base = ext["type"], ext["window"], ext.get("scale_base", TRAIN)
     if kind == "rerope":
-        o = rerope_prefill(q, k, v, pos, window=w, training_length=ext.get("scale_base", TRAIN), rotary=rot)
+        o = (rerope_decode if decode else rerope_prefill)(q, k, v, pos, window=w, training_length=base, rotary=rot)
     elif kind == "leaky-rerope":
         scaled = llama_rotary(attn.heads, attn.head_dim, factor=ext["factor"])
-        o = leaky_rerope_prefill(
-            q,
-            k,
-            v,
-            pos,
-            window=w,
-            factor=ext["factor"],
-            training_length=ext.get("scale_base", TRAIN),
-            rotary=rot,
-            rotary_scaled=scaled,
-        )
+        fn = leaky_rerope_decode if decode else leaky_rerope_prefill
+        o = fn(q, k, v, pos, window=w, factor=ext["factor"], training_length=base, rotary=rot, rotary_scaled=scaled)
     else:
-        o = self_extend_prefill(
-            q, k, v, pos, group_size=ext["group_size"], window=w, scale_base=ext.get("scale_base"), rotary=rot
-        )
-    return out_proj(attn, o)
-
-
-def reference_decode(ext, attn, x, t):
-    """The patch's ``q_len == 1`` path for token ``t`` of ``x`` (default positions), keys ``0..t``."""
-    q, k, v = qkv(attn, x[:, : t + 1])
-    q = q[:, :, -1:]
-    B = x.shape[0]
-    pos = torch.arange(t + 1).expand(B, t + 1)
-    rot = llama_rotary(attn.heads, attn.head_dim)
-    kind, w = ext["type"], ext["window"]
-    if kind == "rerope":
-        o = rerope_decode(q, k, v, pos, window=w, training_length=ext.get("scale_base", TRAIN), rotary=rot)
-    elif kind == "leaky-rerope":
-        scaled = llama_rotary(attn.heads, attn.head_dim, factor=ext["factor"])
-        o = leaky_rerope_decode(
-            q,
-            k,
-            v,
-            pos,
-            window=w,
-            factor=ext["factor"],
-            training_length=ext.get("scale_base", TRAIN),
-            rotary=rot,
-            rotary_scaled=scaled,
-        )
-    else:
-        o = self_extend_decode(
-            q, k, v, pos[:, -1:], group_size=ext["group_size"], window=w, scale_base=ext.get("scale_base"), rotary=rot
-        )
+        fn, p = (self_extend_decode, pos[:, -1:]) if decode else (self_extend_prefill, pos)
+        o = fn(q, k, v, p, group_size=ext["group_size"], window=w, scale_base=ext.get("scale_base"), rotary=rot)
     return out_proj(attn, o)
 
 
@@ -142,7 +106,7 @@ def test_prefill_equals_official_attention(ext, backend):
     x = _x()
     pos = torch.stack([torch.arange(L), torch.arange(L) + 3])  # (B, L): different positions per row
     with torch.no_grad():
-        assert_close(attn(x, pos=pos, backend=backend), reference_prefill(ext, attn, x, pos), n=N, msg=str(ext))
+        assert_close(attn(x, pos=pos, backend=backend), reference(ext, attn, x, pos), n=N, msg=str(ext))
 
 
 @pytest.mark.parametrize("ext", PARITY, ids=_id)
@@ -159,7 +123,12 @@ def test_cached_decoding_equals_official_decoding_and_full_forward(ext):
         outs = [attn(x[:, :prefill], cache=cache)]
         for t in range(prefill, L):
             step = attn(x[:, t : t + 1], cache=cache)
-            assert_close(step, reference_decode(ext, attn, x, t), n=N, msg=f"{ext} step {t}")
+            assert_close(
+                step,
+                reference(ext, attn, x[:, : t + 1], torch.arange(t + 1).expand(2, t + 1), decode=True),
+                n=N,
+                msg=f"{ext} step {t}",
+            )
             outs.append(step)
     assert_close(torch.cat(outs, 1), full, n=N, msg=f"{ext}: cached decoding vs full forward")
 
