@@ -52,15 +52,15 @@ def test_learned_needs_max_len():
         ("sinusoidal", "sdpa", "sdpa"),
         ("alibi", "blockwise", "flex"),
         ("t5", "blockwise", "flex"),
-        ("shaw", "blockwise", "relative"),
+        ("shaw", "blockwise", "chunked"),
         ("fire", "dense", "flex"),
-        ("cope", "relative", "relative"),
+        ("cope", "chunked", "chunked"),
     ],
 )
 def test_backend_dispatch(name, cpu, cuda):
     enc = posenc.build(name, heads=2, head_dim=8, max_len=16)
-    assert posenc.select_backend(enc, "cpu", needs_grad=True) == cpu
-    assert posenc.select_backend(enc, "cuda", needs_grad=True) == cuda
+    assert posenc.select_backend(enc, "cpu") == cpu
+    assert posenc.select_backend(enc, "cuda") == cuda
 
 
 def test_forced_backend_must_support_encoding():

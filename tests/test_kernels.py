@@ -12,6 +12,7 @@ import pytest
 import torch
 from tests.conftest import assert_close
 
+import posenc
 from posenc.kernels import DistanceTerms, distance_attention
 from posenc.kernels.plan import Geometry, make_plan
 
@@ -208,3 +209,103 @@ def test_bad_arguments():
         make_plan(Geometry(4, 4, True), "other", None, 2)
     with pytest.raises(ValueError, match="block"):
         make_plan(Geometry(4, 4, True), "none", None, 0)
+
+
+# ---------------------------------------------------------------- the blockwise backend
+# small tables so that a 40-token sequence reaches every far field
+DISTANCE_ENCODINGS = {
+    "alibi": {},
+    "t5": {"num_buckets": 8, "max_distance": 12},
+    "kerple": {},
+    "shaw": {"max_relative_position": 5},
+    "xl": {},
+    "deberta": {"position_buckets": 8, "max_relative_positions": 12},
+    "deberta-shared": {"position_buckets": 8, "max_relative_positions": 12, "share_att_key": True},
+}
+
+
+def _distance_attn(key: str, causal: bool, dtype=torch.float32):
+    name = key.split("-")[0]
+    opts = dict(DISTANCE_ENCODINGS[key])
+    if opts.get("share_att_key"):
+        opts["hidden_size"] = 16
+    torch.manual_seed(0)
+    attn = posenc.Attention(16, 2, name, head_dim=8, causal=causal, max_len=64, **opts)
+    with torch.no_grad():
+        for p in attn.parameters():  # random tables and biases, not their zero/one inits
+            p.add_(0.3 * torch.randn_like(p))
+    return attn.to(dtype)
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts the calls of the kernel behind the ``blockwise`` backend."""
+    from posenc.kernels import backend as kb
+
+    calls = []
+    real = kb.distance_attention
+
+    def spy(*a, **kw):
+        calls.append(kw["block"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(kb, "distance_attention", spy)
+    return calls
+
+
+def test_blockwise_backend_covers_every_distance_encoding():
+    have = {
+        n
+        for n in posenc.available()
+        if "blockwise" in posenc.supported_backends(posenc.build(n, heads=2, head_dim=8, max_len=16))
+    }
+    assert have == {k.split("-")[0] for k in DISTANCE_ENCODINGS}
+
+
+@pytest.mark.parametrize("key", list(DISTANCE_ENCODINGS))
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_blockwise_backend_equals_eager(key, causal, dtype, kernel_calls):
+    """The encodings' ``distance_terms`` through the kernel (not its fallback) equal the
+    eager oracle: outputs and gradients of the input and every parameter."""
+    attn = _distance_attn(key, causal, dtype)
+    if causal is False and attn.encoding.causal_only:
+        pytest.skip("causal only")
+    L = 40
+    x = torch.randn(2, L, 16).to(dtype)
+    pos = torch.stack([torch.arange(L), torch.arange(L) + 5])  # consecutive, one distance for both rows
+    outs, grads = {}, {}
+    for b in ("eager", "blockwise"):
+        attn.zero_grad()
+        xi = x.clone().requires_grad_()
+        y = attn(xi, pos=pos, backend=b)
+        (y.float() * torch.linspace(-1, 1, 16)).sum().backward()
+        outs[b] = y.detach().float()
+        grads[b] = [xi.grad.float()] + [p.grad.float() for p in attn.parameters() if p.grad is not None]
+    assert kernel_calls, "the blockwise backend fell back instead of running the kernel"
+    n = 2 * 16 + 8 + 2 * L
+    assert_close(outs["blockwise"], outs["eager"], n=n, dtype=dtype, msg=f"{key} output")
+    assert len(grads["blockwise"]) == len(grads["eager"])
+    for g, ge in zip(grads["blockwise"], grads["eager"]):
+        assert_close(g, ge, n=2 * n + 2 * L, dtype=dtype, msg=f"{key} gradient")
+
+
+def test_blockwise_backend_falls_back(kernel_calls):
+    """Positions that are not consecutive, or a mask field the kernel does not know, run the
+    general backend (same result as eager, kernel not called)."""
+    import dataclasses
+
+    from posenc.kernels.backend import kernel_mask
+
+    attn = _distance_attn("t5", True)
+    x = torch.randn(2, 12, 16)
+    pos = torch.arange(12) * 2  # strided positions
+    assert_close(attn(x, pos=pos, backend="blockwise"), attn(x, pos=pos, backend="eager"), n=80)
+    assert not kernel_calls
+    assert kernel_mask(posenc.AttentionMask(causal=True, offset=3, key_padding=torch.ones(1, 5, dtype=torch.bool)))
+
+    @dataclasses.dataclass(frozen=True)
+    class Windowed(posenc.AttentionMask):
+        window: int | None = None
+
+    assert kernel_mask(Windowed(window=None)) and not kernel_mask(Windowed(window=4))

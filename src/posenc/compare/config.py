@@ -43,10 +43,10 @@ class CompareConfig:
     task: str | None = None  # copy | reverse | sort | associative-recall
     val_fraction: float = 0.1
     # model: the same for every encoding
-    dim: int = 64
-    depth: int = 2
-    heads: int = 4
-    mlp_ratio: float = 4.0
+    dim: int = 64  # D
+    depth: int = 2  # blocks
+    heads: int = 4  # H
+    mlp_ratio: float = 4.0  # MLP width / D
     dropout: float = 0.0
     tie_embeddings: bool = False
     # Token embeddings N(0, embed_std^2). 1.0 matches unit-amplitude sinusoidal positions
@@ -77,6 +77,8 @@ class CompareConfig:
     sliding: bool = False  # sliding windows instead of non-overlapping ones
     stride: int | None = None  # sliding stride; None: half the window
     position_buckets: int = 16
+    # inference-time context extension of the trained rotary models (posenc.compare.extend)
+    extend: list[str] | None = None  # e.g. ["none", "yarn", "rerope", "self-extend"]
     # bookkeeping
     checkpoint_every: int = 100  # steps; a checkpoint is also written after each encoding
     shard: str | None = None  # "i/n": this job runs encodings i, i+n, ... (1-based)
@@ -118,6 +120,12 @@ class CompareConfig:
             raise ValueError(f"stride must be >= 1, got {self.stride}")
         if self.shard is not None:
             parse_shard(self.shard)
+        if self.extend is not None:
+            from .extend import EXTEND_METHODS
+
+            bad = [m for m in self.extend if m not in EXTEND_METHODS] if isinstance(self.extend, list) else self.extend
+            if bad or not self.extend:
+                raise ValueError(f"extend must list methods of {', '.join(EXTEND_METHODS)}, got {self.extend!r}")
         if not isinstance(self.encoding_options, dict) or not all(
             isinstance(v, dict) for v in self.encoding_options.values()
         ):
@@ -144,7 +152,8 @@ class CompareConfig:
     # fields that do not change any encoding's numbers: how often to checkpoint, which shard
     # of the encodings this process runs, and the list of encodings itself (a model's
     # training does not depend on which other encodings share the run)
-    BOOKKEEPING = ("checkpoint_every", "shard", "encodings")
+    # (nor does `extend`: it evaluates the trained models once more, with other options)
+    BOOKKEEPING = ("checkpoint_every", "shard", "encodings", "extend")
 
     def fingerprint(self) -> str:
         """A short hash of every field that decides the numbers (all but :attr:`BOOKKEEPING`).
@@ -168,7 +177,9 @@ class CompareConfig:
         return asdict(self)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        from ..output import write_json
+
+        write_json(path, self.to_dict())
 
 
 def from_dict(d: dict[str, Any]) -> CompareConfig:
@@ -202,16 +213,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "standard": dict(
         dim=256,
         depth=4,
-        heads=8,
+        heads=8,  # model
         train_len=256,
         steps=3000,
         batch_size=32,
         lr=1e-3,
         warmup=200,
+        checkpoint_every=500,  # training
         eval_lens=[256, 512, 1024, 2048, 4096],
-        eval_tokens=131072,
-        checkpoint_every=500,
-    ),
+        eval_tokens=131072,  # evaluation
+    ),  # fmt: skip
 }
 
 
