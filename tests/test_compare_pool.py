@@ -43,8 +43,8 @@ def test_workers_run_elsewhere_with_their_threads_and_fail_loudly():
 
 
 def test_slowest_encodings_start_first():
-    """Longest job first on the workers: clipped-relative (chunked backend), then T5's learned
-    bucket biases (dense), then ALiBi's fixed biases; SDPA encodings last, in list order."""
+    """Longest job first on the workers: the bias encodings (clipped-relative's tables, then T5's
+    bucket biases, then ALiBi's fixed slopes); SDPA encodings last, in list order."""
     from posenc.compare import preset_config
     from posenc.compare.runner import _slow_first
 

@@ -20,6 +20,10 @@ backend       runs                                    how
                                                       (flash / memory-efficient kernels)
 ``flex``      + scalar ``bias`` with a ``score_mod``   FlexAttention, no L×L tensor
                                                       (compiled on CUDA; CPU: forward only)
+``blockwise`` terms given per distance               :mod:`posenc.kernels` (CPU): fused
+              (``distance_terms``)                    calls on far fields and linear
+                                                      biases, explicit bands near the
+                                                      diagonal, recomputed in backward
 ``dense``     + scalar ``bias``                       SDPA with the bias as a float mask,
                                                       in query blocks
 ``chunked``   every stage                             :func:`scores` in query blocks:
@@ -51,6 +55,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .base import PositionEncoding, Stage
+from .kernels.backend import blockwise
 from .mask import AttentionMask
 
 __all__ = [
@@ -109,14 +114,14 @@ def scores(
     """Pre-softmax scores ``s = scale·(q̃·k̃ + score_terms) + bias``: float32 ``(B, H, Lq, Lk)``.
 
     ``q``/``k`` are after the q/k stage; the encoding's ``score_terms`` and ``bias`` run if
-    it declares them. With ``parts=True`` the separate terms come back as a dict
+    it declares them, and its ``qk_scores`` replaces ``q̃·k̃`` if it declares ``Stage.SCORES``. With ``parts=True`` the separate terms come back as a dict
     (``"qk"``, and ``"terms"``/``"bias"`` where the encoding has them), each float32
     ``(B, H, Lq, Lk)``; they sum to the scores.
     """
     st = enc.stages
     extra = {"qk_proj": qk_proj} if enc.uses_layer_projections else {}
     if parts:
-        out = {"qk": (q @ k.transpose(-1, -2)).float() * enc.scale}  # (B, H, Lq, Lk)
+        out = {"qk": _qk(enc, q, k, q_pos, k_pos).float() * enc.scale}  # (B, H, Lq, Lk)
         if st & Stage.TERMS:
             out["terms"] = enc.score_terms(q, k, q_pos, k_pos, **extra).float() * enc.scale
         if st & Stage.BIAS:
@@ -124,13 +129,20 @@ def scores(
         return out
     # in place from the matmul on: none of these intermediates is saved for backward,
     # and each L×L pass that allocates costs as much as the arithmetic on CPU
-    s = q @ k.transpose(-1, -2)  # (B, H, Lq, Lk)
+    s = _qk(enc, q, k, q_pos, k_pos)  # (B, H, Lq, Lk)
     if st & Stage.TERMS:
         s.add_(enc.score_terms(q, k, q_pos, k_pos, **extra))
     s = s.float().mul_(enc.scale)
     if st & Stage.BIAS:
         s.add_(enc.bias(q_pos, k_pos))
     return s
+
+
+def _qk(enc: PositionEncoding, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """The ``q̃·k̃`` term ``(B, H, Lq, Lk)``: the encoding's own ``qk_scores`` where it has them."""
+    if enc.stages & Stage.SCORES:
+        return enc.qk_scores(q, k, q_pos, k_pos)
+    return q @ k.transpose(-1, -2)
 
 
 def _materialized(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, qk_proj=None) -> Tensor:
@@ -269,7 +281,14 @@ def flex(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, optio
         return _flex_attention(q.device.type)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=enc.scale)
 
 
-BACKENDS: dict[str, AttendFn] = {"sdpa": sdpa, "flex": flex, "dense": dense, "chunked": chunked, "eager": eager}
+BACKENDS: dict[str, AttendFn] = {
+    "sdpa": sdpa,
+    "flex": flex,
+    "blockwise": blockwise,
+    "dense": dense,
+    "chunked": chunked,
+    "eager": eager,
+}
 BACKEND_ALIASES: dict[str, str] = {"relative": "chunked"}  # old name -> current name
 
 
@@ -288,10 +307,12 @@ def canonical_backend(name: str) -> str:
 def supported_backends(enc: PositionEncoding) -> list[str]:
     """Backends able to run ``enc`` (every one of them equals ``eager``)."""
     st = enc.stages
-    vector = bool(st & (Stage.TERMS | Stage.VALUE)) or enc.rotates_value
+    vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES)) or enc.rotates_value
     out = []
     if not st & Stage.BIAS and not vector:
         out.append("sdpa")
+    if type(enc).distance_terms is not PositionEncoding.distance_terms and not enc.rotates_value:
+        out.append("blockwise")
     if st & Stage.BIAS and not vector:
         out += ["flex", "dense"]
     return out + ["chunked", "eager"]
@@ -301,13 +322,16 @@ def select_backend(enc: PositionEncoding, device_type: str) -> str:
     """The backend ``"auto"`` runs for ``enc`` on ``device_type`` (``"cpu"``, ``"cuda"``, ...).
 
     FlexAttention is chosen on CUDA only: on CPU it has no backward, and its compiled
-    forward costs a long compile for each new shape.
+    forward costs a long compile for each new shape. ``blockwise`` is chosen on CPU only
+    (its fused calls are CPU SDPA's flash kernel).
     """
     ok = supported_backends(enc)
     if "sdpa" in ok:
         return "sdpa"
     if "flex" in ok and enc.has_score_mod and device_type == "cuda":
         return "flex"
+    if "blockwise" in ok and device_type == "cpu":
+        return "blockwise"
     if "dense" in ok:
         return "dense"
     return "chunked"

@@ -10,7 +10,8 @@ The score every backend computes, for one head::
     s_ij = scale · (q̃_i·k̃_j + score_terms_ij) + bias_ij + mask_ij
     o_i  = Σ_j softmax_j(s)_ij · v_j + value_term_i
 
-with ``q̃, k̃ = rotate(q, k)`` and ``scale = encoding.scale`` (``Dh^-1/2`` unless the
+with ``q̃, k̃ = rotate(q, k)`` (an encoding with the ``SCORES`` stage supplies the whole
+``q̃_i·k̃_j`` term itself, per pair, from ``qk_scores``: ReRoPE, Self-Extend) and ``scale = encoding.scale`` (``Dh^-1/2`` unless the
 encoding says otherwise: T5 optionally uses 1, DeBERTa ``(Dh·(1+#terms))^-1/2``).
 
 The registry is filled by the encodings themselves (``@register``) when ``posenc``
@@ -54,6 +55,7 @@ class Stage(enum.Flag):
     BIAS = enum.auto()  # bias(q_pos, k_pos) / score_mod: a scalar per (h, i, j)
     TERMS = enum.auto()  # score_terms(q, k, q_pos, k_pos): content-dependent relative terms
     VALUE = enum.auto()  # value_term(attn, q_pos, k_pos): relative vectors on the values
+    SCORES = enum.auto()  # qk_scores(q, k, q_pos, k_pos): the q·k term itself, per (i, j) (ReRoPE)
 
     def names(self) -> list[str]:
         return [s.name.lower() for s in Stage if s in self and s is not Stage.NONE]
@@ -262,9 +264,29 @@ class PositionEncoding(nn.Module):
         """
         raise NotImplementedError
 
+    def qk_scores(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """Pair score stage: float32 ``(B, H, Lq, Lk)`` that *replaces* ``q̃·k̃`` (before ``scale``).
+
+        For encodings whose ``q·k`` term is not one rotation of the queries and keys, e.g.
+        two score maps merged by distance (ReRoPE, Self-Extend). ``q``, ``k`` come from the
+        q/k stage (the identity for such an encoding, so the KV cache holds raw keys).
+        """
+        raise NotImplementedError
+
     def value_term(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """Value stage: ``attn`` ``(B, H, Lq, Lk)`` -> ``(B, H, Lq, Dh)`` added to ``attn @ v``."""
         raise NotImplementedError
+
+    def distance_terms(self, q: Tensor, k: Tensor):
+        """The bias, score and value stages as functions of the distance ``d = k_pos - q_pos``.
+
+        Returns a :class:`posenc.kernels.DistanceTerms` (tables per distance or bucket and
+        where they stop changing) that the CPU fast path runs without an ``L×L`` tensor, or
+        None (the default: the encoding's terms are not a function of ``d`` alone).
+        ``q``, ``k``: ``(B, H, L, Dh)`` after the q/k stage. An encoding with
+        :attr:`uses_layer_projections` also takes ``qk_proj=(q_proj, k_proj)``.
+        """
+        return None
 
     # ------------------------------------------------------------------ helpers
     @staticmethod

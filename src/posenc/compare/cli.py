@@ -6,6 +6,9 @@ Examples::
     posenc compare --encodings all --preset standard --device cuda
     posenc compare --encodings rope,alibi --train-len 128 --eval-lens 128,512,2048
     posenc compare --task copy --train-len 16 --eval-lens 8,16,32,64
+    posenc compare --task grid --train-len 8 --eval-lens 8,12,16 --encodings rope,mrope,sinusoidal \\
+        --encoding-options sinusoidal.axes=2        # rope over flattened tokens; rope.axes=2: axial
+    posenc compare --encodings rope --extend none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend
     posenc compare --resume --out runs/2026-01-01T00-00-00-a1b2c3
     posenc compare --overwrite --out runs/x      # start a finished run over
     torchrun --nproc_per_node=2 -m posenc.cli compare --out runs/ddp
@@ -35,8 +38,9 @@ _HELP = {
     "dataset_config": "the dataset's configuration name",
     "dataset_split": "the dataset split to read",
     "dataset_field": "the dataset column holding the text",
-    "task": "synthetic task: copy, reverse, sort, associative-recall (lengths count items), or passkey "
-    "(retrieval of a key from filler text; lengths count tokens); the preset then sets the task's lengths and budget",
+    "task": "synthetic task: copy, reverse, sort, associative-recall (lengths count items), "
+    "grid (2-D: the symbol above each cell; lengths are grid sides), or passkey (retrieval of a key from "
+    "filler text; lengths count tokens); the preset then sets the task's lengths and budget",
     "val_fraction": "fraction of the corpus (its end) held out for validation",
     "dim": "model width D",
     "depth": "number of blocks",
@@ -71,6 +75,8 @@ _HELP = {
     "sliding": "sliding-window evaluation (stride --stride) instead of non-overlapping windows",
     "stride": "sliding stride (default: half the window)",
     "position_buckets": "buckets of the per-position loss curve",
+    "extend": "after training, evaluate the rotary models once per inference-time extension method: "
+    "none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend (table extend.md, plot extend.png)",
     "checkpoint_every": "write a checkpoint every N steps (and after each encoding)",
     "shard": "i/n: run encodings i, i+n, ... of the list (join the shards with --merge)",
 }
@@ -227,6 +233,10 @@ def run(args: argparse.Namespace) -> int:
         return 130
     if rt.main and results["runs"]:
         results_table(results).print()
+        if results.get("extend"):
+            from .extend import extend_table
+
+            extend_table(results).print()
         print(f"wall time {results['wall_seconds']:.1f} s; results in {out}/")
     return 0
 

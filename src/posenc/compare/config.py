@@ -40,7 +40,7 @@ class CompareConfig:
     dataset_config: str | None = None
     dataset_split: str = "train"
     dataset_field: str = "text"
-    task: str | None = None  # copy | reverse | sort | associative-recall | passkey
+    task: str | None = None  # copy | reverse | sort | associative-recall | grid | passkey
     val_fraction: float = 0.1
     # model: the same for every encoding
     dim: int = 64  # D
@@ -81,6 +81,8 @@ class CompareConfig:
     # convergence: the validation loss at the training length after every 1/val_points of
     # the steps (the evaluation's own windows or problems; 0: only at the end)
     val_points: int = 5
+    # inference-time context extension of the trained rotary models (posenc.compare.extend)
+    extend: list[str] | None = None  # e.g. ["none", "yarn", "rerope", "self-extend"]
     # bookkeeping
     checkpoint_every: int = 100  # steps; a checkpoint is also written after each encoding
     workers: int = 0  # CPU processes training models side by side (1 thread each); 0: one per core
@@ -111,6 +113,8 @@ class CompareConfig:
             v = getattr(self, name)
             if type(v) is not int or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        if self.task == "grid" and self.randomized_positions:
+            raise ValueError("randomized_positions draws 1-D positions; the grid task has 2-D ones")
         for name in ("dim", "depth", "heads", "train_len", "steps", "batch_size", "eval_batch_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -134,6 +138,12 @@ class CompareConfig:
             raise ValueError(f"stride must be >= 1, got {self.stride}")
         if self.shard is not None:
             parse_shard(self.shard)
+        if self.extend is not None:
+            from .extend import EXTEND_METHODS
+
+            bad = [m for m in self.extend if m not in EXTEND_METHODS] if isinstance(self.extend, list) else self.extend
+            if bad or not self.extend:
+                raise ValueError(f"extend must list methods of {', '.join(EXTEND_METHODS)}, got {self.extend!r}")
         if not isinstance(self.encoding_options, dict) or not all(
             isinstance(v, dict) for v in self.encoding_options.values()
         ):
@@ -160,8 +170,9 @@ class CompareConfig:
     # fields that do not change any model's numbers: how often to checkpoint, which shard
     # of the encodings this process runs, how many worker processes, and the lists of
     # encodings and seeds themselves (a model's training depends on its own encoding and
-    # seed, not on which others share the run)
-    BOOKKEEPING = ("checkpoint_every", "shard", "encodings", "seeds", "workers")
+    # seed, not on which others share the run); nor does `extend`: it evaluates the
+    # trained models once more, with other options
+    BOOKKEEPING = ("checkpoint_every", "shard", "encodings", "seeds", "workers", "extend")
 
     def fingerprint(self) -> str:
         """A short hash of every field that decides the numbers (all but :attr:`BOOKKEEPING`).

@@ -18,7 +18,7 @@ from ..output import write_json
 from ..train import Runtime, setup
 from .config import CompareConfig, from_dict, parse_shard
 from .pool import plan_workers, run_jobs
-from .report import write_outputs
+from .report import run_subtitle, write_outputs
 from .rundir import RunDir
 from .train import train_encoding
 
@@ -48,13 +48,13 @@ def make_source(cfg: CompareConfig):
 
 def _slow_first(cfg: CompareConfig, names: list[str]) -> list[str]:
     """Encodings ordered for worker processes: the ones on slower attention backends first
-    (chunked, then dense biases, then SDPA; within one backend, learned position
-    parameters first: their gradients cost time), so that no long job starts last (the
-    longest-first rule for jobs on parallel workers)."""
+    (chunked, then the bias backends, then SDPA; within one, more position parameters
+    first: their gradients cost time), so that no long job starts last (the longest-first
+    rule for jobs on parallel workers)."""
     from ..backends import select_backend
     from ..base import build
 
-    rank = {"chunked": 0, "eager": 0, "dense": 1, "flex": 1, "sdpa": 2}
+    rank = {"chunked": 0, "eager": 0, "sdpa": 2}  # any other (dense, flex, blockwise ...): 1
 
     def cost(name: str) -> tuple[int, int]:
         try:
@@ -62,7 +62,7 @@ def _slow_first(cfg: CompareConfig, names: list[str]) -> list[str]:
                         **cfg.encoding_options.get(name, {}))  # fmt: skip
         except (TypeError, ValueError):  # an encoding that needs other options: no opinion, keep its place
             return (2, 0)
-        return rank[select_backend(enc, "cpu")], -sum(p.numel() for p in enc.parameters())
+        return rank.get(select_backend(enc, "cpu"), 1), -sum(p.numel() for p in enc.parameters())
 
     return sorted(names, key=cost)
 
@@ -155,7 +155,13 @@ def compare(
         if rt.main:
             results["command"] = command
             results["environment"] = environment(rt, cfg, runs, workers=workers, threads=threads)
+            if cfg.extend:  # the trained rotary models once per extension method (posenc.compare.extend)
+                from .extend import run_extend, write_extend
+
+                results["extend"] = run_extend(cfg, source, out / "checkpoints", runs, device=rt.device, log=log)
             write_outputs(out, results)
+            if results.get("extend"):
+                write_extend(out, results, run_subtitle(cfg.to_dict()))
     return results
 
 

@@ -11,6 +11,7 @@ download is needed:
   :class:`DataError` that says so;
 * :mod:`posenc.data.tasks` — ``copy``, ``reverse``, ``sort``, ``associative-recall``;
 * :mod:`posenc.data.passkey` — passkey retrieval from filler text of a corpus.
+* :mod:`posenc.data.grid` — ``grid``: the symbol above each cell of a 2-D grid.
 
 :class:`TextData` splits a byte string deterministically into train and validation
 (the last ``val_fraction`` of the bytes) and serves batches that depend only on
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .grid import GridTask, positions_for
 from .passkey import PasskeyTask
 from .tasks import TASK_NAMES, TASKS, Batch, SyntheticTask, step_generator
 
@@ -34,6 +36,7 @@ __all__ = [
     "Batch",
     "DataError",
     "PasskeyTask",
+    "GridTask",
     "TASKS",
     "TASK_NAMES",
     "SyntheticTask",
@@ -42,6 +45,7 @@ __all__ = [
     "load_hf_dataset",
     "load_source",
     "read_text",
+    "positions_for",
     "step_generator",
 ]
 
@@ -208,7 +212,7 @@ def load_source(
     val_fraction: float = 0.1,
     seed: int = 0,
     longest: int = 1,
-) -> TextData | SyntheticTask | PasskeyTask:
+) -> TextData | SyntheticTask | GridTask | PasskeyTask:
     """The data source named by at most one of ``task``, ``text`` or ``dataset``; the
     embedded corpus when none is. ``task="passkey"`` draws its filler from the text the
     other arguments name (the embedded corpus by default).
@@ -221,6 +225,8 @@ def load_source(
         DataError: the source cannot be loaded, or its validation split is shorter than
             ``longest + 1`` bytes (the message names the source).
     """
+    if task == "grid":
+        return GridTask(seed=seed)
     if task is not None and task != "passkey":
         return SyntheticTask(task, seed=seed)
     if text is not None:

@@ -32,7 +32,7 @@ SEP = 0
 
 class Batch(NamedTuple):
     """``tokens``, ``targets`` ``(B, L)`` int64; ``mask`` ``(B, L)`` bool of scored targets or None (all);
-    ``pos`` ``(B, L)`` int64 positions or None (``arange``)."""
+    ``pos`` ``(B, L)`` int64 positions, ``(B, L, A)`` with axes (the grid task), or None (``arange``)."""
 
     tokens: Tensor
     targets: Tensor
@@ -46,7 +46,7 @@ def step_generator(seed: int, step: int) -> torch.Generator:
 
 
 TASKS = ("copy", "reverse", "sort", "associative-recall")  # SyntheticTask's
-TASK_NAMES = (*TASKS, "passkey")  # every task posenc compare offers (passkey: posenc.data.passkey)
+TASK_NAMES = (*TASKS, "grid", "passkey")  # every task posenc compare offers (posenc.data.grid, .passkey)
 
 
 @dataclass
