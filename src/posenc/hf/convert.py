@@ -129,7 +129,7 @@ def convert(model: nn.Module, encoding="rope", *, share: bool | None = None, **o
     device, dtype = params[0].device, params[0].dtype
     with torch.device("meta"):  # the HF weights are taken over below, not allocated twice
         new = model_cls(config)
-    state = {k: v for k, v in model.state_dict().items() if ".posenc." not in k}
+    state = {k: v for k, v in model.state_dict(keep_vars=True).items() if ".posenc." not in k}
     missing, unexpected = new.load_state_dict(state, strict=False, assign=True)
     stray = [k for k in missing if ".posenc." not in k] + [k for k in unexpected if not k.endswith("wpe.weight")]
     if stray:
