@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -20,7 +21,6 @@ from tests.conftest import assert_close, attention_n
 import posenc
 
 transformers = pytest.importorskip("transformers")
-import posenc.hf as ph  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     DynamicCache,
@@ -29,6 +29,8 @@ from transformers import (  # noqa: E402
     LlamaConfig,
     LlamaForCausalLM,
 )
+
+import posenc.hf as ph  # noqa: E402
 
 V = 97
 # every encoding the adapter runs (complex-order builds the embedding from ids: not expressible)
@@ -380,3 +382,16 @@ def test_mask_function_is_registered_so_the_causal_mask_is_not_dropped():
     other = ids.clone()
     other[0, -1] = (ids[0, -1] + 1) % V
     assert torch.equal(logits(model, ids)[0, :-1], logits(model, other)[0, :-1])
+
+
+def test_readme_hugging_face_section_runs(tmp_path, monkeypatch):
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("## Use it in a Hugging Face model", 1)[1]
+    code = section.split("```python", 1)[1].split("```", 1)[0]
+    assert len([line for line in code.strip().splitlines() if line.strip()]) == 10
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert type(scope["model"]).__name__ == "PosencLlamaForCausalLM"
+    assert [s["encoding"] for s in scope["model"].config.posenc_layers] == ["rope", "rope", "rope", "nope"]
+    assert scope["out"].shape[0] == 1 and 8 < scope["out"].shape[1] <= 8 + 16  # generation may stop at EOS
