@@ -205,12 +205,17 @@ def test_static_cache_generation_equals_uncached(name):
     assert_close(static_logits, uncached_logits, n=llama_n(model.config, 5 + 32))
 
 
-@pytest.mark.parametrize("name", ["learned", "alibi", "rope", "sinusoidal"])
+@pytest.mark.parametrize("name", ENCODINGS)
 def test_gpt2_cached_generation_equals_uncached(name):
     model = ph.convert(GPT2LMHeadModel(gpt2_config()), encoding=name).eval()
     perturb(model)
     ids = torch.randint(1, V, (2, 6))
-    assert torch.equal(_generate(model, ids), _generate(model, ids, use_cache=False))
+    cached, cached_logits = _generate_with_logits(model, ids)
+    uncached, uncached_logits = _generate_with_logits(model, ids, use_cache=False)
+    assert torch.equal(cached, uncached)
+    D = model.config.n_embd
+    n = model.config.n_layer * (attention_n(dim=D, length=6 + 32) + 7 * D) + 2 * D
+    assert_close(cached_logits, uncached_logits, n=n)
 
 
 @pytest.mark.parametrize("name", ["rope", "alibi", "t5", "xl", "shaw", "learned", "xpos"])

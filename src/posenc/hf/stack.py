@@ -58,14 +58,14 @@ class RotaryOff(nn.Module):
 
 
 class PositionsOff(nn.Module):
-    """Stands in for GPT-2's ``wpe``: adds nothing (a 0-d zero in the model's dtype)."""
+    """Stands in for GPT-2's ``wpe``: adds nothing.
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("zero", torch.zeros(()), persistent=False)
+    Returns a 0-d float32 zero, which adds to embeddings of any float dtype without
+    promoting them (and, holding no buffer, needs no initialisation when loaded).
+    """
 
     def forward(self, position_ids: Tensor) -> Tensor:
-        return self.zero
+        return torch.zeros((), device=position_ids.device)
 
 
 class _ProjectionView:
