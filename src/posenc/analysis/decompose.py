@@ -25,7 +25,10 @@ import torch
 from torch import Tensor
 
 from ..base import Stage
-from .common import Subject, _project, causal_mask, layer_inputs, masked_values, score_parts
+from ..output import pyplot, save_figure
+from .models import Subject
+from .scores import _project, causal_mask, layer_inputs, score_parts
+from .stats import masked_values
 
 TERM_ORDER = (
     "content·content",
@@ -144,9 +147,7 @@ def run_decompose(subjects: list[Subject], *, length=64, batch=8, layer=0, seed=
     return results
 
 
-def plot_decompose(results: list[dict], path) -> None:
-    from .common import pyplot
-
+def plot_decompose(results: list[dict], path, *, subtitle: str | None = None) -> None:
     plt = pyplot()
     names = [t for t in TERM_ORDER if any(t in r["shares"] for r in results)]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(results) + 1.6))
@@ -161,15 +162,12 @@ def plot_decompose(results: list[dict], path) -> None:
         ax.barh(0, 0, color=colors(k), label=t)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles, strict=True))
-    ax.legend(uniq.values(), uniq.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize=8)
+    fig.legend(uniq.values(), uniq.keys(), loc="outside lower center", ncol=4, fontsize=8)
     ax.set_yticks(range(len(results)), [_label(r) for r in results])
-    ax.invert_yaxis()
+    ax.set_ylim(len(results) - 0.5, -0.5)  # first row on top
     ax.set_xlim(0, 1)
     ax.set_xlabel(f"share of logit variance, layer {results[0]['layer'] if results else 0}")
-    ax.set_title("Attention logits split into content and position terms")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, title="Attention logits split into content and position terms", subtitle=subtitle)
 
 
 def _label(r: dict) -> str:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from .common import Subject, attention_scores, causal_mask, masked_values, rel_change
+from .models import Subject
+from .scores import attention_scores, causal_mask
+from .stats import masked_values, rel_change
 
 DEFAULT_SHIFTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -69,8 +71,8 @@ def run_invariance(subjects: list[Subject], *, shifts=DEFAULT_SHIFTS, length=32,
     return results
 
 
-def plot_invariance(results: list[dict], path, *, floor=1e-9) -> None:
-    from .common import pyplot
+def plot_invariance(results: list[dict], path, *, floor=1e-9, subtitle: str | None = None) -> None:
+    from ..output import length_axis, pyplot, readable_log_axis, save_figure
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
@@ -84,15 +86,13 @@ def plot_invariance(results: list[dict], path, *, floor=1e-9) -> None:
             ys = [max(row[key], floor) for row in r["shifts"]]
             kind = "relative" if r["relative"] else "absolute"
             ax.plot(xs, ys, style, color=color, marker="o", ms=3, label=f"{r['label']} [{kind}]")
-    for ax, key in zip(axes, ("attention logits", "attention probabilities"), strict=True):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+    for ax, (k, key) in zip(axes, (("logits", "attention logits"), ("probs", "attention probabilities")), strict=True):
+        length_axis(ax, [row["shift"] for r in results for row in r["shifts"]])
+        readable_log_axis(ax, [max(row[k], floor) for r in results for row in r["shifts"]])
         ax.axhline(1e-5, color="grey", lw=0.8, ls=":")
         ax.set_xlabel("shift s of every position")
         ax.set_ylabel(f"relative change of {key}")
         ax.set_title(f"{key}: ‖Δ‖/‖·‖ (floor {floor:g})")
     axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.suptitle("Translation invariance (solid: random weights, dashed: trained; dotted line: 1e-5)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    title = "Translation invariance (solid: random weights, dashed: trained; dotted line: 1e-5)"
+    save_figure(fig, path, title=title, subtitle=subtitle)

@@ -178,24 +178,16 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return d
 
 
-def _print_table(table: str) -> None:
-    from rich.console import Console
-    from rich.markdown import Markdown
-
-    Console(width=200 if not sys.stdout.isatty() else None).print(Markdown(table))
-
-
 def run(args: argparse.Namespace) -> int:
     from ..data import DataError
-    from .report import merge_results, write_outputs
+    from .report import merge_results, results_table, write_outputs
     from .runner import compare
 
     out = None
     try:
         if args.merge:
             out = Path(args.out or default_out() + "-merged")
-            table = write_outputs(out, merge_results([Path(d) for d in args.merge]))
-            _print_table(table)
+            write_outputs(out, merge_results([Path(d) for d in args.merge])).print()
             print(f"merged {len(args.merge)} runs into {out}")
             return 0
         if args.resume:
@@ -212,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
             cfg = from_dict(read_config_file(path))
         else:
             cfg = build_config(args)
-        out = args.out or _default_out()
+        out = args.out or _default_out(cfg.device)
         results = compare(cfg, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
     except (ValueError, DataError) as e:
         print(f"posenc compare: error: {e}", file=sys.stderr)
@@ -226,23 +218,17 @@ def run(args: argparse.Namespace) -> int:
         )
         return 130
     if results["runs"] and Path(out, "table.md").is_file():
-        _print_table(Path(out, "table.md").read_text())
+        results_table(results).print()
         print(f"wall time {results['wall_seconds']:.1f} s; results in {out}/")
     return 0
 
 
-def _default_out() -> str:
+def _default_out(device: str) -> str:
     """A new unique folder name; under torchrun every rank gets rank 0's."""
-    out = default_out()
     import os
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        import torch.distributed as dist
+        from ..train import setup
 
-        from .train import resolve_device, setup_distributed
-
-        setup_distributed(resolve_device("auto"))
-        box = [out]
-        dist.broadcast_object_list(box, src=0)
-        out = box[0]
-    return out
+        return setup(device).broadcast(default_out())
+    return default_out()

@@ -43,10 +43,10 @@ class CompareConfig:
     task: str | None = None  # copy | reverse | sort | associative-recall
     val_fraction: float = 0.1
     # model: the same for every encoding
-    dim: int = 64
-    depth: int = 2
-    heads: int = 4
-    mlp_ratio: float = 4.0
+    dim: int = 64  # D
+    depth: int = 2  # blocks
+    heads: int = 4  # H
+    mlp_ratio: float = 4.0  # MLP width / D
     dropout: float = 0.0
     tie_embeddings: bool = False
     # Token embeddings N(0, embed_std^2). 1.0 matches unit-amplitude sinusoidal positions
@@ -168,7 +168,9 @@ class CompareConfig:
         return asdict(self)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        from ..output import write_json
+
+        write_json(path, self.to_dict())
 
 
 def from_dict(d: dict[str, Any]) -> CompareConfig:
@@ -202,16 +204,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "standard": dict(
         dim=256,
         depth=4,
-        heads=8,
+        heads=8,  # model
         train_len=256,
         steps=3000,
         batch_size=32,
         lr=1e-3,
         warmup=200,
+        checkpoint_every=500,  # training
         eval_lens=[256, 512, 1024, 2048, 4096],
-        eval_tokens=131072,
-        checkpoint_every=500,
-    ),
+        eval_tokens=131072,  # evaluation
+    ),  # fmt: skip
 }
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "embedded_corpus",
     "embedded_documents",
     "load_hf_dataset",
+    "load_source",
     "read_text",
     "step_generator",
 ]
@@ -203,3 +204,46 @@ class TextData:
             w, f = windows[s : s + batch_size], score_from[s : s + batch_size]
             mask = torch.arange(length)[None, :] >= f[:, None]  # (b, L)
             yield Batch(w[:, :-1], w[:, 1:], mask)
+
+
+def load_source(
+    *,
+    task: str | None = None,
+    text: str | Path | None = None,
+    dataset: str | None = None,
+    dataset_config: str | None = None,
+    dataset_split: str = "train",
+    dataset_field: str = "text",
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    longest: int = 1,
+) -> TextData | SyntheticTask:
+    """The data source named by at most one of ``task``, ``text`` or ``dataset``; the
+    embedded corpus when none is.
+
+    Args:
+        longest: the longest window (training or evaluation length) the text validation
+            split must hold.
+
+    Raises:
+        DataError: the source cannot be loaded, or its validation split is shorter than
+            ``longest + 1`` bytes (the message names the source).
+    """
+    if task is not None:
+        return SyntheticTask(task, seed=seed)
+    if text is not None:
+        data, name = read_text(text), f"--text {str(text)!r}"
+    elif dataset is not None:
+        data, name = load_hf_dataset(dataset, dataset_config, dataset_split, dataset_field), f"--dataset {dataset!r}"
+    else:
+        data, name = embedded_corpus(), "the embedded corpus"
+    try:
+        source = TextData(data, val_fraction=val_fraction, seed=seed)
+    except ValueError as e:
+        raise DataError(f"{name}: {e}") from None
+    if len(source.val) < longest + 1:
+        raise DataError(
+            f"{name}: its validation split ({len(source.val)} bytes, the last {val_fraction:.0%}) is shorter "
+            f"than the longest evaluation length + 1 ({longest + 1}); give more text or shorter --eval-lens"
+        )
+    return source

@@ -31,11 +31,13 @@ SEP = 0
 
 
 class Batch(NamedTuple):
-    """``tokens``, ``targets`` ``(B, L)`` int64; ``mask`` ``(B, L)`` bool of scored targets or None (all)."""
+    """``tokens``, ``targets`` ``(B, L)`` int64; ``mask`` ``(B, L)`` bool of scored targets or None (all);
+    ``pos`` ``(B, L)`` int64 positions or None (``arange``)."""
 
     tokens: Tensor
     targets: Tensor
     mask: Tensor | None
+    pos: Tensor | None = None
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
