@@ -96,7 +96,7 @@ def test_decomposition_terms_sum_to_the_logits(name):
     terms, how, residual = decompose_terms(model, tokens())
     assert residual < 1e-5, (name, residual)
     enc = model.blocks[0].attn.encoding
-    additive_input = model.input_encoding is not None and not model.input_encoding.builds_embedding
+    additive_input = model.input_encoding is not None and model.tok_emb is not None
     pos_terms = ("content·position", "position·content", "position·position")
     if additive_input:
         assert all(float(terms[t].abs().max()) > 0 for t in pos_terms), how
@@ -274,3 +274,38 @@ def test_bad_checkpoint_is_an_error_not_random_weights(content, tmp_path, capsys
     rc = main(["analyze", "decompose", "--checkpoint", str(path), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and "bad.pt" in err and "not a readable posenc checkpoint" in err
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_unusable_out_is_one_line(where, tmp_path, capsys):
+    from posenc.cli import main
+
+    f = tmp_path / "f"
+    f.write_text("x")
+    out = f if where == "file" else f / "sub"
+    assert main(["analyze", "decay", "--encodings", "rope", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(out) in err and "--out" in err
+
+
+@pytest.mark.parametrize(
+    "spec", ['rope@{"axes": 2}', 'rope@{"axes": 2, "rope_mixed": true}', "mrope", 'sinusoidal@{"axes": 2}']
+)
+def test_invariance_per_axis_for_positions_with_axes(spec):
+    """Multi-axis encodings: grid positions, each axis shifted alone; relative ones stay put on
+    every axis, absolute ones move on every axis."""
+    from posenc.analysis.invariance import run_invariance
+
+    (sub,) = models.build_subjects(
+        [specs.Spec.parse(spec)], [], max_len=64, seed=0, dim=32, depth=2, heads=2, vocab_size=50
+    )
+    (res,) = run_invariance([sub], shifts=(1, 9, 300), length=16, batch=2)
+    axes = sub.model.blocks[0].attn.encoding.axes
+    assert res["axes"] == axes > 1 and res["length"] == round(16 ** (1 / axes)) ** axes
+    for row in res["shifts"]:
+        assert [p["axis"] for p in row["per_axis"]] == list(range(axes))
+        for p in [row, *row["per_axis"]]:
+            if res["relative"]:
+                assert p["logits"] < 1e-5 and p["probs"] < 1e-5, (spec, row)
+            else:
+                assert p["logits"] > 1e-2, (spec, row)

@@ -191,6 +191,9 @@ def cmd_invariance(args) -> int:
     for r in res:
         by = {row["shift"]: row["logits"] for row in r["shifts"]}
         rows.append([r["label"], _tag(r["source"]), "yes" if r["relative"] else "no", *[by.get(s, "") for s in shifts]])
+        for a in range(r["axes"] if r["axes"] > 1 else 0):  # positions with axes: each axis shifted alone
+            by = {row["shift"]: row["per_axis"][a]["logits"] for row in r["shifts"]}
+            rows.append([f"  axis {a}", "", "", *[by.get(s, "") for s in shifts]])
     cols = ["model", "", "relative", *[f"s={s}" for s in shifts]]
     table = Table(cols, rows, title="invariance: relative change of attention logits (max over layers)")
     return _report(args, "invariance", res, notes, plot_invariance, table)
@@ -324,10 +327,21 @@ def run(args: argparse.Namespace) -> int:
     if not hasattr(args, "_argv"):
         args._argv = _argv_after("analyze")
     try:
+        _check_out(args.out)
         return COMMANDS[args.analysis](args)
     except ValueError as e:
         print(f"posenc analyze {args.analysis}: error: {e}", file=sys.stderr)
         return 2
+
+
+def _check_out(out: Path) -> None:
+    """Create ``--out`` up front: a path that cannot be a folder is one sentence, not a traceback."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"--out {str(out)!r} exists and is not a folder") from None
+    except OSError as e:
+        raise ValueError(f"--out {str(out)!r} cannot be created: {e.strerror or e}") from None
 
 
 def _argv_after(word: str) -> list[str]:

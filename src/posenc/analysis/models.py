@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..checkpoint import load_checkpoint, save_checkpoint
 from ..data import Batch, SyntheticTask
-from ..model import TransformerLM, load_checkpoint, save_checkpoint
+from ..model import TransformerLM
 from ..train import Trainer
 from .specs import Spec
 

@@ -1,7 +1,7 @@
 """The attention scores of a layer, split by the stage where position entered.
 
-Only the stage interface of the encodings is called (``embed``, ``rotate``,
-``score_terms``, ``bias``), so an encoding that registers is analysed without any change
+Only the public pipeline is called (``Block.attention_input``, ``Attention.project``,
+:func:`posenc.scores`), so an encoding that registers is analysed without any change
 here.
 """
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..base import Stage
+from ..backends import scores
+from ..base import check_lengths
 from ..model import TransformerLM
 from .stats import distances
 
@@ -18,7 +19,11 @@ __all__ = ["attention_probs", "attention_scores", "causal_mask", "layer_inputs",
 
 
 def layer_inputs(model: TransformerLM, tokens: Tensor, pos: Tensor) -> list[Tensor]:
-    """The input of every block (before ``ln1``), ``(B, L, D)`` each, from a plain forward."""
+    """The input of every block (before ``ln1``), ``(B, L, D)`` each, from a plain forward.
+
+    Raises ``ValueError`` for positions past ``max_len`` of an encoding that does not extrapolate.
+    """
+    check_lengths(model.encodings, pos)
     x = model.embed(tokens, pos)
     outs = []
     for block in model.blocks:
@@ -43,7 +48,7 @@ def attention_scores(model: TransformerLM, tokens: Tensor, pos: Tensor | None = 
     pos = torch.arange(L).unsqueeze(0) if pos is None else pos.reshape(1, L) if pos.dim() == 1 else pos
     out = []
     for block, x in zip(model.blocks, layer_inputs(model, tokens, pos), strict=True):
-        parts = score_parts(block.attn, block.ln1(x), pos)
+        parts = score_parts(block, x, pos)
         out.append(sum(parts.values()))
     return out
 
@@ -60,27 +65,13 @@ def attention_probs(model: TransformerLM, tokens: Tensor, pos: Tensor | None = N
     return probs
 
 
-def _project(attn, h: Tensor) -> tuple[Tensor, Tensor]:
-    B, L, _ = h.shape
-    q = attn.q_proj(h).view(B, L, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, L, Dh)
-    k = attn.k_proj(h).view(B, L, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, L, Dh)
-    return q, k
-
-
-def score_parts(attn, h: Tensor, pos: Tensor) -> dict[str, Tensor]:
+def score_parts(block, x: Tensor, pos: Tensor) -> dict[str, Tensor]:
     """One layer's logits split by stage: ``qk`` (``scale·q̃·k̃``), ``terms``, ``bias``.
 
-    ``h``: the attention input ``(B, L, D)`` (after ``ln1``); ``pos``: ``(1|B, L)``.
-    The parts sum to the pre-mask logits; each is ``(B, H, L, L)`` float32.
+    ``x``: the block input ``(B, L, D)`` (before ``ln1``); ``pos``: ``(1|B, L)``.
+    The parts sum to the pre-mask logits; each is ``(B, H, L, L)`` float32
+    (:func:`posenc.scores` with ``parts=True``, the sum every backend computes).
     """
-    enc = attn.encoding
-    if attn.apply_input_stage and enc.stages & Stage.INPUT:
-        h = enc.embed(h, pos)
-    q, k = _project(attn, h)
-    q, k = enc.rotate(q, k, pos, pos)
-    parts = {"qk": (q @ k.transpose(-1, -2)).float() * enc.scale}  # (B, H, L, L)
-    if enc.stages & Stage.TERMS:
-        parts["terms"] = enc.score_terms(q, k, pos, pos).float() * enc.scale
-    if enc.stages & Stage.BIAS:
-        parts["bias"] = enc.bias(pos, pos).float().expand_as(parts["qk"])
-    return parts
+    attn = block.attn
+    q, k, _, q_pos, k_pos = attn.project(block.attention_input(x, pos), pos)
+    return scores(attn.encoding, q, k, q_pos, k_pos, qk_proj=(attn.q_proj, attn.k_proj), parts=True)

@@ -5,7 +5,7 @@ Two views per model:
 
 * ``gram`` — ``p_i·p_j`` for the vectors an input-stage encoding produces:
   ``embed(0, pos)`` for additive encodings (``embed(1, pos)`` when that does not vary with
-  position, as for a multiplicative or a convolutional one; ``embed_tokens`` of one constant token for encodings that build
+  position, as for a multiplicative or a convolutional one; ``embed`` of one constant token id for encodings that build
   the embedding). For sinusoidal, ``p_i·p_j = Σ_k cos((i - j)ω_k)`` exactly (Vaswani et
   al. 2017, §3.5: ``PE_{pos+k}`` is a linear function of ``PE_pos``), so the share is 1
   up to float rounding.
@@ -40,8 +40,8 @@ def position_vectors(model, L: int) -> tuple[torch.Tensor | None, str]:
         enc = first if first.stages & Stage.INPUT else None
     if enc is None:
         return None, "no input stage"
-    if enc.builds_embedding:
-        return enc.embed_tokens(torch.zeros(1, L, dtype=torch.long), pos)[0].float(), "embed_tokens(constant token)"
+    if enc.input_at == "tokens":
+        return enc.embed(torch.zeros(1, L, dtype=torch.long), pos)[0].float(), "embed(constant token id)"
     zeros = torch.zeros(1, L, model.dim)
     p = enc.embed(zeros, pos)[0].float()
     if float((p - p[:1]).abs().max()) > 0:  # depends on position: an additive encoding

@@ -180,6 +180,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from ..data import DataError
+    from ..train import setup
     from .report import merge_results, results_table, write_outputs
     from .runner import compare
 
@@ -204,8 +205,11 @@ def run(args: argparse.Namespace) -> int:
             cfg = from_dict(read_config_file(path))
         else:
             cfg = build_config(args)
-        out = args.out or _default_out(cfg.device)
-        results = compare(cfg, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
+        rt = setup(cfg.device)  # under torchrun every rank writes into rank 0's default folder
+        out = args.out or rt.broadcast(default_out())
+        results = compare(
+            cfg, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress, runtime=rt
+        )
     except (ValueError, DataError) as e:
         print(f"posenc compare: error: {e}", file=sys.stderr)
         return 2
@@ -217,18 +221,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
-    if results["runs"] and Path(out, "table.md").is_file():
+    if rt.main and results["runs"]:
         results_table(results).print()
         print(f"wall time {results['wall_seconds']:.1f} s; results in {out}/")
     return 0
-
-
-def _default_out(device: str) -> str:
-    """A new unique folder name; under torchrun every rank gets rank 0's."""
-    import os
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from ..train import setup
-
-        return setup(device).broadcast(default_out())
-    return default_out()

@@ -39,9 +39,9 @@ class EvalSettings:
 
 def not_applicable(model: TransformerLM, seq_len: int) -> str | None:
     """Why ``model`` cannot run ``seq_len`` tokens (an encoding that does not extrapolate), or None."""
-    for enc in model.encodings + ([model.input_encoding] if model.input_encoding is not None else []):
-        if not enc.extrapolates and enc.max_len is not None and seq_len > enc.max_len:
-            return f"{enc.name} supports positions < max_len={enc.max_len}; needs {seq_len}"
+    for enc in model.encodings:
+        if enc.position_limit is not None and seq_len > enc.position_limit:
+            return f"{enc.name} supports positions < {enc.position_limit} (max_len={enc.max_len}); needs {seq_len}"
     return None
 
 

@@ -171,7 +171,10 @@ def merge_results(dirs: list[Path]) -> dict[str, Any]:
         p = Path(d) / "results.json"
         if not p.is_file():
             raise ValueError(f"--merge: {str(p)!r} not found (is {str(d)!r} a finished run?)")
-        parts.append(json.loads(p.read_text()))
+        try:
+            parts.append(json.loads(p.read_text()))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"--merge: {str(p)!r} is not valid JSON ({e})") from None
     ref = {k: v for k, v in parts[0]["config"].items() if k not in _SHARD_KEYS}
     runs, seen, encodings = [], set(), []
     for d, part in zip(dirs, parts):

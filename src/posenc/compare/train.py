@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
+from ..checkpoint import load_checkpoint
 from ..data import Batch, step_generator
-from ..model import TransformerLM, load_checkpoint
+from ..model import TransformerLM
 from ..positions import randomized_positions
 from ..train import Every, Progress, Runtime, Trainer, adamw, cosine_schedule
 from .config import CompareConfig

@@ -1,4 +1,4 @@
-"""Scalar score biases: ALiBi and T5 relative buckets.
+"""Scalar score biases: ALiBi, KERPLE, FIRE and T5 relative buckets.
 
 * ``alibi`` — Press et al., "Train Short, Test Long: Attention with Linear Biases
   Enables Input Length Extrapolation", ICLR 2022. Bias ``-m_h·(i - j)`` (causal) or
@@ -15,8 +15,9 @@
   Text-to-Text Transformer", JMLR 2020. A learned scalar per head and bucket of
   ``j - i``; one table shared by every layer. Checked against HF ``T5Attention``.
 
-Both provide a FlexAttention ``score_mod`` that reads per-head scalars, so no ``L×L``
-tensor is built on the flex path.
+Each provides a FlexAttention ``score_mod`` that computes the bias of one ``(h, i, j)``
+from per-head parameters or a per-distance table, so no ``L×L`` tensor is built on the
+flex path.
 """
 
 from __future__ import annotations

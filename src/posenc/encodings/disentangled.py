@@ -11,7 +11,8 @@
 
   Checked against HF ``DebertaV2`` and ``Deberta`` ``DisentangledSelfAttention``.
   The enhanced mask decoder (absolute positions added only before the top layers) is
-  :class:`posenc.TransformerLM`'s ``absolute_from_layer`` option.
+  the ``absolute_from_layer=n`` option: an input stage that adds a learned absolute
+  table to the residual stream before block ``n`` of a :class:`posenc.TransformerLM`.
 
 * ``tupe`` — Ke, He, Liu, "Rethinking Positional Encoding in Language Pre-training",
   ICLR 2021. Positions never enter the token stream; each layer adds a positional score
@@ -22,7 +23,8 @@
   ``p = LayerNorm(P[pos])`` from a learned table; ``relative_bias=True`` adds T5's
   bucketed bias (TUPE-R; TUPE-A without); ``untie_cls=True`` replaces the whole positional
   term (absolute and relative) of every pair involving position 0 ([CLS]) by two learned
-  scalars per head, as eq. (9) and the official code (own [CLS] buckets) do.
+  scalars per head, as eq. (11) (``reset_θ`` of eq. 9 around the sum) and the official code
+  (own [CLS] buckets) do.
   Checked against the formula written out in the tests (there is no installable
   reference).
 
@@ -73,9 +75,13 @@ class DeBERTa(PositionEncoding):
         hidden_size: width ``D`` of the table; ``H·Dh`` by default. Must equal the layer
             width with ``share_att_key``.
         layer_norm_eps: eps of that LayerNorm (HF default 1e-7).
+        absolute_from_layer: DeBERTa's enhanced mask decoder, approximated: a learned
+            absolute position table (``max_len`` rows of width ``hidden_size``) added to
+            the hidden states just before this block of a model, so only the blocks from
+            there on see absolute positions. None: no such table (relative only).
         clamp_relative_positions: clamp ``δ`` to ``±(max_relative_positions - 1)`` before
-            log-bucketing, as Microsoft's original code does (``da_utils.make_log_bucket_position``);
-            HF does not, so there a key more than ``max_relative_positions - 1`` positions
+            log-bucketing, as Microsoft's code does (``da_utils.make_log_bucket_position`` since
+            its 2023 DeBERTaV3 release; its 2021 v2 release did not); HF does not, so there a key more than ``max_relative_positions - 1`` positions
             *ahead* of the query lands in table row 0, which no distance inside the range
             uses (never trained), while Microsoft's lands in the last trained bucket. The two
             agree for every ``|δ| < max_relative_positions`` and for every causal pair. True
@@ -87,6 +93,7 @@ class DeBERTa(PositionEncoding):
     paper = "He et al., DeBERTa: Decoding-enhanced BERT with Disentangled Attention"
     year = 2021
     stages = Stage.TERMS
+    shared_modules = ("rel_embeddings", "rel_norm", "absolute")
 
     def __init__(
         self,
@@ -105,6 +112,7 @@ class DeBERTa(PositionEncoding):
         layer_norm_eps: float = 1e-7,
         init_std: float = 0.02,
         clamp_relative_positions: bool = True,
+        absolute_from_layer: int | None = None,
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
         types = (
@@ -140,24 +148,34 @@ class DeBERTa(PositionEncoding):
                 self.pos_key_proj = nn.Linear(D, inner, bias=version == 2)
             if self.p2c:
                 self.pos_query_proj = nn.Linear(D, inner)
-        self._layer: nn.Module | None = None
-
-    def attach(self, attn: nn.Module) -> None:
-        if not self.share_att_key:
-            return
-        if self.__dict__.get("_layer") is not None and self.__dict__["_layer"] is not attn:
-            raise ValueError("a deberta encoding with share_att_key=True belongs to one layer; build one per layer")
-        if attn.dim != self.hidden_size:
-            raise ValueError(f"share_att_key needs hidden_size == layer dim, got {self.hidden_size} and {attn.dim}")
-        self.__dict__["_layer"] = attn  # not a submodule: the layer owns the encoding, not the reverse
-
-    def tie_to(self, first: PositionEncoding) -> None:
-        self.rel_embeddings = first.rel_embeddings
-        self.rel_norm = first.rel_norm
+        self.uses_layer_projections = share_att_key  # the table goes through the layer's W_Q/W_K
+        self.absolute = None
+        if absolute_from_layer is not None:
+            if not isinstance(absolute_from_layer, int) or absolute_from_layer < 0:
+                raise ValueError(f"absolute_from_layer must be a block index >= 0 or None, got {absolute_from_layer!r}")
+            if max_len is None:
+                raise ValueError("absolute_from_layer needs max_len (the size of the absolute position table)")
+            self.absolute = nn.Embedding(max_len, D)
+            nn.init.normal_(self.absolute.weight, std=init_std)
+            self.stages = Stage.TERMS | Stage.INPUT
+            self.input_at = absolute_from_layer
+        self.absolute_from_layer = absolute_from_layer
 
     @property
     def relative(self) -> bool:
-        return True
+        return self.absolute is None
+
+    @property
+    def extrapolates(self) -> bool:
+        return self.absolute is None  # the enhanced-mask-decoder table has max_len rows
+
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        """Enhanced mask decoder (``absolute_from_layer``): ``x + P[pos]``, ``x`` ``(B, L, hidden_size)``."""
+        if self.absolute is None:
+            return x
+        if x.shape[-1] != self.hidden_size:
+            raise ValueError(f"absolute_from_layer: table width hidden_size={self.hidden_size}, x {tuple(x.shape)}")
+        return x + self.absolute(pos).to(x.dtype)  # (B|1, L, D)
 
     @property
     def num_terms(self) -> int:
@@ -192,20 +210,27 @@ class DeBERTa(PositionEncoding):
         e = self.rel_embeddings.weight
         return self.rel_norm(e) if self.rel_norm is not None else e
 
-    def _project(self, table: Tensor, which: str) -> Tensor:
-        """``(2·span, D)`` -> ``(H, 2·span, Dh)`` with the key (c2p) or query (p2c) projection."""
+    def project_table(self, table: Tensor, which: str, qk_proj=None) -> Tensor:
+        """``(2·span, D)`` -> ``(H, 2·span, Dh)`` with the key (c2p) or query (p2c) projection.
+
+        With ``share_att_key`` those are the layer's ``W_K``/``W_Q``, given as ``qk_proj``.
+        """
         if self.share_att_key:
-            layer = self.__dict__.get("_layer")
-            if layer is None:
+            if qk_proj is None:
                 raise ValueError(
-                    "share_att_key=True uses the layer's W_Q/W_K: run this encoding inside posenc.Attention"
+                    "share_att_key=True projects the table with the layer's W_Q/W_K: pass "
+                    "qk_proj=(q_proj, k_proj), as posenc.Attention does"
                 )
-            proj = layer.k_proj if which == "key" else layer.q_proj
+            proj = qk_proj[1] if which == "key" else qk_proj[0]
+            if proj.in_features != self.hidden_size:
+                raise ValueError(
+                    f"share_att_key needs hidden_size == layer dim, got {self.hidden_size} and {proj.in_features}"
+                )
         else:
             proj = self.pos_key_proj if which == "key" else self.pos_query_proj
         return proj(table).view(-1, self.heads, self.head_dim).transpose(0, 1)
 
-    def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, *, qk_proj=None) -> Tensor:
         if q.shape[-2] != q_pos.shape[-1] or k.shape[-2] != k_pos.shape[-1]:
             raise ValueError(
                 f"q/k lengths {q.shape[-2]}/{k.shape[-2]} do not match positions {q_pos.shape[-1]}/{k_pos.shape[-1]}"
@@ -215,10 +240,10 @@ class DeBERTa(PositionEncoding):
         B, H, Lq, _ = q.shape
         out = None
         if self.c2p:
-            kr = self._project(table, "key").to(q.dtype)  # (H, 2span, Dh)
+            kr = self.project_table(table, "key", qk_proj).to(q.dtype)  # (H, 2span, Dh)
             out = PF.gather_relative_logits(q @ kr.transpose(-1, -2), idx)  # q_i·Kr[idx]
         if self.p2c:
-            qr = self._project(table, "query").to(k.dtype)  # (H, 2span, Dh)
+            qr = self.project_table(table, "query", qk_proj).to(k.dtype)  # (H, 2span, Dh)
             kq = (k @ qr.transpose(-1, -2)).transpose(-1, -2)  # (B, H, 2span, Lk): k_j·Qr[r]
             index = idx.unsqueeze(1).expand(B, H, Lq, k.shape[-2])
             p2c = torch.gather(kq, -2, index)  # k_j·Qr[idx(i, j)]
@@ -304,8 +329,6 @@ class TUPE(PositionEncoding):
         return p.unflatten(-1, (self.heads, self.head_dim)).transpose(-2, -3).float()
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        self.check_length(q_pos)
-        self.check_length(k_pos)
         pq, pk = self._pos_proj(q_pos, self.pos_q), self._pos_proj(k_pos, self.pos_k)
         out = (pq @ pk.transpose(-1, -2)) * self.scale  # (..., H, Lq, Lk)
         if self.relative_bias:
@@ -317,7 +340,7 @@ class TUPE(PositionEncoding):
             )
             out = out + self.relative_attention_bias(b).float().movedim(-1, -3)
         if self.untie_cls:
-            # eq. (9): reset_θ replaces the WHOLE positional term of pairs involving [CLS]
+            # eq. (9)/(11): reset_θ replaces the WHOLE positional term of pairs involving [CLS]
             # (absolute and relative alike; the official code gives [CLS] its own buckets)
             h = (-1, 1, 1)
             q0 = (q_pos == 0).unsqueeze(-1).unsqueeze(-3)  # (..., 1, Lq, 1)

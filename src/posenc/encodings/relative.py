@@ -144,6 +144,8 @@ class TransformerXL(PositionEncoding):
         clamp_len: clip ``|i - j|`` to this many positions (HF ``clamp_len``); None = no clip.
         base: sinusoid base.
         init_std: std of the normal init of ``u``, ``v`` and ``W_R`` (HF ``init_std``).
+        memory_len: tokens of earlier segments each layer attends to (HF ``mem_len``;
+            the segment-level recurrence): ``lm.init_memory()`` makes a memory that long.
 
     Parameter names follow HF: ``r_w_bias`` (u), ``r_r_bias`` (v), both ``(H, Dh)``,
     and ``r_net`` (``W_R``, ``d_model -> H·Dh``, no bias).
@@ -166,8 +168,12 @@ class TransformerXL(PositionEncoding):
         clamp_len: int | None = None,
         base: float = 10000.0,
         init_std: float = 0.02,
+        memory_len: int = 0,
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
+        if not isinstance(memory_len, int) or isinstance(memory_len, bool) or memory_len < 0:
+            raise ValueError(f"memory_len must be an int >= 0, got {memory_len!r}")
+        self.memory_len = memory_len
         d_model = self.dim if d_model is None else d_model
         if not isinstance(d_model, int) or d_model < 2 or d_model % 2:
             raise ValueError(f"d_model must be an even int >= 2, got {d_model!r}")

@@ -213,7 +213,7 @@ class Trainer:
 
         A kill mid-write leaves the previous file intact.
         """
-        from ..model import save_checkpoint
+        from ..checkpoint import save_checkpoint
 
         if not self.runtime.main:
             return
