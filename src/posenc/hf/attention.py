@@ -45,8 +45,9 @@ from transformers.masking_utils import (
 )
 
 from .. import functional as PF
-from ..attention import Attention, select_backend
+from ..backends import BACKENDS, select_backend
 from ..base import PositionEncoding, Stage
+from ..mask import AttentionMask
 
 __all__ = ["NAME", "PosencMask", "attention_forward", "mask_interface", "register", "layer_encoding"]
 
@@ -172,36 +173,29 @@ def layer_encoding(module: nn.Module) -> PositionEncoding:
     return enc
 
 
-class _Runner(Attention):
-    """posenc's attention backends without projections, for a layer owned by an HF model."""
-
-    def __init__(self, enc: PositionEncoding, causal: bool = True) -> None:
-        nn.Module.__init__(self)
-        self.__dict__["encoding"] = enc  # owned by the model, not by this runner
-        self.causal, self.chunk_size, self.backend = causal, 1024, "auto"
-        self.heads, self.head_dim = enc.heads, enc.head_dim
-
-
-def attend(enc: PositionEncoding, q, k, v, q_pos, k_pos, *, causal, offset, key_padding, documents) -> Tensor:
+def attend(
+    enc: PositionEncoding, q, k, v, q_pos, k_pos, *, causal, offset, key_padding, documents, qk_proj=None
+) -> Tensor:
     """posenc's score and value stages on rotated ``q, k, v`` ``(B, H, L, Dh)`` -> ``(B, H, Lq, Dh)``.
 
+    The backend is the one :func:`posenc.select_backend` picks for ``enc`` on this device.
     ``documents`` ``(B, L)`` (no cache): each run of equal ids attends only within itself,
     computed one document at a time, so a packed row equals its documents run alone.
+    ``qk_proj``: the layer's ``(W_Q, W_K)`` for encodings with ``uses_layer_projections``.
     """
-    runner = _Runner(enc, causal)
-    grad = torch.is_grad_enabled() and (q.requires_grad or any(p.requires_grad for p in enc.parameters()))
-    name = select_backend(enc, q.device.type, grad)
-    run = getattr(runner, f"_attend_{name}")
+    run = BACKENDS[select_backend(enc, q.device.type)]
     if documents is None:
-        return run(q, k, v, q_pos, k_pos, offset, key_padding)
+        mask = AttentionMask(causal=causal, offset=offset, key_padding=key_padding)
+        return run(enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj)
     out = []
+    whole = AttentionMask(causal=causal)
     for b in range(q.shape[0]):
         starts = torch.nonzero(torch.diff(documents[b], prepend=documents[b, :1] - 1)).flatten().tolist()
         ends = [*starts[1:], q.shape[2]]
         pb = min(b, q_pos.shape[0] - 1)
         rows = [
-            run(q[b : b + 1, :, s:e], k[b : b + 1, :, s:e], v[b : b + 1, :, s:e], q_pos[pb : pb + 1, s:e],
-                k_pos[pb : pb + 1, s:e], 0, None)
+            run(enc, q[b : b + 1, :, s:e], k[b : b + 1, :, s:e], v[b : b + 1, :, s:e], q_pos[pb : pb + 1, s:e],
+                k_pos[pb : pb + 1, s:e], whole, qk_proj=qk_proj)
             for s, e in zip(starts, ends)
         ]  # fmt: skip
         out.append(torch.cat(rows, dim=2))
@@ -262,6 +256,7 @@ def attention_forward(
         offset=mask.q_offset,
         key_padding=mask.padding,
         documents=documents,
+        qk_proj=module.__dict__.get("posenc_qk_proj"),
     )
     return out.transpose(1, 2).contiguous(), None
 
