@@ -172,7 +172,7 @@ class PosencStack(nn.Module):
         self.unwire()
         d = self.dims
         before: dict[int, list[int]] = {}  # block -> indices of the encodings whose input stage runs there
-        for i, (layer, attn) in enumerate(zip(layers, attentions)):
+        for i, attn in enumerate(attentions):
             enc = self.encoding(i)
             attn.__dict__["posenc_encoding"] = enc  # a reference: the stack owns the module
             if enc.stages & Stage.INPUT:
