@@ -6,6 +6,7 @@ Examples::
     posenc compare --encodings all --preset standard --device cuda
     posenc compare --encodings rope,alibi --train-len 128 --eval-lens 128,512,2048
     posenc compare --task copy --train-len 16 --eval-lens 8,16,32,64
+    posenc compare --encodings rope --extend none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend
     posenc compare --resume --out runs/2026-01-01T00-00-00-a1b2c3
     posenc compare --overwrite --out runs/x      # start a finished run over
     torchrun --nproc_per_node=2 -m posenc.cli compare --out runs/ddp
@@ -66,6 +67,8 @@ _HELP = {
     "sliding": "sliding-window evaluation (stride --stride) instead of non-overlapping windows",
     "stride": "sliding stride (default: half the window)",
     "position_buckets": "buckets of the per-position loss curve",
+    "extend": "after training, evaluate the rotary models once per inference-time extension method: "
+    "none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend (table extend.md, plot extend.png)",
     "checkpoint_every": "write a checkpoint every N steps (and after each encoding)",
     "shard": "i/n: run encodings i, i+n, ... of the list (join the shards with --merge)",
 }
@@ -223,5 +226,9 @@ def run(args: argparse.Namespace) -> int:
         return 130
     if rt.main and results["runs"]:
         results_table(results).print()
+        if results.get("extend"):
+            from .extend import extend_table
+
+            extend_table(results).print()
         print(f"wall time {results['wall_seconds']:.1f} s; results in {out}/")
     return 0

@@ -77,6 +77,8 @@ class CompareConfig:
     sliding: bool = False  # sliding windows instead of non-overlapping ones
     stride: int | None = None  # sliding stride; None: half the window
     position_buckets: int = 16
+    # inference-time context extension of the trained rotary models (posenc.compare.extend)
+    extend: list[str] | None = None  # e.g. ["none", "yarn", "rerope", "self-extend"]
     # bookkeeping
     checkpoint_every: int = 100  # steps; a checkpoint is also written after each encoding
     shard: str | None = None  # "i/n": this job runs encodings i, i+n, ... (1-based)
@@ -118,6 +120,12 @@ class CompareConfig:
             raise ValueError(f"stride must be >= 1, got {self.stride}")
         if self.shard is not None:
             parse_shard(self.shard)
+        if self.extend is not None:
+            from .extend import EXTEND_METHODS
+
+            bad = [m for m in self.extend if m not in EXTEND_METHODS] if isinstance(self.extend, list) else self.extend
+            if bad or not self.extend:
+                raise ValueError(f"extend must list methods of {', '.join(EXTEND_METHODS)}, got {self.extend!r}")
         if not isinstance(self.encoding_options, dict) or not all(
             isinstance(v, dict) for v in self.encoding_options.values()
         ):
@@ -144,7 +152,8 @@ class CompareConfig:
     # fields that do not change any encoding's numbers: how often to checkpoint, which shard
     # of the encodings this process runs, and the list of encodings itself (a model's
     # training does not depend on which other encodings share the run)
-    BOOKKEEPING = ("checkpoint_every", "shard", "encodings")
+    # (nor does `extend`: it evaluates the trained models once more, with other options)
+    BOOKKEEPING = ("checkpoint_every", "shard", "encodings", "extend")
 
     def fingerprint(self) -> str:
         """A short hash of every field that decides the numbers (all but :attr:`BOOKKEEPING`).

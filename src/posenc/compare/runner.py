@@ -13,7 +13,7 @@ from ..data import load_source
 from ..output import write_json
 from ..train import Runtime, setup
 from .config import CompareConfig, parse_shard
-from .report import write_outputs
+from .report import run_subtitle, write_outputs
 from .rundir import RunDir
 from .train import train_encoding
 
@@ -89,7 +89,13 @@ def compare(
                    "wall_seconds": round(time.perf_counter() - t0, 2), "device": str(rt.device),
                    "processes": rt.world}  # fmt: skip
         if rt.main:
+            if cfg.extend:  # the trained rotary models once per extension method (posenc.compare.extend)
+                from .extend import run_extend, write_extend
+
+                results["extend"] = run_extend(cfg, source, out / "checkpoints", runs, device=rt.device, log=log)
             write_outputs(out, results)
+            if results.get("extend"):
+                write_extend(out, results, run_subtitle(cfg.to_dict()))
     return results
 
 
