@@ -6,6 +6,8 @@ Examples::
     posenc compare --encodings all --preset standard --device cuda
     posenc compare --encodings rope,alibi --train-len 128 --eval-lens 128,512,2048
     posenc compare --task copy --train-len 16 --eval-lens 8,16,32,64
+    posenc compare --task grid --train-len 8 --eval-lens 8,12,16 --encodings rope,mrope,sinusoidal \\
+        --encoding-options sinusoidal.axes=2        # rope over flattened tokens; rope.axes=2: axial
     posenc compare --encodings rope --extend none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend
     posenc compare --resume --out runs/2026-01-01T00-00-00-a1b2c3
     posenc compare --overwrite --out runs/x      # start a finished run over
@@ -36,7 +38,8 @@ _HELP = {
     "dataset_config": "the dataset's configuration name",
     "dataset_split": "the dataset split to read",
     "dataset_field": "the dataset column holding the text",
-    "task": "synthetic task: copy, reverse, sort, associative-recall (lengths count items)",
+    "task": "synthetic task: copy, reverse, sort, associative-recall (lengths count items), "
+    "grid (2-D: the symbol above each cell; lengths are grid sides)",
     "val_fraction": "fraction of the corpus (its end) held out for validation",
     "dim": "model width D",
     "depth": "number of blocks",

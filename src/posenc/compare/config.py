@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..data import TASKS
+from ..data import TASK_NAMES
 
 __all__ = ["CompareConfig", "PRESETS", "CORE_ENCODINGS", "from_dict"]
 
@@ -40,7 +40,7 @@ class CompareConfig:
     dataset_config: str | None = None
     dataset_split: str = "train"
     dataset_field: str = "text"
-    task: str | None = None  # copy | reverse | sort | associative-recall
+    task: str | None = None  # copy | reverse | sort | associative-recall | grid
     val_fraction: float = 0.1
     # model: the same for every encoding
     dim: int = 64  # D
@@ -95,8 +95,10 @@ class CompareConfig:
         sources = [n for n, v in (("text", self.text), ("dataset", self.dataset), ("task", self.task)) if v]
         if len(sources) > 1:
             raise ValueError(f"give at most one data source, got {sources}")
-        if self.task is not None and self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.task is not None and self.task not in TASK_NAMES:
+            raise ValueError(f"task must be one of {TASK_NAMES}, got {self.task!r}")
+        if self.task == "grid" and self.randomized_positions:
+            raise ValueError("randomized_positions draws 1-D positions; the grid task has 2-D ones")
         for name in ("dim", "depth", "heads", "train_len", "steps", "batch_size", "eval_batch_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:

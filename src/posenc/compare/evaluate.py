@@ -9,11 +9,12 @@ from typing import Any
 
 import torch
 
+from ..data import positions_for
 from ..model import TransformerLM
 from ..train import autocast, masked_loss
 from .config import CompareConfig
 
-__all__ = ["EvalSettings", "evaluate", "not_applicable"]
+__all__ = ["EvalSettings", "evaluate", "model_axes", "not_applicable"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ class EvalSettings:
         )  # fmt: skip
 
 
+def model_axes(model: TransformerLM) -> int:
+    """Coordinates per position ``model``'s encodings read (1 for a sequence)."""
+    return max((enc.axes for enc in model.encodings), default=1)
+
+
 def not_applicable(model: TransformerLM, seq_len: int) -> str | None:
     """Why ``model`` cannot run ``seq_len`` tokens (an encoding that does not extrapolate), or None."""
     for enc in model.encodings:
@@ -51,7 +57,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """One ``eval`` entry: loss/ppl/bpb (text) or accuracy (tasks) at ``length``, plus per-position loss.
 
-    Positions are ``arange`` (also after randomized-position training). An encoding that
+    Positions are ``arange`` (also after randomized-position training), or the grid
+    task's, as ``model`` reads them (:func:`posenc.data.positions_for`). An encoding that
     cannot run at this length gives ``{"applicable": false, "reason": ...}`` with null metrics.
     """
     s = settings
@@ -69,11 +76,13 @@ def evaluate(
     pos_loss = torch.zeros(L, dtype=torch.float64)
     pos_count = torch.zeros(L, dtype=torch.float64)
     solved = n_seq = correct_tok = 0
+    axes = model_axes(model)
     for b in batches:
         tokens, targets = b.tokens.to(device), b.targets.to(device)
         mask = b.mask.to(device) if b.mask is not None else torch.ones_like(targets, dtype=torch.bool)
         with autocast(device, s.autocast_dtype):
-            logits = model(tokens)
+            pos = positions_for(b.pos, axes)
+            logits = model(tokens, pos=None if pos is None else pos.to(device))
         loss = masked_loss(logits, targets, mask)  # (b, L)
         pos_loss += loss.double().sum(0).cpu()
         pos_count += mask.double().sum(0).cpu()

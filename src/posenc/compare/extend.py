@@ -118,7 +118,11 @@ def run_extend(cfg, source, ckpt_dir: Path, runs: list[dict[str, Any]], *, devic
             opts = method_options(
                 m, train_tokens=train_tokens, longest_tokens=longest, base=enc.base, rotary_dim=enc.rotary_dim
             )
-            model = with_options(trained, **opts)
+            try:
+                model = with_options(trained, **opts)
+            except ValueError as e:  # e.g. rope_extension on axial RoPE (positions with axes)
+                log(f"extend {name} / {m}: not applicable ({e})")
+                continue
             log(f"extend {name} / {m} ({_describe(opts)}): evaluating at {', '.join(map(str, lens))}")
             evals = [evaluate(model, source, n, device=device, settings=settings) for n in lens]
             out.append({"encoding": name, "method": m, "options": opts, "setting": _describe(opts), "eval": evals})

@@ -24,12 +24,12 @@ from typing import Any
 import torch
 
 from ..checkpoint import load_checkpoint
-from ..data import Batch, step_generator
+from ..data import Batch, positions_for, step_generator
 from ..model import TransformerLM
 from ..positions import randomized_positions
 from ..train import Every, Progress, Runtime, Trainer, adamw, cosine_schedule
 from .config import CompareConfig
-from .evaluate import EvalSettings, evaluate
+from .evaluate import EvalSettings, evaluate, model_axes
 from .rundir import RunDirError, check_checkpoint
 
 __all__ = ["batches", "build_model", "max_positions", "model_max_len", "train_encoding"]
@@ -69,14 +69,18 @@ def build_model(cfg: CompareConfig, source, encoding: str) -> TransformerLM:
     return model
 
 
-def batches(source, *, batch_size: int, length: int, max_pos: int | None, seed: int) -> Callable[[int], Batch]:
+def batches(
+    source, *, batch_size: int, length: int, max_pos: int | None, seed: int, axes: int = 1
+) -> Callable[[int], Batch]:
     """``batch_at(step)``: the global training batch of ``step``, a function of ``(seed, step)``.
 
     ``max_pos``: draw sorted random positions from ``[0, max_pos)`` (Ruoss et al. 2023); None: ``arange``.
+    ``axes``: coordinates per position the model reads (grid positions are converted for it).
     """
 
     def batch_at(step: int) -> Batch:
         b = source.train_batch(step, batch_size, length)
+        b = b._replace(pos=positions_for(b.pos, axes))
         if max_pos is None:
             return b
         g = step_generator(seed + 7919, step)
@@ -131,7 +135,8 @@ def train_encoding(
     if progress and rt.main:
         callbacks.append(Progress(tag, cfg.steps, state.step if state else 0, log))
     max_pos = max_positions(cfg, source) if cfg.randomized_positions else None
-    batch_at = batches(source, batch_size=cfg.batch_size, length=cfg.train_len, max_pos=max_pos, seed=cfg.seed)
+    batch_at = batches(source, batch_size=cfg.batch_size, length=cfg.train_len, max_pos=max_pos, seed=cfg.seed,
+                       axes=model_axes(model))  # fmt: skip
     state = trainer.fit(batch_at, cfg.steps, state=state, callbacks=callbacks)
 
     result: dict[str, Any] = {}

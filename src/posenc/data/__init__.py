@@ -9,7 +9,8 @@ download is needed:
 * :func:`load_hf_dataset` — a Hugging Face dataset (``--dataset NAME``); optional,
   it needs the ``datasets`` package and the hub (or its local cache) and fails with a
   :class:`DataError` that says so;
-* :mod:`posenc.data.tasks` — ``copy``, ``reverse``, ``sort``, ``associative-recall``.
+* :mod:`posenc.data.tasks` — ``copy``, ``reverse``, ``sort``, ``associative-recall``;
+* :mod:`posenc.data.grid` — ``grid``: the symbol above each cell of a 2-D grid.
 
 :class:`TextData` splits a byte string deterministically into train and validation
 (the last ``val_fraction`` of the bytes) and serves batches that depend only on
@@ -26,12 +27,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .tasks import TASKS, Batch, SyntheticTask, step_generator
+from .grid import GridTask, positions_for
+from .tasks import TASK_NAMES, TASKS, Batch, SyntheticTask, step_generator
 
 __all__ = [
     "Batch",
     "DataError",
+    "GridTask",
     "TASKS",
+    "TASK_NAMES",
     "SyntheticTask",
     "TextData",
     "embedded_corpus",
@@ -39,6 +43,7 @@ __all__ = [
     "load_hf_dataset",
     "load_source",
     "read_text",
+    "positions_for",
     "step_generator",
 ]
 
@@ -217,7 +222,7 @@ def load_source(
     val_fraction: float = 0.1,
     seed: int = 0,
     longest: int = 1,
-) -> TextData | SyntheticTask:
+) -> TextData | SyntheticTask | GridTask:
     """The data source named by at most one of ``task``, ``text`` or ``dataset``; the
     embedded corpus when none is.
 
@@ -229,6 +234,8 @@ def load_source(
         DataError: the source cannot be loaded, or its validation split is shorter than
             ``longest + 1`` bytes (the message names the source).
     """
+    if task == "grid":
+        return GridTask(seed=seed)
     if task is not None:
         return SyntheticTask(task, seed=seed)
     if text is not None:
