@@ -22,16 +22,19 @@ def _small(name: str, causal: bool = True):
 
 @pytest.mark.parametrize("name", posenc.available())
 def test_select_backend_dispatch(name):
-    """auto picks sdpa (flash on GPU) / flex on CUDA / dense on CPU / chunked, by stages."""
+    """auto picks sdpa (flash on GPU) / flex on CUDA / blockwise on CPU where the terms are
+    per distance / dense / chunked, by stages."""
     enc = _small(name)
     st = enc.stages
-    vector = bool(st & (Stage.TERMS | Stage.VALUE)) or enc.rotates_value
+    vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES)) or enc.rotates_value
+    per_distance = type(enc).distance_terms is not posenc.PositionEncoding.distance_terms
     cpu = posenc.select_backend(enc, "cpu")
     cuda = posenc.select_backend(enc, "cuda")
     if vector:
-        assert cpu == cuda == "chunked"
+        assert cpu == ("blockwise" if per_distance else "chunked")
+        assert cuda == "chunked"
     elif st & Stage.BIAS:
-        assert cpu == "dense"
+        assert cpu == ("blockwise" if per_distance else "dense")
         assert cuda == ("flex" if enc.has_score_mod else "dense")
     else:
         assert cpu == cuda == "sdpa"
@@ -43,7 +46,7 @@ def test_scalar_biases_go_to_flex_on_cuda(name):
     enc = _small(name)
     assert enc.has_score_mod
     assert posenc.select_backend(enc, "cuda") == "flex"
-    assert posenc.select_backend(enc, "cpu") == "dense"
+    assert posenc.select_backend(enc, "cpu") == "blockwise"
 
 
 def test_bench_resolves_auto_backend_per_device():
@@ -52,7 +55,7 @@ def test_bench_resolves_auto_backend_per_device():
 
     case = posenc_case("alibi", heads=2, head_dim=8, causal=True, max_len=64, device="cpu", dtype=torch.float32)
     module, _ = case.make(16)
-    assert resolved_backend(case, module, torch.device("cpu")) == "dense"
+    assert resolved_backend(case, module, torch.device("cpu")) == "blockwise"
     assert resolved_backend(case, module, torch.device("cuda")) == "flex"
 
 
@@ -121,7 +124,7 @@ def test_bench_smoke_l128(tmp_path, one_thread):
         assert r["status"] == "ok", (r["label"], r["status"])
         assert r["L"] == 128 and r["time_s"] > 0 and r["ratio"] > 0 and r["peak_bytes"] > 0
     backends = {r["label"]: r["backend"] for r in rows if r["impl"] == "posenc"}
-    assert backends["posenc:rope"] == "sdpa" and backends["posenc:alibi"] == "dense"
+    assert backends["posenc:rope"] == "sdpa" and backends["posenc:alibi"] == "blockwise"
     trows = json.loads((out / "throughput.json").read_text())["rows"]
     assert {(r["impl"], r["encoding"]) for r in trows} >= {("posenc", "rope"), ("x-transformers", "rope")}
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in trows), trows

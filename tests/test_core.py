@@ -50,9 +50,11 @@ def test_learned_needs_max_len():
         ("nope", "sdpa", "sdpa"),
         ("rope", "sdpa", "sdpa"),
         ("sinusoidal", "sdpa", "sdpa"),
-        ("alibi", "dense", "flex"),
-        ("t5", "dense", "flex"),
-        ("shaw", "chunked", "chunked"),
+        ("alibi", "blockwise", "flex"),
+        ("t5", "blockwise", "flex"),
+        ("shaw", "blockwise", "chunked"),
+        ("fire", "dense", "flex"),
+        ("cope", "chunked", "chunked"),
     ],
 )
 def test_backend_dispatch(name, cpu, cuda):

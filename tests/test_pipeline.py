@@ -124,7 +124,7 @@ def test_relative_is_an_alias_of_chunked():
     assert attn.backend == "chunked"
     x = torch.randn(2, L, DIM)
     assert torch.equal(attn(x, backend="relative"), attn(x, backend="chunked"))
-    assert posenc.select_backend(attn.encoding, "cpu") == "chunked"
+    assert posenc.select_backend(posenc.build("cope", heads=HEADS, head_dim=HEAD_DIM), "cpu") == "chunked"
     with pytest.raises(ValueError, match="backend must be one of.*'chunked'.*'relative'"):
         posenc.Attention(DIM, HEADS, "rope", backend="fast")
 

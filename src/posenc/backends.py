@@ -20,6 +20,10 @@ backend       runs                                    how
                                                       (flash / memory-efficient kernels)
 ``flex``      + scalar ``bias`` with a ``score_mod``   FlexAttention, no L×L tensor
                                                       (compiled on CUDA; CPU: forward only)
+``blockwise`` terms given per distance               :mod:`posenc.kernels` (CPU): fused
+              (``distance_terms``)                    calls on far fields and linear
+                                                      biases, explicit bands near the
+                                                      diagonal, recomputed in backward
 ``dense``     + scalar ``bias``                       SDPA with the bias as a float mask,
                                                       in query blocks
 ``chunked``   every stage                             :func:`scores` in query blocks:
@@ -51,6 +55,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .base import PositionEncoding, Stage
+from .kernels.backend import blockwise
 from .mask import AttentionMask
 
 __all__ = [
@@ -276,7 +281,14 @@ def flex(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, optio
         return _flex_attention(q.device.type)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=enc.scale)
 
 
-BACKENDS: dict[str, AttendFn] = {"sdpa": sdpa, "flex": flex, "dense": dense, "chunked": chunked, "eager": eager}
+BACKENDS: dict[str, AttendFn] = {
+    "sdpa": sdpa,
+    "flex": flex,
+    "blockwise": blockwise,
+    "dense": dense,
+    "chunked": chunked,
+    "eager": eager,
+}
 BACKEND_ALIASES: dict[str, str] = {"relative": "chunked"}  # old name -> current name
 
 
@@ -299,6 +311,8 @@ def supported_backends(enc: PositionEncoding) -> list[str]:
     out = []
     if not st & Stage.BIAS and not vector:
         out.append("sdpa")
+    if type(enc).distance_terms is not PositionEncoding.distance_terms and not enc.rotates_value:
+        out.append("blockwise")
     if st & Stage.BIAS and not vector:
         out += ["flex", "dense"]
     return out + ["chunked", "eager"]
@@ -308,13 +322,16 @@ def select_backend(enc: PositionEncoding, device_type: str) -> str:
     """The backend ``"auto"`` runs for ``enc`` on ``device_type`` (``"cpu"``, ``"cuda"``, ...).
 
     FlexAttention is chosen on CUDA only: on CPU it has no backward, and its compiled
-    forward costs a long compile for each new shape.
+    forward costs a long compile for each new shape. ``blockwise`` is chosen on CPU only
+    (its fused calls are CPU SDPA's flash kernel).
     """
     ok = supported_backends(enc)
     if "sdpa" in ok:
         return "sdpa"
     if "flex" in ok and enc.has_score_mod and device_type == "cuda":
         return "flex"
+    if "blockwise" in ok and device_type == "cpu":
+        return "blockwise"
     if "dense" in ok:
         return "dense"
     return "chunked"

@@ -277,6 +277,17 @@ class PositionEncoding(nn.Module):
         """Value stage: ``attn`` ``(B, H, Lq, Lk)`` -> ``(B, H, Lq, Dh)`` added to ``attn @ v``."""
         raise NotImplementedError
 
+    def distance_terms(self, q: Tensor, k: Tensor):
+        """The bias, score and value stages as functions of the distance ``d = k_pos - q_pos``.
+
+        Returns a :class:`posenc.kernels.DistanceTerms` (tables per distance or bucket and
+        where they stop changing) that the CPU fast path runs without an ``L×L`` tensor, or
+        None (the default: the encoding's terms are not a function of ``d`` alone).
+        ``q``, ``k``: ``(B, H, L, Dh)`` after the q/k stage. An encoding with
+        :attr:`uses_layer_projections` also takes ``qk_proj=(q_proj, k_proj)``.
+        """
+        return None
+
     # ------------------------------------------------------------------ helpers
     @staticmethod
     def rel_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from .. import functional as PF
 from ..base import PositionEncoding, Stage, register
+from ..kernels import DistanceTerms, saturation
 
 _POS_ATT_TYPES = ("c2p", "p2c")
 
@@ -196,14 +197,28 @@ class DeBERTa(PositionEncoding):
         # bucket each distinct distance once (2L - 1 of them), then look the pairs up
         lo = int(q_pos.min()) - int(k_pos.max())
         hi = int(q_pos.max()) - int(k_pos.min())
-        dist = torch.arange(lo, hi + 1, device=delta.device)
+        table = self.row_of(torch.arange(lo, hi + 1, device=delta.device))  # (hi - lo + 1,)
+        return table[delta - lo]
+
+    def row_of(self, delta: Tensor) -> Tensor:
+        """Row of the relative table for each distance ``δ = i - j`` (int64, same shape)."""
         if self.position_buckets > 0:
             if self.clamp_relative_positions:  # Microsoft's original; HF does not clamp
                 m = self.max_relative_positions - 1
-                dist = dist.clamp(-m, m)
-            dist = make_log_bucket_position(dist, self.position_buckets, self.max_relative_positions)
-        table = (dist + self.span).clamp(0, 2 * self.span - 1)  # (hi - lo + 1,)
-        return table[delta - lo]
+                delta = delta.clamp(-m, m)
+            delta = make_log_bucket_position(delta, self.position_buckets, self.max_relative_positions)
+        return (delta + self.span).clamp(0, 2 * self.span - 1)
+
+    def _saturation_limit(self) -> int:
+        """A distance beyond which :meth:`row_of` no longer changes."""
+        if self.position_buckets == 0:
+            return self.span
+        if self.clamp_relative_positions:
+            return self.max_relative_positions - 1
+        limit = self.max_relative_positions  # HF's buckets keep growing until the table clamps them
+        while not (self.row_of(torch.tensor([-limit, limit])) == torch.tensor([0, 2 * self.span - 1])).all():
+            limit *= 2
+        return limit
 
     def rel_table(self) -> Tensor:
         """The shared ``(2·span, D)`` table, normalised if ``norm_rel_ebd``."""
@@ -229,6 +244,23 @@ class DeBERTa(PositionEncoding):
         else:
             proj = self.pos_key_proj if which == "key" else self.pos_query_proj
         return proj(table).view(-1, self.heads, self.head_dim).transpose(0, 1)
+
+    def distance_terms(self, q: Tensor, k: Tensor, *, qk_proj=None) -> DistanceTerms:
+        """c2p (``q·Kr``) and p2c (``k·Qr``) vectors per table row of ``δ = i - j = -d``."""
+        table = self.rel_table()
+        kr = self.project_table(table, "key", qk_proj) if self.c2p else None  # (H, 2span, Dh)
+        qr = self.project_table(table, "query", qk_proj) if self.p2c else None
+
+        def rows(d: Tensor) -> Tensor:
+            return self.row_of(-d)
+
+        return DistanceTerms(
+            rel_k=None if kr is None else (lambda r: kr[:, r]),
+            rel_q=None if qr is None else (lambda r: qr[:, r]),
+            rows=rows,
+            kind="clamp",
+            far=saturation(rows, self._saturation_limit(), device=table.device),
+        )
 
     def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, *, qk_proj=None) -> Tensor:
         if q.shape[-2] != q_pos.shape[-1] or k.shape[-2] != k_pos.shape[-1]:
