@@ -169,12 +169,10 @@ BACKEND_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,causal,backend", BACKEND_CASES, ids=lambda v: str(v))
-def test_backend_equals_eager_oracle(name, causal, backend):
-    attn = make_attn(name, causal, chunk_size=3)  # chunk_size 3 exercises the chunked relative path
-    x = _x()
-    pos = torch.stack([torch.arange(L), torch.arange(L) + 3])  # (B, L): different positions per row
-    with_grad = backend != "flex"  # FlexAttention has no CPU backward
+def assert_backend_equals_eager(attn, x, pos, backend, *, n, n_grad, msg=""):
+    """``backend`` against the eager oracle on the same layer: outputs, and gradients of the
+    input and every parameter (FlexAttention has no CPU backward: outputs only)."""
+    with_grad = backend != "flex"
     outs, grads = {}, {}
     for b in ("eager", backend):
         attn.zero_grad()
@@ -183,12 +181,18 @@ def test_backend_equals_eager_oracle(name, causal, backend):
             y = attn(xi, pos=pos, backend=b)
         outs[b] = y.detach()
         if with_grad:
-            (y * torch.linspace(-1, 1, DIM)).sum().backward()
+            (y * torch.linspace(-1, 1, x.shape[-1])).sum().backward()
             grads[b] = [xi.grad] + [p.grad.clone() for p in attn.parameters()]
-    assert_close(outs[backend], outs["eager"], n=N_ATTN, msg=f"{name}/{backend} output")
-    if with_grad:
-        for g, ge in zip(grads[backend], grads["eager"]):
-            assert_close(g, ge, n=N_ATTN_GRAD, msg=f"{name}/{backend} gradient")
+    assert_close(outs[backend], outs["eager"], n=n, msg=f"{msg}/{backend} output")
+    for g, ge in zip(grads.get(backend, []), grads.get("eager", [])):
+        assert_close(g, ge, n=n_grad, msg=f"{msg}/{backend} gradient")
+
+
+@pytest.mark.parametrize("name,causal,backend", BACKEND_CASES, ids=lambda v: str(v))
+def test_backend_equals_eager_oracle(name, causal, backend):
+    attn = make_attn(name, causal, chunk_size=3)  # chunk_size 3 exercises the chunked relative path
+    pos = torch.stack([torch.arange(L), torch.arange(L) + 3])  # (B, L): different positions per row
+    assert_backend_equals_eager(attn, _x(), pos, backend, n=N_ATTN, n_grad=N_ATTN_GRAD, msg=name)
 
 
 ALL_BACKEND_CASES = [

@@ -1,4 +1,4 @@
-"""Randomized positions (Ruoss et al., ACL 2023): the sampler and its use with encodings."""
+"""Training-time position samplers: randomized positions (Ruoss et al., ACL 2023) and PoSE (Zhu et al., ICLR 2024)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from tests.conftest import assert_close
 
 import posenc
-from posenc.positions import randomized_positions
+from posenc.positions import pose_positions, randomized_positions
 
 
 def test_rows_sorted_distinct_in_range():
@@ -96,13 +96,14 @@ def test_alibi_bias_uses_random_gaps():
     assert_close(bias, want, n=2)  # slope·distance
 
 
+@pytest.mark.parametrize("sampler", [randomized_positions, pose_positions], ids=["randomized", "pose"])
 @pytest.mark.parametrize("name", ["sinusoidal", "rope", "alibi", "t5", "learned"])
-def test_lm_trains_with_random_positions(name):
+def test_lm_trains_with_sampled_positions(name, sampler):
     """Positions reach the encoding (outputs change), gradients flow, and a few steps lower the loss."""
     torch.manual_seed(0)
     lm = posenc.TransformerLM(vocab_size=16, dim=32, depth=1, heads=2, encoding=name, max_len=128)
     tokens = torch.randint(0, 16, (4, 12))
-    pos = randomized_positions(4, 12, 128, generator=torch.Generator().manual_seed(0))
+    pos = sampler(4, 12, 128, generator=torch.Generator().manual_seed(0))
     assert not torch.allclose(lm(tokens, pos=pos), lm(tokens))
     opt = torch.optim.Adam(lm.parameters(), lr=3e-3)
     losses = []
@@ -115,3 +116,64 @@ def test_lm_trains_with_random_positions(name):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 0.3
+
+
+# --------------------------------------------------------------------------- PoSE (Zhu et al., ICLR 2024)
+def test_pose_rows_are_chunks_moved_right_inside_the_target_window():
+    g = torch.Generator().manual_seed(0)
+    for chunks in (1, 2, 3, 5):
+        pos = pose_positions(200, 16, 100, chunks=chunks, generator=g)
+        assert pos.shape == (200, 16) and pos.dtype == torch.int64
+        assert (pos[:, 0] == 0).all()  # u_0 = 0
+        steps = pos[:, 1:] - pos[:, :-1]
+        assert (steps >= 1).all() and pos.max() < 100  # increasing, inside the target window
+        jumps = (steps > 1).sum(-1)
+        assert (jumps <= chunks - 1).all()  # contiguous chunks: at most N - 1 skips
+        if chunks > 1:
+            assert (jumps == chunks - 1).float().mean() > 0.5  # skips are usually non-zero
+
+
+def test_pose_equals_arange_without_room_and_reproduces():
+    assert torch.equal(pose_positions(3, 7, 7, chunks=3), torch.arange(7).expand(3, 7))
+    a = pose_positions(4, 9, 50, generator=torch.Generator().manual_seed(3))
+    b = pose_positions(4, 9, 50, generator=torch.Generator().manual_seed(3))
+    c = pose_positions(4, 9, 50, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_pose_two_chunks_skip_and_cut_are_uniform():
+    """N = 2: the skip u_1 is uniform on {0, ..., T - L} and the cut on {1, ..., L - 1}, so every
+    relative distance up to T - 1 is trained (the point of PoSE)."""
+    n, L, T = 6000, 8, 40
+    pos = pose_positions(n, L, T, generator=torch.Generator().manual_seed(1))
+    skip = pos[:, -1] - (L - 1)
+    cut = (pos[:, 1:] - pos[:, :-1] > 1).float().argmax(-1) + 1  # first index of chunk 2 (if skipped)
+    for values, support in ((skip, T - L + 1), (cut[skip > 0], L - 1)):
+        freq = torch.bincount(values - values.min(), minlength=support).double() / values.numel()
+        p = 1 / support
+        assert freq.numel() == support and (freq - p).abs().max() < 5 * math.sqrt(p * (1 - p) / values.numel())
+    assert int((pos[:, -1] - pos[:, 0]).max()) == T - 1
+
+
+@pytest.mark.parametrize(
+    "args, kw, match",
+    [
+        ((2, 10, 5), {}, "target_len must be >= length"),
+        ((2, 4, 8), {"chunks": 5}, "chunks must be <= length"),
+        ((2, 4, 8), {"chunks": 0}, "chunks must be a positive int"),
+        ((0, 4, 8), {}, "batch must be a positive int"),
+    ],
+)
+def test_pose_bad_arguments(args, kw, match):
+    with pytest.raises(ValueError, match=match):
+        pose_positions(*args, **kw)
+
+
+@pytest.mark.parametrize("name", posenc.available())
+def test_pose_positions_run_through_every_encoding(name):
+    """A position sampler is a choice of ``pos``: every encoding takes it (tables need max_len >= T)."""
+    torch.manual_seed(0)
+    lm = posenc.TransformerLM(vocab_size=16, dim=16, depth=1, heads=2, encoding=name, max_len=64)
+    pos = pose_positions(2, 10, 64, generator=torch.Generator().manual_seed(0))
+    out = lm(torch.randint(0, 16, (2, 10)), pos=pos)
+    assert out.shape == (2, 10, 16) and torch.isfinite(out).all()

@@ -10,6 +10,7 @@ H     attention heads
 Dh    head dimension (``D / H`` unless given)
 i, j  query index / position, key index / position
 R     number of relative distances in a table
+A     coordinates per position (2: row, column; 3: time, row, column)
 ====  ==========================================================
 
 Where position enters attention, for one head (see :mod:`posenc.base`)::
@@ -28,6 +29,7 @@ Public names::
     posenc.TransformerLM(vocab_size, dim, depth, heads, encoding="alibi", max_len=128)
 """
 
+from . import positions
 from .attention import BACKENDS, Attention, KVCache, select_backend, supported_backends
 from .base import PositionEncoding, Stage, available, build, get_class, register
 from .model import ModelCache, TransformerLM, load_checkpoint, save_checkpoint
@@ -45,6 +47,7 @@ __all__ = [
     "available",
     "build",
     "get_class",
+    "positions",
     "load_checkpoint",
     "save_checkpoint",
     "register",

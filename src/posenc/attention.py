@@ -87,19 +87,23 @@ def select_backend(enc: PositionEncoding, device_type: str, needs_grad: bool) ->
 class KVCache(nn.Module):
     """Keys, values and key positions of past tokens for one attention layer.
 
-    Shapes: ``k, v``: ``(B, H, Lmax, Dh)``; ``pos``: ``(B, Lmax)``. The keys are stored
+    Shapes: ``k, v``: ``(B, H, Lmax, Dh)``; ``pos``: ``(B, Lmax)``, or ``(B, Lmax, A)`` for an
+    encoding that reads ``axes = A > 1`` coordinates per position. The keys are stored
     after ``rotate`` unless the encoding sets ``cache_raw_keys`` (then before, and the
     whole cache is rotated again at each step).
     """
 
-    def __init__(self, batch_size: int, max_len: int, heads: int, head_dim: int, *, dtype=None, device=None):
+    def __init__(
+        self, batch_size: int, max_len: int, heads: int, head_dim: int, *, dtype=None, device=None, axes: int = 1
+    ):
         super().__init__()
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
         shape = (batch_size, heads, max_len, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("pos", torch.zeros(batch_size, max_len, dtype=torch.long, device=device), persistent=False)
+        pos_shape = (batch_size, max_len) if axes == 1 else (batch_size, max_len, axes)
+        self.register_buffer("pos", torch.zeros(pos_shape, dtype=torch.long, device=device), persistent=False)
         self.length = 0
         self.input_state: nn.Module | None = None  # the encoding's init_state(), if its input stage has one
 
@@ -113,7 +117,7 @@ class KVCache(nn.Module):
             self.input_state.reset()
 
     def update(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Append ``k, v`` ``(B, H, L, Dh)`` at ``pos`` ``(B|1, L)``; return all cached so far."""
+        """Append ``k, v`` ``(B, H, L, Dh)`` at ``pos`` ``(B|1, L[, A])``; return all cached so far."""
         B, _, L, _ = k.shape
         start, end = self.length, self.length + L
         if B != self.k.shape[0]:
@@ -122,7 +126,7 @@ class KVCache(nn.Module):
             raise ValueError(f"KV cache overflow: {start} cached + {L} new > max_len={self.max_len}")
         self.k[:, :, start:end] = k.to(self.k.dtype)
         self.v[:, :, start:end] = v.to(self.v.dtype)
-        self.pos[:, start:end] = pos.expand(B, L)
+        self.pos[:, start:end] = pos.expand(B, *pos.shape[1:])
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end], self.pos[:, :end]
 
@@ -147,7 +151,8 @@ class Attention(nn.Module):
         **options: encoding options (``base``, ``num_buckets``, ...).
 
     Shape notation: ``x``: ``(B, L, D)`` -> ``(B, L, D)``; ``pos``: ``(L,)`` or ``(B, L)``
-    int64; ``key_padding_mask``: ``(B, Lk)`` bool, True = attend.
+    int64, or ``(L, A)`` / ``(B, L, A)`` for an encoding with ``axes = A > 1`` (see
+    :func:`posenc.positions.grid`); ``key_padding_mask``: ``(B, Lk)`` bool, True = attend.
     """
 
     # query block of the dense backend: small blocks let causal attention skip most
@@ -217,7 +222,9 @@ class Attention(nn.Module):
     def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> KVCache:
         w = self.q_proj.weight
         dtype, device = dtype or w.dtype, device or w.device
-        cache = KVCache(batch_size, max_len, self.heads, self.head_dim, dtype=dtype, device=device)
+        cache = KVCache(
+            batch_size, max_len, self.heads, self.head_dim, dtype=dtype, device=device, axes=self.encoding.axes
+        )
         if self.apply_input_stage and self.encoding.stages & Stage.INPUT:
             cache.input_state = self.encoding.init_state(batch_size, dtype=dtype, device=device)
         return cache
@@ -244,7 +251,7 @@ class Attention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
         offset = cache.length if cache is not None else 0
-        pos2 = as_positions(pos, x.shape[1], offset=offset, device=x.device, batch=x.shape[0])
+        pos2 = as_positions(pos, x.shape[1], offset=offset, device=x.device, batch=x.shape[0], axes=self.encoding.axes)
         return self._forward(x, pos2, cache, key_padding_mask=key_padding_mask, backend=backend)
 
     def _forward(

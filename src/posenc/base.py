@@ -67,6 +67,10 @@ class PositionEncoding(nn.Module):
         cache_raw_keys: the KV cache stores keys before ``rotate`` and re-rotates all of
             them at every step (for rotations that depend on the whole length, such as
             dynamic NTK); otherwise it stores rotated keys.
+        axes: coordinates per position the encoding reads, ``A``: 1 for a sequence, 2 or 3
+            for image rows/columns or video time/rows/columns (set per instance by the
+            encodings that take an ``axes`` option). With ``A > 1`` every stage receives
+            positions ``(B|1, L, A)``; see :meth:`axis_positions`.
     """
 
     name: ClassVar[str] = ""
@@ -79,6 +83,7 @@ class PositionEncoding(nn.Module):
     input_every_layer: ClassVar[bool] = False
     builds_embedding: ClassVar[bool] = False
     cache_raw_keys: ClassVar[bool] = False
+    axes: int = 1
 
     def __init__(self, *, heads: int, head_dim: int, max_len: int | None = None, causal: bool = True) -> None:
         super().__init__()
@@ -156,6 +161,26 @@ class PositionEncoding(nn.Module):
                 f"encoding {self.name!r} supports positions 0..{self.max_len - 1} (max_len={self.max_len}), "
                 f"got position {hi}; it does not extrapolate"
             )
+
+    def set_axes(self, axes: int) -> None:
+        """Set :attr:`axes` from an encoding's ``axes`` option (a positive int)."""
+        if not isinstance(axes, int) or isinstance(axes, bool) or axes < 1:
+            raise ValueError(f"axes must be a positive int (1 for a sequence, 2 or 3 for grids), got {axes!r}")
+        self.axes = axes
+
+    def axis_positions(self, pos: Tensor, length: int | None = None) -> Tensor:
+        """``pos`` as ``(B|1, L, A)`` with ``A = self.axes``, for direct calls of the stage methods.
+
+        ``(B|1, L, A)`` passes through; ``(L, A)``, ``(L,)`` and ``(B, L)`` are validated and
+        expanded by :func:`posenc.functional.check_positions` (one position per token stands
+        for the same coordinate on every axis). ``length``: the sequence length, when known;
+        without it a 2-D tensor whose last dimension is ``A`` is read as ``(L, A)``.
+        """
+        if pos.dim() == 3 and pos.shape[-1] == self.axes:
+            return pos
+        if length is None:
+            length = pos.shape[0] if pos.dim() == 2 and pos.shape[-1] == self.axes else pos.shape[-1]
+        return PF.check_positions(pos, length, axes=self.axes)
 
     # ------------------------------------------------------------------ stages
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
@@ -291,8 +316,13 @@ def build(
     return cls(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
 
 
-def as_positions(pos: Tensor | None, length: int, *, offset: int = 0, device=None, batch=None) -> Tensor:
-    """Positions as ``(B or 1, L)`` int64: ``None`` means ``arange(offset, offset+L)``."""
+def as_positions(pos: Tensor | None, length: int, *, offset: int = 0, device=None, batch=None, axes: int = 1) -> Tensor:
+    """Positions as ``(B or 1, L)`` int64, or ``(B or 1, L, A)`` for ``axes = A > 1``.
+
+    ``None`` means ``arange(offset, offset+L)`` (on every axis when ``A > 1``); see
+    :func:`posenc.functional.check_positions` for the accepted shapes.
+    """
     if pos is None:
-        return PF.default_positions(length, offset=offset, device=device).unsqueeze(0)
-    return PF.check_positions(pos, length, batch=batch)
+        pos = PF.default_positions(length, offset=offset, device=device).unsqueeze(0)  # (1, L)
+        return pos if axes == 1 else pos.unsqueeze(-1).expand(1, length, axes)
+    return PF.check_positions(pos, length, batch=batch, axes=axes)

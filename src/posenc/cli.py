@@ -35,6 +35,8 @@ def encoding_rows() -> list[dict[str, str]]:
                 "stages": ", ".join(cls.stages.names()) or "none",
                 "relative": "yes" if enc.relative else "no",
                 "extrapolates": "yes" if enc.extrapolates else "no",
+                # coordinates per position: 1 for a sequence; grids via the `axes` option or fixed
+                "axes": "1 (option `axes`)" if "axes" in options_of(cls) else str(enc.axes),
                 "paper": cls.paper,
                 "year": str(cls.year),
             }
@@ -42,7 +44,7 @@ def encoding_rows() -> list[dict[str, str]]:
     return rows
 
 
-COLUMNS = ("name", "family", "stages", "relative", "extrapolates", "paper", "year")
+COLUMNS = ("name", "family", "stages", "relative", "extrapolates", "axes", "paper", "year")
 
 
 def markdown_table(rows: list[dict[str, str]]) -> str:

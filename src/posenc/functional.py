@@ -21,6 +21,9 @@ __all__ = [
     "sinusoidal_table",
     "sinusoidal_inv_freq",
     "rope_angles",
+    "axial_rope_angles",
+    "mixed_rope_angles",
+    "mixed_frequencies",
     "apply_rope_half",
     "apply_rope_interleaved",
     "interleaved_to_half_perm",
@@ -37,29 +40,69 @@ def default_positions(length: int, *, offset: int = 0, device=None) -> Tensor:
     return torch.arange(offset, offset + length, device=device, dtype=torch.long)
 
 
-def check_positions(pos: Tensor, length: int, name: str = "pos", batch: int | None = None) -> Tensor:
-    """Validate user positions and return them as a 2-D ``(B or 1, L)`` int64 tensor.
+def check_positions(pos: Tensor, length: int, name: str = "pos", batch: int | None = None, axes: int = 1) -> Tensor:
+    """Validate user positions: ``(B or 1, L)`` int64, or ``(B or 1, L, A)`` when ``axes = A > 1``.
+
+    ``axes`` is the number of coordinates per position the consumer reads (1 for a
+    sequence; 2 or 3 for image rows/columns or video time/rows/columns). With ``A > 1``
+    positions may be ``(L, A)`` or ``(B, L, A)``; one position per token, ``(L,)`` or
+    ``(B, L)``, stands for the same coordinate on every axis (Qwen2-VL's text tokens,
+    ``t = h = w``) and comes back expanded to ``(B or 1, L, A)``. A 2-D tensor that fits
+    both readings (``(L, A)`` with ``L = A`` and a batch of ``L``) is refused as ambiguous.
 
     Raises:
         TypeError: ``pos`` is not an integer tensor.
-        ValueError: wrong rank, wrong length, mismatched batch, or negative values.
+        ValueError: wrong rank, wrong length or number of axes, mismatched batch, or
+            negative values.
     """
     if not isinstance(pos, Tensor):
         raise TypeError(f"{name} must be an integer torch.Tensor or None, got {type(pos).__name__}")
     if pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
         raise TypeError(f"{name} must have an integer dtype (int32/int64), got {pos.dtype}")
-    if pos.dim() not in (1, 2):
-        raise ValueError(f"{name} must have shape (L,) or (B, L), got shape {tuple(pos.shape)}")
-    if pos.shape[-1] != length:
-        raise ValueError(f"{name} has length {pos.shape[-1]} but the sequence has length {length}")
-    if batch is not None and pos.dim() == 2 and pos.shape[0] not in (1, batch):
+    shape = tuple(pos.shape)
+    if axes == 1:
+        if pos.dim() not in (1, 2):
+            raise ValueError(
+                f"{name} must have shape (L,) or (B, L) for an encoding with one position per token (axes=1), "
+                f"got shape {shape}"
+            )
+        if pos.dim() == 2 and pos.shape[0] == length and pos.shape[1] != length:
+            raise ValueError(
+                f"{name} of shape {shape} looks like (L, A) positions with A={pos.shape[1]} axes, but the encoding "
+                "takes one position per token (axes=1): pass (L,) or (B, L)"
+            )
+    else:
+        bad = ValueError(
+            f"{name} must have shape (L,) or (B, L) (one position per token), or (L, {axes}) or (B, L, {axes}) "
+            f"for an encoding with axes={axes}; got shape {shape}"
+        )
+        if pos.dim() == 2:
+            if pos.shape[1] == length == axes:  # (B, L) and (L, A) read the same shape
+                if pos.shape[0] == length:
+                    raise ValueError(
+                        f"{name} of shape {shape} is ambiguous for an encoding with axes={axes}: pass (1, L, {axes}) "
+                        "for positions with axes, or (B, L, 1) expanded for one position per token"
+                    )
+            elif pos.shape[1] == axes:
+                pos = pos.unsqueeze(0)  # (L, A) -> (1, L, A)
+            elif pos.shape[0] == length and pos.shape[1] != length:
+                raise bad
+        if pos.dim() not in (1, 2, 3) or (pos.dim() == 3 and pos.shape[-1] != axes):
+            raise bad
+    seq = pos.shape[1] if pos.dim() == 3 else pos.shape[-1]
+    if seq != length:
+        raise ValueError(f"{name} has length {seq} but the sequence has length {length}")
+    if batch is not None and pos.dim() >= 2 and pos.shape[0] not in (1, batch):
         raise ValueError(f"{name} has batch size {pos.shape[0]}, expected 1 or {batch}")
     if not torch.compiler.is_compiling() and pos.device.type != "meta" and pos.numel() > 0:
         lo = int(pos.min())
         if lo < 0:
             raise ValueError(f"{name} must be non-negative, got minimum {lo}")
     pos = pos.long()
-    return pos if pos.dim() == 2 else pos.unsqueeze(0)
+    pos = pos if pos.dim() >= 2 else pos.unsqueeze(0)  # (B|1, L) or (B|1, L, A)
+    if axes > 1 and pos.dim() == 2:
+        pos = pos.unsqueeze(-1).expand(*pos.shape, axes)  # one position per token: t = h = w
+    return pos
 
 
 # --------------------------------------------------------------------------- sinusoids
@@ -100,6 +143,50 @@ def rope_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
     float32 accuracy.
     """
     return (pos.to(torch.float64).unsqueeze(-1) * inv_freq.to(torch.float64)).float()
+
+
+def axial_rope_angles(pos: Tensor, inv_freq: Tensor, axis: Tensor) -> Tensor:
+    """Angles of RoPE over positions with axes: pair ``k`` turns by ``pos[..., axis[k]] · inv_freq[k]``.
+
+    ``pos``: ``(..., L, A)`` int64; ``inv_freq``, ``axis``: ``(Dr/2,)`` -> ``(..., L, Dr/2)``
+    float32. Axial RoPE (each axis owns an equal band of pairs, Heo et al. 2024) and
+    M-RoPE (each axis owns a section of the 1-D frequencies, Qwen2-VL) differ only in
+    ``inv_freq`` and ``axis``. Formed in float64 and rounded once, like :func:`rope_angles`.
+    """
+    p = pos.index_select(-1, axis.to(pos.device))  # (..., L, Dr/2): each pair's own coordinate
+    return (p.to(torch.float64) * inv_freq.to(torch.float64)).float()
+
+
+def mixed_rope_angles(pos: Tensor, freqs: Tensor) -> Tensor:
+    """RoPE-Mixed angles (Heo et al. 2024): pair ``k`` of head ``h`` turns by ``Σ_a pos_a · freqs[a, h, k]``.
+
+    ``pos``: ``(B|1, L, A)`` int64; ``freqs``: ``(A, H, Dr/2)`` (learned) -> ``(B|1, H, L, Dr/2)``
+    float32, differentiable in ``freqs``. Float32 like the reference (naver-ai/rope-vit).
+    """
+    return torch.einsum("bla,ahk->bhlk", pos.float(), freqs.float())
+
+
+def mixed_frequencies(inv_freq: Tensor, axes: int, heads: int, generator: torch.Generator | None = None) -> Tensor:
+    """Initial RoPE-Mixed frequencies ``(A, H, Dr/2)`` from axial ones (Heo et al. 2024).
+
+    ``inv_freq`` ``(Dr/2,)`` holds ``A`` equal bands of the same magnitudes (axial RoPE).
+    Each head draws a random rotation ``R_h`` of the ``A``-dim position space and band ``g``
+    points along its column ``g``: ``freqs[:, h, band g] = R_h[:, g] · magnitude``. For
+    ``A = 2`` that is naver-ai/rope-vit's ``init_random_2d_freqs``: ``R_h`` turns by an angle
+    uniform in ``[0, 2π)``, band 0 along ``(cos φ, sin φ)``, band 1 along ``(cos(φ+π/2), sin(φ+π/2))``;
+    for ``A > 2``, ``R_h`` is Haar-uniform in SO(A).
+    """
+    n = inv_freq.shape[0] // axes
+    mag = inv_freq[:n].float()  # (Dr/2A,)
+    if axes == 2:
+        phi = torch.rand(heads, generator=generator) * 2 * math.pi
+        rot = torch.stack((torch.stack((phi.cos(), -phi.sin()), -1), torch.stack((phi.sin(), phi.cos()), -1)), -2)
+    else:
+        qr, r = torch.linalg.qr(torch.randn(heads, axes, axes, generator=generator))
+        rot = qr * torch.diagonal(r, dim1=-2, dim2=-1).sign().unsqueeze(-2)  # Haar in O(A)
+        rot[:, :, 0] *= torch.linalg.det(rot).sign().unsqueeze(-1)  # det +1: SO(A)
+    # rot: (H, A, A), column g = direction of band g; freqs[a, h, g*n + k] = rot[h, a, g]·mag[k]
+    return (rot.permute(1, 0, 2).unsqueeze(-1) * mag).flatten(-2).contiguous()
 
 
 def apply_rope_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -341,7 +341,8 @@ class TransformerLM(nn.Module):
         if memory is not None and key_padding_mask is not None:
             raise ValueError("key_padding_mask is not supported together with memory")
         offset = cache.length if cache is not None else memory.seen if memory is not None else 0
-        pos = as_positions(pos, L, offset=offset, device=tokens.device, batch=B)  # (B|1, L)
+        axes = self.blocks[0].attn.encoding.axes  # coordinates per position (1: a sequence)
+        pos = as_positions(pos, L, offset=offset, device=tokens.device, batch=B, axes=axes)  # (B|1, L[, A])
         for enc in self.encodings:
             enc.check_length(pos)
         if self.emd_pos is not None and pos.numel() and int(pos.max()) >= self.max_len:

@@ -1,4 +1,12 @@
-"""Position tensors for training: randomized positions (Ruoss et al.).
+"""Position tensors: grids, Qwen2-VL text + image positions, and training-time samplers.
+
+* :func:`grid` — ``(row, column)`` or ``(time, row, column)`` positions of a flattened
+  image or video, for encodings that read several axes (``rope`` with ``axes=``,
+  ``mrope``, ``sinusoidal``/``learned`` with ``axes=``).
+* :func:`mrope_positions` — Qwen2-VL's position ids for a sequence mixing text and
+  images/videos (Wang et al., "Qwen2-VL", 2024; HF ``Qwen2VLModel.get_rope_index``).
+* :func:`randomized_positions` — Ruoss et al. 2023, below.
+* :func:`pose_positions` — PoSE (Zhu et al., ICLR 2024): chunked skips inside the target window.
 
 Ruoss, Delétang, Genewein, Grau-Moya, Csordás, Bennani, Legg, Veness, "Randomized
 Positional Encodings Boost Length Generalization of Transformers", ACL 2023. During
@@ -21,7 +29,70 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["randomized_positions"]
+__all__ = ["grid", "mrope_positions", "randomized_positions", "pose_positions"]
+
+
+def _positive(**kw) -> None:
+    for arg, val in kw.items():
+        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+            raise ValueError(f"{arg} must be a positive int, got {val!r}")
+
+
+def grid(*sizes: int, start: int = 0, device=None) -> Tensor:
+    """Positions of a flattened grid, row-major: ``(N, A)`` int64 with ``N = Π sizes``, ``A = len(sizes)``.
+
+    ``grid(h, w)`` gives ``(row, column)`` for the ``h·w`` patches of an image read row by
+    row (``[(0,0), (0,1), …, (0,w-1), (1,0), …]``); ``grid(t, h, w)`` gives ``(time, row,
+    column)`` for a video. ``start`` is added to every coordinate. Pass the result (or a
+    ``(B, N, A)`` stack of them) as ``pos`` to a model whose encoding reads ``axes = A``.
+
+    Raises:
+        ValueError: no size, more than 3 sizes, or a size that is not a positive int.
+    """
+    if not 1 <= len(sizes) <= 3:
+        raise ValueError(f"grid takes 1 to 3 sizes ((n,), (h, w) or (t, h, w)), got {len(sizes)}: {sizes}")
+    for i, n in enumerate(sizes):
+        _positive(**{f"size {i}": n})
+    if not isinstance(start, int) or start < 0:
+        raise ValueError(f"start must be an int >= 0, got {start!r}")
+    axes = torch.meshgrid(*(torch.arange(n, device=device) for n in sizes), indexing="ij")
+    return torch.stack(axes, dim=-1).reshape(-1, len(sizes)) + start  # (N, A)
+
+
+def mrope_positions(*segments: int | tuple[int, ...], start: int = 0, device=None) -> Tensor:
+    """Qwen2-VL's 3-axis ``(t, h, w)`` positions for a sequence of text and vision segments: ``(L, 3)``.
+
+    Each segment is an ``int`` (that many text tokens), an ``(h, w)`` image or a
+    ``(t, h, w)`` video, in LLM grid units (after the vision encoder's spatial merge). Text
+    tokens carry the same position on the three axes and count up by one; a vision
+    segment starting at ``s`` carries ``(s + i, s + r, s + c)`` for time step ``i``, row
+    ``r`` and column ``c``, and the next segment starts one past the largest position used
+    so far. This is ``get_rope_index`` of the Qwen2-VL release; transformers 5.x advances
+    by ``max(h, w)`` after a vision segment instead, which is the same whenever ``t <=
+    max(h, w)`` (always for images).
+
+    ``start``: position of the first token; continue a prefix with
+    ``start=int(prefix.max()) + 1`` (HF's ``rope_deltas``).
+
+    Raises:
+        ValueError: no segment, or a segment that is not a positive int, ``(h, w)`` or ``(t, h, w)``.
+    """
+    if not segments:
+        raise ValueError("mrope_positions needs at least one segment (an int for text, (h, w) or (t, h, w))")
+    if not isinstance(start, int) or start < 0:
+        raise ValueError(f"start must be an int >= 0, got {start!r}")
+    parts, nxt = [], start
+    for i, seg in enumerate(segments):
+        if isinstance(seg, int) and not isinstance(seg, bool):
+            _positive(**{f"text segment {i}": seg})
+            p = torch.arange(seg, device=device).unsqueeze(-1).expand(seg, 3)  # t = h = w
+        elif isinstance(seg, tuple) and len(seg) in (2, 3):
+            p = grid(*((1,) + seg if len(seg) == 2 else seg), device=device)  # (t·h·w, 3)
+        else:
+            raise ValueError(f"segment {i} must be an int (text) or (h, w) / (t, h, w) (vision), got {seg!r}")
+        parts.append(p + nxt)
+        nxt = int(parts[-1].max()) + 1
+    return torch.cat(parts)  # (L, 3)
 
 
 def randomized_positions(
@@ -53,4 +124,58 @@ def randomized_positions(
     # a random permutation per row, keep the first L, sort: uniform over L-subsets
     keys = torch.rand(batch, max_pos, generator=generator)  # (B, L_max)
     pos = keys.argsort(dim=-1)[:, :length].sort(dim=-1).values  # (B, L)
+    return pos.to(device) if device is not None else pos
+
+
+def pose_positions(
+    batch: int,
+    length: int,
+    target_len: int,
+    *,
+    chunks: int = 2,
+    generator: torch.Generator | None = None,
+    device=None,
+) -> Tensor:
+    """PoSE positions (Zhu et al., "PoSE: Efficient Context Window Extension of LLMs via
+    Positional Skip-wise Training", ICLR 2024): ``(batch, length)`` int64 in ``[0, target_len)``.
+
+    A training window of ``L = length`` tokens is cut into ``chunks`` contiguous pieces of
+    random lengths ``l_0 … l_{N-1}`` (``N - 1`` distinct cut points drawn uniformly from
+    ``1 … L-1``), and chunk ``i`` is moved right by a skip ``u_i``: ``u_0 = 0``,
+    ``u_i`` uniform in ``{u_{i-1}, …, target_len - L}``. Positions stay increasing, every
+    chunk stays contiguous (local distances as at inference), and the distances between
+    chunks cover the whole target window, so a model trained at ``L`` sees every relative
+    position up to ``target_len``. Drawn afresh per row. With ``chunks=2`` this is the
+    official ``train_preprocess_function_pose`` (dwzhu-pku/PoSE, with its revision
+    ``lt = 0``), except that there the first chunk is at most ``ceil(L/2)`` long. The
+    paper also takes chunk 2's *tokens* from further on in the document; that is the
+    data's business: this function gives the positions.
+
+    Args:
+        batch, length: ``B`` and ``L``.
+        target_len: the context window to reach, ``>= length``; ``target_len == length``
+            gives ``arange``.
+        chunks: ``N``, between 1 and ``length``.
+        generator: a ``torch.Generator`` for reproducible draws (on the CPU).
+        device: where the result goes.
+
+    Raises:
+        ValueError: a non-positive size, ``target_len < length`` or ``chunks > length``.
+    """
+    _positive(batch=batch, length=length, target_len=target_len, chunks=chunks)
+    if target_len < length:
+        raise ValueError(f"target_len must be >= length, got target_len={target_len} < length={length}")
+    if chunks > length:
+        raise ValueError(f"chunks must be <= length (each chunk holds a token), got chunks={chunks} > length={length}")
+    slack = target_len - length
+    # cut points: N-1 distinct values of 1..L-1 per row (a uniform random composition of L)
+    cuts = torch.rand(batch, length - 1, generator=generator).argsort(-1)[:, : chunks - 1] + 1  # (B, N-1)
+    cuts = cuts.sort(-1).values
+    # chunk of every token: how many cut points lie at or before it
+    chunk_of = (torch.arange(length).view(1, -1, 1) >= cuts.unsqueeze(1)).sum(-1)  # (B, L) in [0, N)
+    skips = torch.zeros(batch, chunks, dtype=torch.long)
+    for i in range(1, chunks):  # u_i uniform in {u_{i-1}, ..., slack}
+        lo = skips[:, i - 1]
+        skips[:, i] = lo + (torch.rand(batch, generator=generator) * (slack - lo + 1)).long().clamp(max=slack - lo)
+    pos = torch.arange(length).unsqueeze(0) + skips.gather(1, chunk_of)  # (B, L)
     return pos.to(device) if device is not None else pos

@@ -1,4 +1,4 @@
-"""Absolute position encodings at the input: learned, hierarchical, sinusoidal, multiplicative.
+"""Absolute position encodings at the input: learned, hierarchical, sinusoidal.
 
 * ``learned`` — a trainable table, one vector per position (BERT, Devlin et al. 2019;
   GPT, Radford et al. 2018). Cannot run past ``max_len``.
@@ -11,10 +11,13 @@
   position encoding" (kexue.fm/archives/7947), 2020: a learned table of ``n`` rows
   serves ``n²`` positions; a trained ``learned`` model converts without retraining.
   Checked against the formula written out in the test.
-* ``multiplicative`` — ``x ⊙ (1 + β·PE)`` instead of ``x + PE`` (sinusoidal or learned
-  table); checked against the formula written out in the test.
 
 All act on ``embed(x, pos)`` with ``x`` ``(B, L, D)``.
+
+With ``axes=2|3`` (``pos`` ``(B|1, L, A)``), ``sinusoidal`` concatenates one table per axis
+like ``positional-encodings``' ``PositionalEncoding2D/3D`` (checked element-wise), MAE and
+DETR (summed sinusoids would be symmetric in the axes); ``learned`` sums one table per axis
+(lucidrains' ``axial-positional-embedding``, ViViT) or concatenates them (``axial_dims``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,15 @@ from ..base import PositionEncoding, Stage, register
 
 @register
 class Learned(PositionEncoding):
-    """Trainable absolute positions, ``nn.Embedding(max_len, D)`` initialised N(0, 0.02²)."""
+    """Trainable absolute positions, ``nn.Embedding(max_len, D)`` initialised N(0, 0.02²).
+
+    Args:
+        init_std: standard deviation of the initial table(s).
+        axes: coordinates per position (1: a sequence; 2, 3: grids), see the module docstring.
+        axial_shape: table length per axis, ``(n_1, …, n_A)``; ``max_len`` on every axis by default.
+        axial_dims: ``None``: the ``A`` tables are ``D`` wide and summed; ``(d_1, …, d_A)``
+            summing to ``D``: concatenated (lucidrains' ``axial_dims``).
+    """
 
     name = "learned"
     family = "absolute"
@@ -36,12 +47,42 @@ class Learned(PositionEncoding):
     year = 2018
     stages = Stage.INPUT
 
-    def __init__(self, *, heads, head_dim, max_len=None, causal=True, init_std: float = 0.02):
+    def __init__(
+        self,
+        *,
+        heads,
+        head_dim,
+        max_len=None,
+        causal=True,
+        init_std: float = 0.02,
+        axes: int = 1,
+        axial_shape: tuple[int, ...] | None = None,
+        axial_dims: tuple[int, ...] | None = None,
+    ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
-        if max_len is None:
+        self.set_axes(axes)
+        if axes == 1 and (axial_shape is not None or axial_dims is not None):
+            raise ValueError("axial_shape and axial_dims need axes >= 2")
+        if max_len is None and axial_shape is None:
             raise ValueError("encoding 'learned' needs max_len (the size of its table)")
-        self.table = nn.Embedding(max_len, self.dim)
-        nn.init.normal_(self.table.weight, std=init_std)
+        if axes == 1:
+            self.table = nn.Embedding(max_len, self.dim)
+            nn.init.normal_(self.table.weight, std=init_std)
+            return
+        shape = tuple(axial_shape) if axial_shape is not None else (max_len,) * axes
+        dims = tuple(axial_dims) if axial_dims is not None else (self.dim,) * axes
+        concat = f" summing to D = {self.dim}" if axial_dims is not None else ""
+        for opt, val, rule in (("axial_shape", shape, ""), ("axial_dims", dims, concat)):
+            if (
+                len(val) != axes
+                or not all(isinstance(n, int) and n >= 1 for n in val)
+                or (rule and sum(val) != self.dim)
+            ):
+                raise ValueError(f"{opt} must be {axes} positive ints{rule}, got {val!r}")
+        self.axial_shape, self.axial_dims, self.summed = shape, dims, axial_dims is None
+        self.tables = nn.ModuleList(nn.Embedding(n, d) for n, d in zip(shape, dims))
+        for t in self.tables:
+            nn.init.normal_(t.weight, std=init_std)
 
     @property
     def relative(self) -> bool:
@@ -51,14 +92,39 @@ class Learned(PositionEncoding):
     def extrapolates(self) -> bool:
         return False
 
-    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+    def check_length(self, pos: Tensor) -> None:
+        if self.axes == 1:
+            return super().check_length(pos)
+        if torch.compiler.is_compiling() or pos.device.type == "meta" or pos.numel() == 0:
+            return
+        pos = self.axis_positions(pos)
+        for a, n in enumerate(self.axial_shape):
+            hi = int(pos[..., a].max())
+            if hi >= n:
+                raise ValueError(
+                    f"encoding 'learned' supports positions 0..{n - 1} on axis {a} (axial_shape={self.axial_shape}, "
+                    f"max_len={self.max_len}), got position {hi}; it does not extrapolate"
+                )
+
+    def positions(self, pos: Tensor) -> Tensor:
+        """The position vectors: ``pos.shape + (D,)``, or ``(B|1, L, D)`` for positions with axes."""
         self.check_length(pos)
-        return x + self.table(pos).to(x.dtype)  # (B|1, L, D) broadcast over B
+        if self.axes == 1:
+            return self.table(pos)
+        pos = self.axis_positions(pos)
+        parts = [t(pos[..., a]) for a, t in enumerate(self.tables)]  # A × (B|1, L, d_a)
+        return torch.stack(parts).sum(0) if self.summed else torch.cat(parts, dim=-1)
+
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        pos = self.axis_positions(pos, x.shape[1]) if self.axes > 1 else pos
+        return x + self.positions(pos).to(x.dtype)  # (B|1, L, D) broadcast over B
 
 
 @register
 class Sinusoidal(PositionEncoding):
-    """Fixed sinusoids, interleaved layout (Vaswani); ``layout="halves"`` for XL/RoFormer."""
+    """Fixed sinusoids, interleaved layout (Vaswani); ``layout="halves"`` for XL/RoFormer/MAE.
+
+    ``axes=2|3``: per-axis tables of ``2·ceil(D/2A)`` channels concatenated, cut to ``D``."""
 
     name = "sinusoidal"
     family = "absolute"
@@ -67,9 +133,18 @@ class Sinusoidal(PositionEncoding):
     stages = Stage.INPUT
 
     def __init__(
-        self, *, heads, head_dim, max_len=None, causal=True, base: float = 10000.0, layout: str = "interleaved"
+        self,
+        *,
+        heads,
+        head_dim,
+        max_len=None,
+        causal=True,
+        base: float = 10000.0,
+        layout: str = "interleaved",
+        axes: int = 1,
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
+        self.set_axes(axes)
         if layout not in ("interleaved", "halves"):
             raise ValueError(f"layout must be 'interleaved' or 'halves', got {layout!r}")
         if base <= 1:
@@ -80,9 +155,21 @@ class Sinusoidal(PositionEncoding):
     def relative(self) -> bool:
         return False
 
+    def table(self, pos: Tensor) -> Tensor:
+        """Position vectors, float32: ``pos.shape + (D,)``, or ``(B|1, L, D)`` for positions with axes.
+
+        Computed on the fly from int64 positions in float64 -> float32: no table to outgrow.
+        """
+        if self.axes == 1:
+            return PF.sinusoidal_table(pos, self.dim, base=self.base, layout=self.layout)
+        pos = self.axis_positions(pos)
+        c = 2 * -(-self.dim // (2 * self.axes))  # channels per axis, even
+        parts = [PF.sinusoidal_table(pos[..., a], c, base=self.base, layout=self.layout) for a in range(self.axes)]
+        return torch.cat(parts, dim=-1)[..., : self.dim]
+
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
-        # computed on the fly from int64 positions in float64 -> float32: no table to outgrow
-        return x + PF.sinusoidal_table(pos, self.dim, base=self.base, layout=self.layout).to(x.dtype)
+        pos = self.axis_positions(pos, x.shape[1]) if self.axes > 1 else pos
+        return x + self.table(pos).to(x.dtype)
 
 
 @register
@@ -198,69 +285,3 @@ def learned_to_hierarchical(model, *, alpha: float = 0.4):
         if isinstance(m, PositionEncoding):
             m.init_buffers()
     return new
-
-
-@register
-class Multiplicative(PositionEncoding):
-    """``x ⊙ m(pos)``: position multiplies the embedding instead of adding to it.
-
-    The multiplier is ``m = 1 + β·PE`` with ``PE`` the sinusoidal table (``table="sinusoidal"``,
-    interleaved, values in [−1, 1]) or a trainable table initialised N(0, 1)
-    (``table="learned"``, needs ``max_len``); ``β = strength`` (default 0.5).
-
-    Conditioning at initialisation: a bare sinusoid as multiplier would zero half the
-    coordinates of every token at position 0 (sin 0 = 0) and flip signs elsewhere. With
-    ``m = 1 + β·PE``, ``β < 1``, every multiplier lies in ``[1 − β, 1 + β]``: no coordinate
-    is annihilated or sign-flipped and each coordinate's scale changes by at most a
-    factor ``1 ± β``, so a fresh model sees embeddings of the usual scale. For the learned
-    table ``m`` starts at ``1 + β·N(0, 1)``: keep ``strength`` well below 1 there.
-    """
-
-    name = "multiplicative"
-    family = "absolute"
-    paper = "Multiplicative position encoding (x ⊙ p), cf. Vaswani et al. 2017 for the table"
-    year = 2017
-    stages = Stage.INPUT
-
-    def __init__(
-        self,
-        *,
-        heads,
-        head_dim,
-        max_len=None,
-        causal=True,
-        table: str = "sinusoidal",
-        strength: float = 0.5,
-        base: float = 10000.0,
-    ):
-        super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
-        if table not in ("sinusoidal", "learned"):
-            raise ValueError(f"table must be 'sinusoidal' or 'learned', got {table!r}")
-        if not 0.0 < strength:
-            raise ValueError(f"strength must be > 0, got {strength}")
-        if base <= 1:
-            raise ValueError(f"base must be > 1, got {base}")
-        self.table_kind, self.strength, self.base = table, float(strength), float(base)
-        self.table = None
-        if table == "learned":
-            if max_len is None:
-                raise ValueError("multiplicative with table='learned' needs max_len (the size of its table)")
-            self.table = nn.Embedding(max_len, self.dim)
-            nn.init.normal_(self.table.weight, std=1.0)
-
-    @property
-    def relative(self) -> bool:
-        return False
-
-    @property
-    def extrapolates(self) -> bool:
-        return self.table is None
-
-    def multiplier(self, pos: Tensor) -> Tensor:
-        """``1 + β·PE(pos)``: ``pos.shape + (D,)`` float32 (sinusoidal) or the table's dtype."""
-        self.check_length(pos)
-        pe = PF.sinusoidal_table(pos, self.dim, base=self.base) if self.table is None else self.table(pos)
-        return 1.0 + self.strength * pe
-
-    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
-        return x * self.multiplier(pos).to(x.dtype)

@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .. import functional as PF
 from ..base import PositionEncoding, Stage, register
@@ -239,6 +239,15 @@ class RoPE(PositionEncoding):
         rotary_value: also rotate the values by their key position (RoFormer's option).
         rope_scaling: HF's dict, ``None`` for plain RoPE. ``rope_theta`` and
             ``partial_rotary_factor`` keys in it override ``base`` and ``partial_rotary_factor``.
+        axes: coordinates per position (Heo et al. 2024, "Rotary Position Embedding for
+            Vision Transformer"). ``1``: a sequence. ``A = 2`` or ``3`` (axial RoPE): the
+            ``Dr/2`` pairs split into ``A`` equal bands, band ``a`` a 1-D RoPE of ``Dr/A``
+            dims on coordinate ``a`` (naver-ai/rope-vit ``compute_axial_cis``,
+            rotary-embedding-torch ``get_axial_freqs``); positions ``(B|1, L, A)``.
+        rope_mixed: RoPE-Mixed (Heo et al. 2024): every head learns its own frequencies,
+            pair ``k`` of head ``h`` turning by ``Σ_a pos_a·freqs[a, h, k]``; initialised as
+            the axial bands rotated by a random angle per head (``axes >= 2``). The paper
+            uses ``base=10`` (mixed) and ``base=100`` (axial) on 14×14 ViT grids.
     """
 
     name = "rope"
@@ -260,8 +269,12 @@ class RoPE(PositionEncoding):
         partial_rotary_factor: float = 1.0,
         rotary_value: bool = False,
         rope_scaling: dict | None = None,
+        axes: int = 1,
+        rope_mixed: bool = False,
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
+        self.set_axes(axes)
+        self.rope_mixed = bool(rope_mixed)
         layout = self.default_layout if layout is None else layout
         if layout not in ("half", "interleaved"):
             raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
@@ -291,15 +304,47 @@ class RoPE(PositionEncoding):
         self.attention_factor = 1.0
         if self.rope_type == "longrope":
             self.register_buffer("long_inv_freq", torch.empty(rot // 2), persistent=False)
+        if self.axes > 1:
+            self._check_axes()
+            self.register_buffer("axis", torch.empty(rot // 2, dtype=torch.long), persistent=False)
+        elif self.rope_mixed:
+            raise ValueError("rope_mixed=True mixes the coordinates of several axes: it needs axes >= 2")
         self.init_buffers()
+        if self.rope_mixed:  # learned (A, H, Dr/2), from the axial frequencies turned per head
+            self.freqs = nn.Parameter(PF.mixed_frequencies(self.inv_freq, self.axes, heads))
 
     def _params(self, seq_len: int | None = None) -> tuple[Tensor, float]:
         return rope_parameters(
             self.rope_scaling, dim=self.rotary_dim, base=self.base, max_len=self.max_len, seq_len=seq_len
         )
 
+    def _check_axes(self) -> None:
+        """Options that do not combine with positions with axes."""
+        if self.length_dependent:
+            raise ValueError(
+                f"rope_type {self.rope_type!r} picks frequencies from the sequence length; with axes={self.axes} "
+                "use a static type (linear, yarn, llama3) or none"
+            )
+        if (self.rotary_dim // 2) % self.axes:
+            raise ValueError(
+                f"axial RoPE splits the {self.rotary_dim // 2} rotary pairs into axes={self.axes} equal bands: "
+                f"rotary dim {self.rotary_dim} must be a multiple of 2*axes = {2 * self.axes}"
+            )
+
+    def axis_frequencies(self) -> tuple[Tensor, Tensor, float]:
+        """``(inv_freq, axis, attention_factor)``, ``(Dr/2,)`` each, for ``axes > 1``: pair ``k``
+        turns by ``pos[axis[k]]·inv_freq[k]``. Axial: band ``a`` holds the 1-D frequencies of
+        a ``Dr/A``-dim RoPE (``base^(-2k·A/Dr)``) on coordinate ``a``."""
+        n = self.rotary_dim // 2 // self.axes
+        inv, factor = rope_parameters(self.rope_scaling, dim=2 * n, base=self.base, max_len=self.max_len)
+        return inv.repeat(self.axes), torch.arange(self.axes).repeat_interleave(n), factor
+
     def init_buffers(self) -> None:
         device = self.inv_freq.device
+        if self.axes > 1:
+            inv_freq, axis, self.attention_factor = self.axis_frequencies()
+            self.inv_freq, self.axis = inv_freq.to(device), axis.to(device)
+            return
         inv_freq, self.attention_factor = self._params()
         self.inv_freq = inv_freq.to(device)
         if self.rope_type == "longrope":
@@ -315,6 +360,7 @@ class RoPE(PositionEncoding):
 
     def extra_repr(self) -> str:
         s = super().extra_repr() + f", base={self.base}, layout={self.layout!r}, rotary_dim={self.rotary_dim}"
+        s += f", axes={self.axes}" + (", rope_mixed=True" if self.rope_mixed else "") if self.axes > 1 else ""
         return s + (f", rope_scaling={self.rope_scaling}" if self.rope_type != "default" else "")
 
     # ------------------------------------------------------------------ rotation
@@ -333,9 +379,7 @@ class RoPE(PositionEncoding):
         ``sin``, so a rotation is one copy, two products and a sum (few passes over ``x``,
         which matters on CPU, where each elementwise op costs a thread wake-up).
         """
-        ang = PF.rope_angles(pos, inv_freq)  # (B|1, L, Dr/2) or (L, Dr/2), float32
-        if pos.dim() == 2:
-            ang = ang.unsqueeze(1)  # (B|1, 1, L, Dr/2)
+        ang = self.angles(pos, inv_freq)  # (B|1, 1|H, L, Dr/2) or (L, Dr/2), float32
         cos, sin = ang.cos(), ang.sin()
         if self.attention_factor != 1.0:
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
@@ -344,6 +388,16 @@ class RoPE(PositionEncoding):
         if self.layout == "half":
             return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
         return cos.repeat_interleave(2, -1), torch.stack((-sin, sin), -1).flatten(-2)
+
+    def angles(self, pos: Tensor, inv_freq: Tensor) -> Tensor:
+        """Rotation angles: ``(L, Dr/2)`` for ``(L,)`` positions, ``(B|1, 1, L, Dr/2)`` for ``(B|1, L)``
+        and, with axes, ``(B|1, 1, L, Dr/2)`` (axial, M-RoPE) or ``(B|1, H, L, Dr/2)`` (mixed)."""
+        if self.axes == 1:
+            ang = PF.rope_angles(pos, inv_freq)  # (B|1, L, Dr/2) or (L, Dr/2), float32
+            return ang.unsqueeze(1) if pos.dim() == 2 else ang
+        if self.rope_mixed:
+            return PF.mixed_rope_angles(pos, self.freqs)
+        return PF.axial_rope_angles(pos, inv_freq, self.axis).unsqueeze(1)
 
     def _swap(self, x: Tensor) -> Tensor:
         if self.layout == "half":
@@ -356,8 +410,9 @@ class RoPE(PositionEncoding):
             raise ValueError(f"expected a (B, H, L, Dh) tensor, got shape {tuple(x.shape)}")
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"expected head dim {self.head_dim}, got shape {tuple(x.shape)}")
-        if x.shape[-2] != pos.shape[-1]:
-            raise ValueError(f"positions of length {pos.shape[-1]} for a tensor of length {x.shape[-2]}")
+        n = pos.shape[-2] if self.axes > 1 else pos.shape[-1]
+        if x.shape[-2] != n:
+            raise ValueError(f"positions of length {n} for a tensor of length {x.shape[-2]}")
         cos, sin = tables
         r = self.rotary_dim
         xr = x[..., :r].float() if r < x.shape[-1] else x.float()
@@ -370,12 +425,17 @@ class RoPE(PositionEncoding):
         return max(int(p.max()) for p in positions if p.numel()) + 1
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        if self.axes > 1:
+            same = k_pos is q_pos
+            q_pos = self.axis_positions(q_pos, q.shape[-2])
+            k_pos = q_pos if same else self.axis_positions(k_pos, k.shape[-2])
         inv_freq = self.frequencies(self._seq_len(q_pos, k_pos))
         q_tab = self._cos_sin(q_pos, inv_freq)
         k_tab = q_tab if k_pos is q_pos else self._cos_sin(k_pos, inv_freq)
         return self._rotate_one(q, q_pos, q_tab), self._rotate_one(k, k_pos, k_tab)
 
     def rotate_value(self, v: Tensor, k_pos: Tensor) -> Tensor:
+        k_pos = self.axis_positions(k_pos, v.shape[-2]) if self.axes > 1 else k_pos
         return self._rotate_one(v, k_pos, self._cos_sin(k_pos, self.frequencies(self._seq_len(k_pos))))
 
 
