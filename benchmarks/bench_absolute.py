@@ -4,7 +4,7 @@ One small TransformerLM per encoding (vocab 256, D = 128, depth 2, H = 4, batch 
 timed fwd+bwd at each length; the encodings are interleaved within every repeat so
 that load on a shared machine hits them alike; the report is the median over repeats
 and its ratio to ``sinusoidal`` measured in the same run. ``complex-model`` is the
-paper's complex-valued LM (:class:`posenc.complex_model.ComplexTransformerLM`, 64
+paper's complex-valued LM (:class:`posenc.encodings.complex_model.ComplexTransformerLM`, 64
 complex features = 128 real).
 
     PYTHONPATH=src python benchmarks/bench_absolute.py --lengths 512 4096 --repeats 5 3
@@ -20,7 +20,7 @@ import time
 import torch
 
 import posenc
-from posenc.complex_model import ComplexTransformerLM
+from posenc.encodings.complex_model import ComplexTransformerLM
 
 NAMES = ["sinusoidal", "hierarchical", "multiplicative", "floater", "recurrent", "conv", "complex-order"]
 

@@ -32,7 +32,7 @@ def make_cases(L: int, H: int, Dh: int):
         ("kerple-power", {"kernel": "power"}),
         ("fire", {}),
     ):
-        for backend in ("dense", "relative"):
+        for backend in ("dense", "chunked"):
             cases[f"{name} [{backend}]"] = (dict(name=name.split("-")[0], **opts), backend)
     return cases
 
@@ -48,11 +48,12 @@ def build_runner(spec, backend: str, L: int, H: int, Dh: int):
     name = spec.pop("name")
     attn = posenc.Attention(H * Dh, H, name, causal=True, max_len=L, backend=backend, **spec)
     enc = attn.encoding
-    attend = getattr(attn, f"_attend_{backend}")
+    attend = posenc.BACKENDS[attn.resolve_backend(backend, "cpu")]
+    mask = posenc.AttentionMask(causal=True)
 
     def run(q, k, v, pos):
         q, k = enc.rotate(q, k, pos, pos)
-        return attend(q, k, v, pos, pos, 0, None)
+        return attend(enc, q, k, v, pos, pos, mask, options=attn.block_options)
 
     return run, [p for p in enc.parameters() if p.requires_grad]
 

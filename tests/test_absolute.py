@@ -41,11 +41,12 @@ def test_hierarchical_limit_is_n_squared_and_learned_keeps_raising():
     enc = posenc.build("hierarchical", heads=1, head_dim=4, max_len=5)
     x = torch.zeros(1, 1, 4)
     enc.embed(x, torch.tensor([[24]]))  # n² - 1 works
+    # checked once at the door (the layer or the model), not in the stage method
     with pytest.raises(ValueError, match=r"0\.\.24 \(table_len² = 5², max_len=5\).*25"):
-        enc.embed(x, torch.tensor([[25]]))
-    learned = posenc.build("learned", heads=1, head_dim=4, max_len=5)
+        posenc.Attention(4, 1, enc)(x, pos=torch.tensor([[25]]))
+    learned = posenc.Attention(4, 1, "learned", max_len=5)
     with pytest.raises(ValueError, match="max_len=5"):
-        learned.embed(x, torch.tensor([[5]]))
+        learned(x, pos=torch.tensor([[5]]))
 
 
 def test_hierarchical_bad_options():
@@ -76,7 +77,7 @@ def test_trained_learned_model_converts_without_retraining(tmp_path):
         loss.backward()
         opt.step()
     new = learned_to_hierarchical(lm, alpha=0.4)
-    assert new.config["encoding"] == "hierarchical"
+    assert new.config.encoding == "hierarchical"
     with torch.no_grad():
         assert torch.equal(new(t), lm(t))  # identical below max_len
         long = new(torch.randint(0, 32, (1, 64)))  # 8² = 64 positions
@@ -113,6 +114,6 @@ def test_multiplicative_learned_table():
     assert_close(enc.embed(x, pos), x * (1 + 0.1 * enc.table.weight[pos]), n=2)
     assert not enc.extrapolates
     with pytest.raises(ValueError, match="max_len=6"):
-        enc.embed(x, pos + 1)
+        enc.check_length(pos + 1)
     with pytest.raises(ValueError, match="table must be"):
         posenc.build("multiplicative", heads=1, head_dim=4, table="rope")

@@ -10,7 +10,7 @@ import torch
 from tests.conftest import assert_close
 
 import posenc
-from posenc.analysis import common as C
+from posenc.analysis import models, specs, stats
 from posenc.analysis.decay import ones_curve, su_bound
 from posenc.analysis.decompose import decompose_terms
 from posenc.analysis.invariance import shift_change
@@ -28,7 +28,7 @@ def one_thread():
 
 
 def small_model(name: str, **kw) -> posenc.TransformerLM:
-    return C.random_model(C.Spec(name), dim=32, depth=2, heads=2, max_len=64, vocab_size=50, seed=0, **kw)
+    return models.random_model(specs.Spec(name), dim=32, depth=2, heads=2, max_len=64, vocab_size=50, seed=0, **kw)
 
 
 def tokens(B=2, L=16, vocab=50, seed=0):
@@ -64,11 +64,11 @@ def test_diagonal_share_toeplitz_and_noise():
     L = 48
     i = torch.arange(L)
     toeplitz = torch.cos(0.3 * (i[:, None] - i[None, :]).double()) + 0.01 * (i[:, None] - i[None, :]).double() ** 2
-    assert C.diagonal_share(toeplitz) == pytest.approx(1.0, abs=1e-12)
+    assert stats.diagonal_share(toeplitz) == pytest.approx(1.0, abs=1e-12)
     noise = torch.randn(L, L, generator=torch.Generator().manual_seed(0))
     # 2L - 1 diagonal means fitted to L² i.i.d. entries: expected share (2L-1)/L² ≈ 0.04
-    assert C.diagonal_share(noise) < 0.1
-    assert C.diagonal_share(torch.ones(L, L)) is None  # nothing to explain
+    assert stats.diagonal_share(noise) < 0.1
+    assert stats.diagonal_share(torch.ones(L, L)) is None  # nothing to explain
 
 
 def test_sinusoidal_gram_is_a_function_of_distance():
@@ -83,10 +83,10 @@ def test_sinusoidal_gram_is_a_function_of_distance():
     p, how = position_vectors(model, 64)
     assert how == "embed(0, pos)"
     gram = p @ p.t()
-    assert C.diagonal_share(gram) > 0.9999
-    assert C.diagonal_share(gram, skip_main=True) > 0.9999
+    assert stats.diagonal_share(gram) > 0.9999
+    assert stats.diagonal_share(gram, skip_main=True) > 0.9999
     learned, _ = position_vectors(small_model("learned"), 64)
-    assert C.diagonal_share(learned @ learned.t(), skip_main=True) < 0.1
+    assert stats.diagonal_share(learned @ learned.t(), skip_main=True) < 0.1
 
 
 # ============================================================================ decompose
@@ -96,7 +96,7 @@ def test_decomposition_terms_sum_to_the_logits(name):
     terms, how, residual = decompose_terms(model, tokens())
     assert residual < 1e-5, (name, residual)
     enc = model.blocks[0].attn.encoding
-    additive_input = model.input_encoding is not None and not model.input_encoding.builds_embedding
+    additive_input = model.input_encoding is not None and model.tok_emb is not None
     pos_terms = ("content·position", "position·content", "position·position")
     if additive_input:
         assert all(float(terms[t].abs().max()) > 0 for t in pos_terms), how
@@ -189,10 +189,10 @@ def test_checkpoint_run_directory_and_attention_maps(tmp_path):
 
     (tmp_path / "checkpoints").mkdir()
     for name in ("rope", "learned"):
-        model, extra = C.train_tiny(C.Spec(name), steps=3, length=16, batch=4, dim=32, heads=2, vocab_size=20)
+        model, extra = models.train_tiny(specs.Spec(name), steps=3, length=16, batch=4, dim=32, heads=2, vocab_size=20)
         posenc.save_checkpoint(tmp_path / "checkpoints" / f"{name}.pt", model, **extra)
     notes: list[str] = []
-    subjects = C.load_subjects([str(tmp_path)], notes)
+    subjects = models.load_subjects([str(tmp_path)], notes)
     assert sorted(s.name for s in subjects) == ["learned", "rope"] and not notes
     assert all(s.train_len == 16 for s in subjects)
     res = {r["encoding"]: r for r in run_attention_maps(subjects, notes, factor=4)}
@@ -209,31 +209,31 @@ def test_training_length_from_a_compare_checkpoint(tmp_path):
     """posenc compare stores its config under ``compare_config``; its train_len wins over max_len."""
     model = small_model("rope")
     posenc.save_checkpoint(tmp_path / "rope.pt", model, compare_config={"train_len": 24, "steps": 5})
-    (sub,) = C.load_subjects([str(tmp_path / "rope.pt")], [])
+    (sub,) = models.load_subjects([str(tmp_path / "rope.pt")], [])
     assert sub.train_len == 24 and sub.source == str(tmp_path / "rope.pt")
 
 
 def test_checkpoint_path_errors(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
-        C.checkpoint_paths(tmp_path / "nope")
+        models.checkpoint_paths(tmp_path / "nope")
     with pytest.raises(ValueError, match="no checkpoints"):
-        C.checkpoint_paths(tmp_path)
+        models.checkpoint_paths(tmp_path)
 
 
 # ============================================================================ specs and the command
 def test_resolve_rejects_unknown_names_and_splits_lists():
     with pytest.raises(ValueError, match=r"unknown encoding 'no-such-encoding'; available: .*rope"):
-        C.resolve(["sinusoidal", "no-such-encoding"])
-    specs, _ = C.resolve(["rope,t5", "alibi", 'rope@{"base": 500, "partial_rotary_factor": 0.5},xpos'])
-    assert [s.label for s in specs] == ["rope", "t5", "alibi", "rope base=500,partial_rotary_factor=0.5", "xpos"]
+        specs.resolve(["sinusoidal", "no-such-encoding"])
+    kept, _ = specs.resolve(["rope,t5", "alibi", 'rope@{"base": 500, "partial_rotary_factor": 0.5},xpos'])
+    assert [s.label for s in kept] == ["rope", "t5", "alibi", "rope base=500,partial_rotary_factor=0.5", "xpos"]
 
 
 def test_spec_parse():
-    assert C.Spec.parse('rope@{"base": 500000}').options == {"base": 500000}
+    assert specs.Spec.parse('rope@{"base": 500000}').options == {"base": 500000}
     with pytest.raises(ValueError, match="not valid JSON"):
-        C.Spec.parse("rope@{base}")
+        specs.Spec.parse("rope@{base}")
     with pytest.raises(ValueError, match="JSON object"):
-        C.Spec.parse("rope@[1]")
+        specs.Spec.parse("rope@[1]")
 
 
 def test_command_writes_json_and_png(tmp_path, capsys):
@@ -274,3 +274,38 @@ def test_bad_checkpoint_is_an_error_not_random_weights(content, tmp_path, capsys
     rc = main(["analyze", "decompose", "--checkpoint", str(path), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and "bad.pt" in err and "not a readable posenc checkpoint" in err
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_unusable_out_is_one_line(where, tmp_path, capsys):
+    from posenc.cli import main
+
+    f = tmp_path / "f"
+    f.write_text("x")
+    out = f if where == "file" else f / "sub"
+    assert main(["analyze", "decay", "--encodings", "rope", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(out) in err and "--out" in err
+
+
+@pytest.mark.parametrize(
+    "spec", ['rope@{"axes": 2}', 'rope@{"axes": 2, "rope_mixed": true}', "mrope", 'sinusoidal@{"axes": 2}']
+)
+def test_invariance_per_axis_for_positions_with_axes(spec):
+    """Multi-axis encodings: grid positions, each axis shifted alone; relative ones stay put on
+    every axis, absolute ones move on every axis."""
+    from posenc.analysis.invariance import run_invariance
+
+    (sub,) = models.build_subjects(
+        [specs.Spec.parse(spec)], [], max_len=64, seed=0, dim=32, depth=2, heads=2, vocab_size=50
+    )
+    (res,) = run_invariance([sub], shifts=(1, 9, 300), length=16, batch=2)
+    axes = sub.model.blocks[0].attn.encoding.axes
+    assert res["axes"] == axes > 1 and res["length"] == round(16 ** (1 / axes)) ** axes
+    for row in res["shifts"]:
+        assert [p["axis"] for p in row["per_axis"]] == list(range(axes))
+        for p in [row, *row["per_axis"]]:
+            if res["relative"]:
+                assert p["logits"] < 1e-5 and p["probs"] < 1e-5, (spec, row)
+            else:
+                assert p["logits"] > 1e-2, (spec, row)

@@ -257,9 +257,9 @@ def test_learned_axes_sum_or_concatenate_per_axis_tables():
 def test_learned_axes_refuse_positions_past_their_table():
     enc = posenc.build("learned", heads=2, head_dim=8, axes=2, axial_shape=(3, 5))
     with pytest.raises(ValueError, match=r"0\.\.2 on axis 0.*got position 3"):
-        enc.positions(grid(4, 2))
+        enc.check_length(grid(4, 2))  # checked at the door (the layer or the model), once per call
     with pytest.raises(ValueError, match=r"0\.\.4 on axis 1.*got position 5"):
-        enc.positions(grid(2, 6))
+        posenc.Attention(16, 2, enc)(torch.randn(1, 12, 16), pos=grid(2, 6))
 
 
 # --------------------------------------------------------------------------- helpers and errors

@@ -22,29 +22,31 @@ def _small(name: str, causal: bool = True):
 
 @pytest.mark.parametrize("name", posenc.available())
 def test_select_backend_dispatch(name):
-    """auto picks sdpa (flash on GPU) / flex on CUDA / dense on CPU / relative, by stages."""
+    """auto picks sdpa (flash on GPU) / flex on CUDA / blockwise on CPU where the terms are
+    per distance / dense / chunked, by stages."""
     enc = _small(name)
     st = enc.stages
-    vector = bool(st & (Stage.TERMS | Stage.VALUE)) or enc.rotates_value
-    for grad in (True, False):
-        cpu = posenc.select_backend(enc, "cpu", grad)
-        cuda = posenc.select_backend(enc, "cuda", grad)
-        if vector:
-            assert cpu == cuda == "relative"
-        elif st & Stage.BIAS:
-            assert cpu == "dense"
-            assert cuda == ("flex" if enc.has_score_mod else "dense")
-        else:
-            assert cpu == cuda == "sdpa"
-        assert cpu in posenc.supported_backends(enc) and cuda in posenc.supported_backends(enc)
+    vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES)) or enc.rotates_value
+    per_distance = type(enc).distance_terms is not posenc.PositionEncoding.distance_terms
+    cpu = posenc.select_backend(enc, "cpu")
+    cuda = posenc.select_backend(enc, "cuda")
+    if vector:
+        assert cpu == ("blockwise" if per_distance else "chunked")
+        assert cuda == "chunked"
+    elif st & Stage.BIAS:
+        assert cpu == ("blockwise" if per_distance else "dense")
+        assert cuda == ("flex" if enc.has_score_mod else "dense")
+    else:
+        assert cpu == cuda == "sdpa"
+    assert cpu in posenc.supported_backends(enc) and cuda in posenc.supported_backends(enc)
 
 
 @pytest.mark.parametrize("name", ["alibi", "t5"])
 def test_scalar_biases_go_to_flex_on_cuda(name):
     enc = _small(name)
     assert enc.has_score_mod
-    assert posenc.select_backend(enc, "cuda", True) == "flex"
-    assert posenc.select_backend(enc, "cpu", True) == "dense"
+    assert posenc.select_backend(enc, "cuda") == "flex"
+    assert posenc.select_backend(enc, "cpu") == "blockwise"
 
 
 def test_bench_resolves_auto_backend_per_device():
@@ -53,8 +55,8 @@ def test_bench_resolves_auto_backend_per_device():
 
     case = posenc_case("alibi", heads=2, head_dim=8, causal=True, max_len=64, device="cpu", dtype=torch.float32)
     module, _ = case.make(16)
-    assert resolved_backend(case, module, torch.device("cpu"), True) == "dense"
-    assert resolved_backend(case, module, torch.device("cuda"), True) == "flex"
+    assert resolved_backend(case, module, torch.device("cpu")) == "blockwise"
+    assert resolved_backend(case, module, torch.device("cuda")) == "flex"
 
 
 def test_peak_memory_cpu_counts_live_bytes():
@@ -122,7 +124,7 @@ def test_bench_smoke_l128(tmp_path, one_thread):
         assert r["status"] == "ok", (r["label"], r["status"])
         assert r["L"] == 128 and r["time_s"] > 0 and r["ratio"] > 0 and r["peak_bytes"] > 0
     backends = {r["label"]: r["backend"] for r in rows if r["impl"] == "posenc"}
-    assert backends["posenc:rope"] == "sdpa" and backends["posenc:alibi"] == "dense"
+    assert backends["posenc:rope"] == "sdpa" and backends["posenc:alibi"] == "blockwise"
     trows = json.loads((out / "throughput.json").read_text())["rows"]
     assert {(r["impl"], r["encoding"]) for r in trows} >= {("posenc", "rope"), ("x-transformers", "rope")}
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in trows), trows
@@ -183,7 +185,7 @@ def test_blocked_backends_equal_eager(name, causal):
     kpm = torch.ones(2, 19, dtype=torch.bool)
     kpm[1, -3:] = False  # padding at the end: no query row is fully masked
     pos = torch.arange(19).unsqueeze(0) + 7
-    for backend in [b for b in posenc.supported_backends(attn.encoding) if b in ("dense", "relative")]:
+    for backend in [b for b in posenc.supported_backends(attn.encoding) if b in ("dense", "chunked")]:
         outs = {}
         for b in (backend, "eager"):
             x.grad = None
@@ -208,4 +210,4 @@ def test_blocked_backends_equal_eager(name, causal):
 
 
 def supported_fast(attn) -> str:
-    return [b for b in posenc.supported_backends(attn.encoding) if b in ("dense", "relative")][0]
+    return [b for b in posenc.supported_backends(attn.encoding) if b in ("dense", "chunked")][0]

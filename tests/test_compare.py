@@ -18,7 +18,10 @@ import posenc
 from posenc.cli import main, make_parser
 from posenc.compare import CompareConfig, from_dict, preset_config
 from posenc.compare.cli import build_config
-from posenc.compare.train import build_model, evaluate, lr_at, make_source
+from posenc.compare.evaluate import EvalSettings, evaluate
+from posenc.compare.runner import make_source
+from posenc.compare.train import build_model
+from posenc.train import cosine_schedule
 
 # a model and a run small enough for a test
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--train-len", "16", "--batch-size", "4", "--warmup", "2",
@@ -89,8 +92,9 @@ def test_config_validation(kw, match):
 
 def test_lr_schedule():
     cfg = CompareConfig(steps=100, warmup=10, lr=1.0, min_lr_ratio=0.1)
-    assert lr_at(cfg, 0) == pytest.approx(0.1) and lr_at(cfg, 9) == pytest.approx(1.0)
-    assert lr_at(cfg, 10) == pytest.approx(1.0) and lr_at(cfg, 100) == pytest.approx(0.1)
+    lr_at = cosine_schedule(cfg.lr, cfg.steps, cfg.warmup, cfg.min_lr_ratio)
+    assert lr_at(0) == pytest.approx(0.1) and lr_at(9) == pytest.approx(1.0)
+    assert lr_at(10) == pytest.approx(1.0) and lr_at(100) == pytest.approx(0.1)
 
 
 def test_encoding_options_reach_the_model():
@@ -149,7 +153,7 @@ def test_checkpoint_loads_for_analysis(tiny_run):
     model, extra = posenc.load_checkpoint(tiny_run / "checkpoints" / "alibi.pt")
     assert extra["done"] and extra["encoding"] == "alibi" and model.encoding_name == "alibi"
     cfg = from_dict(extra["compare_config"])
-    e = evaluate(cfg, make_source(cfg), model.eval(), 32, device=torch.device("cpu"))
+    e = evaluate(model.eval(), make_source(cfg), 32, device=torch.device("cpu"), settings=EvalSettings.from_config(cfg))
     assert e["loss"] == pytest.approx(load(tiny_run)["runs"][1]["eval"][1]["loss"], rel=1e-6)
 
 
@@ -232,3 +236,19 @@ def test_shards_merge_to_the_full_run(tmp_path, tiny_run):
     assert (tmp_path / "m" / "extrapolation.png").exists()
     assert run_cli(*TINY, "--encodings", "rope", "--steps", "5", "--out", str(tmp_path / "c")) == 0
     assert run_cli("--merge", str(tmp_path / "a"), str(tmp_path / "c"), "--out", str(tmp_path / "x")) == 2
+
+
+def test_package_docstring_example_uses_only_names_it_imports():
+    """Issue 16: posenc.compare's example called ``preset_config`` without importing it."""
+    import ast
+    import textwrap
+
+    import posenc.compare
+
+    code = textwrap.dedent(posenc.compare.__doc__.split("Python use::", 1)[1])
+    tree = ast.parse(code)
+    imports = [n for n in tree.body if isinstance(n, ast.ImportFrom)]
+    namespace: dict = {}
+    exec(compile(ast.Module(body=imports, type_ignores=[]), "<example>", "exec"), namespace)  # the imports only
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    assert used and used <= set(namespace), sorted(used - set(namespace))

@@ -24,12 +24,16 @@ ARGS = ["--dim", "16", "--depth", "1", "--heads", "2", "--train-len", "16", "--b
 def test_two_gloo_processes_match_one(tmp_path):
     single = tmp_path / "single"
     assert main(["compare", *ARGS, "--out", str(single)]) == 0
-    ddp = tmp_path / "ddp"
+    # no --out: both ranks must write into rank 0's default folder (issue 11), not one each
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "posenc.cli", "compare", *ARGS, "--out", str(ddp)]  # fmt: skip
+           "-m", "posenc.cli", "compare", *ARGS]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (ddp,) = (cwd / "runs").iterdir()
+    assert proc.stdout.count("wall time") == 1  # rank 0 prints the table, once
     a = json.loads((single / "results.json").read_text())
     b = json.loads((ddp / "results.json").read_text())
     assert b["processes"] == 2 and a["processes"] == 1

@@ -255,3 +255,12 @@ def test_per_position_plot_has_a_difference_panel_and_says_why_learned_is_absent
     assert h > 900  # two panels: the losses and their difference from nope
     absent = per_position_absent(load(out)["runs"], 32)
     assert list(absent) == ["learned"] and "max_len=16" in absent["learned"]  # printed under the plot
+
+
+def test_merge_of_a_damaged_results_file_names_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run_cli(*FAST, "--encodings", "rope", "--out", str(out)) == 0
+    (out / "results.json").write_text('{"config": ')
+    assert run_cli("--merge", str(out), "--out", str(tmp_path / "m")) == 2
+    err = _err(capsys)
+    assert err.count("\n") == 1 and "results.json" in err and "not valid JSON" in err

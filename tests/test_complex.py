@@ -10,7 +10,7 @@ import torch
 from tests.conftest import assert_close, attention_n, lm_n
 
 import posenc
-from posenc.complex_model import ComplexAttention, ComplexLinear, ComplexTransformerLM
+from posenc.encodings.complex_model import ComplexAttention, ComplexLinear, ComplexTransformerLM
 
 
 def _enc(**kw):
@@ -35,7 +35,7 @@ def test_embedding_matches_paper_formula():
     ang = float(w.abs().amax() * 40 + th.abs().amax())
     assert_close(z, expected, n=3, magnitude=ang * float(r.abs().amax()), dtype=torch.float32)
     want = torch.cat((expected.real, expected.imag), -1)
-    assert_close(enc.embed_tokens(tokens, pos), want, n=3, magnitude=ang * float(r.abs().amax()))
+    assert_close(enc.embed(tokens, pos), want, n=3, magnitude=ang * float(r.abs().amax()))
 
 
 @pytest.mark.parametrize("share", [dict(), dict(share_frequency=True, share_phase=True)], ids=["per-word", "shared"])
@@ -71,20 +71,24 @@ def test_zero_frequency_is_a_phase_shifted_word_embedding():
 
 def test_without_vocabulary_it_rotates_given_vectors():
     enc = posenc.build("complex-order", heads=2, head_dim=4)
-    assert not enc.builds_embedding and [n for n, _ in enc.named_parameters()] == ["frequency"]
+    assert enc.input_at == 0 and [n for n, _ in enc.named_parameters()] == ["frequency"]
     x, pos = torch.randn(1, 3, 8), torch.tensor([0, 5, 9])
     z = torch.complex(x[..., :4], x[..., 4:]) * torch.polar(torch.ones(3, 4), pos[:, None] * enc.frequency[0])
     assert_close(
         enc.embed(x, pos), torch.cat((z.real, z.imag), -1).detach(), n=4, magnitude=9.0 * float(x.abs().amax())
     )
     with pytest.raises(ValueError, match="without vocab_size"):
-        enc.embed_tokens(torch.zeros(1, 3, dtype=torch.long), pos)
+        enc.complex_embedding(torch.zeros(1, 3, dtype=torch.long), pos)
+    with pytest.raises(ValueError, match=r"shape \(B, L, 8\)"):
+        enc.embed(torch.zeros(1, 3, dtype=torch.long), pos)
 
 
 def test_model_passes_its_vocabulary_and_checks_ids():
     lm = posenc.TransformerLM(40, 16, 1, 2, encoding="complex-order")
     enc = lm.input_encoding
-    assert lm.tok_emb is None and enc.vocab_size == 40 and enc.amplitude.num_embeddings == 40
+    assert (
+        enc.input_at == "tokens" and lm.tok_emb is None and enc.vocab_size == 40 and enc.amplitude.num_embeddings == 40
+    )
     with pytest.raises(ValueError, match=r"\[0, 39\].*40"):
         lm(torch.tensor([[1, 40]]))
 
@@ -134,3 +138,18 @@ def test_complex_lm_is_causal_and_trainable():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in lm.parameters())
     with pytest.raises(ValueError, match="complex of shape"):
         lm.blocks[0].attn(torch.randn(1, 3, 8))
+
+
+def test_complex_lm_kv_cache_equals_full_forward():
+    torch.manual_seed(0)
+    lm = ComplexTransformerLM(30, 8, 2, 2).eval()
+    t = torch.randint(0, 30, (2, 9))
+    with torch.no_grad():
+        full = lm(t)
+        cache = lm.init_cache(2, 9)
+        steps = torch.cat([lm(t[:, :4], cache=cache)] + [lm(t[:, i : i + 1], cache=cache) for i in range(4, 9)], 1)
+    assert cache.length == 9
+    # per block: complex projections (4 real products of length D), |q·k| over Dh, softmax and values over L
+    assert_close(steps, full, n=2 * (4 * 8 + 4 + 2 * 9 + 4 * 8 + 2 * 4 * 8 * 4) + 2 * 8)
+    with pytest.raises(ValueError, match="overflow"):
+        lm(t[:, :1], cache=cache)

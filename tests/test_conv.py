@@ -91,7 +91,8 @@ def test_conv_bad_options():
         posenc.build("conv", heads=1, head_dim=4, causal=False, kernel_size=4)
     with pytest.raises(ValueError, match="padding must be"):
         posenc.build("conv", heads=1, head_dim=4, padding="reflect")
-    enc = posenc.build("conv", heads=1, head_dim=4, causal=True)
-    state = enc.init_state(2)
+    attn = posenc.Attention(4, 1, "conv", causal=True)
+    cache = attn.init_cache(2, 4)
+    attn(torch.randn(2, 1, 4), cache=cache)
     with pytest.raises(ValueError, match="batch size 2, got 3"):
-        enc.embed(torch.randn(3, 1, 4), torch.arange(1), state=state)
+        attn(torch.randn(3, 1, 4), cache=cache)

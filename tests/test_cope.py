@@ -73,7 +73,7 @@ def _paper_self_attn(cpe, query, key, val, mask):
     return torch.bmm(attn, val)
 
 
-@pytest.mark.parametrize("backend", ["eager", "relative"])
+@pytest.mark.parametrize("backend", ["eager", "chunked"])
 def test_cope_attention_equals_paper_listing(backend):
     torch.manual_seed(0)
     H, Dh, n, dim = 2, 8, 11, 16

@@ -50,15 +50,17 @@ def test_learned_needs_max_len():
         ("nope", "sdpa", "sdpa"),
         ("rope", "sdpa", "sdpa"),
         ("sinusoidal", "sdpa", "sdpa"),
-        ("alibi", "dense", "flex"),
-        ("t5", "dense", "flex"),
-        ("shaw", "relative", "relative"),
+        ("alibi", "blockwise", "flex"),
+        ("t5", "blockwise", "flex"),
+        ("shaw", "blockwise", "chunked"),
+        ("fire", "dense", "flex"),
+        ("cope", "chunked", "chunked"),
     ],
 )
 def test_backend_dispatch(name, cpu, cuda):
     enc = posenc.build(name, heads=2, head_dim=8, max_len=16)
-    assert posenc.select_backend(enc, "cpu", needs_grad=True) == cpu
-    assert posenc.select_backend(enc, "cuda", needs_grad=True) == cuda
+    assert posenc.select_backend(enc, "cpu") == cpu
+    assert posenc.select_backend(enc, "cuda") == cuda
 
 
 def test_forced_backend_must_support_encoding():

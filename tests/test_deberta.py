@@ -89,7 +89,7 @@ def test_parity_with_hf_deberta_v2(case, causal):
     )
     with torch.no_grad():
         ref = hf(x, mask, relative_pos=rel_pos, rel_embeddings=ours.encoding.rel_table())[0]
-        for backend in ("relative", "eager"):
+        for backend in ("chunked", "eager"):
             # + c2p and p2c: two more Dh-long products per score, the table projections (D)
             assert_close(ours(x, backend=backend), ref, n=attention_n(dim=D, head_dim=DH, length=L) + 2 * DH + 2 * D)
 
@@ -189,10 +189,9 @@ def _microsoft_bucket_index(q_size, k_size, bucket_size, max_position):
     return torch.clamp(bucket + bucket_size, 0, 2 * bucket_size - 1)
 
 
-@pytest.mark.parametrize("bucket_size,max_position", [(256, 512), (8, 20), (32, 100)])
-def test_default_clamps_like_microsoft_and_hf_mode_does_not(bucket_size, max_position):
+@pytest.mark.parametrize("bucket_size,max_position,L", [(256, 512, 700), (256, 512, 1100), (8, 20, 60), (32, 100, 300)])
+def test_default_clamps_like_microsoft_and_hf_mode_does_not(bucket_size, max_position, L):
     """Issue: at L = 700 with (256, 512), 17,766 pairs differ between Microsoft and HF."""
-    L = max(700, 3 * max_position)
     ms = _microsoft_bucket_index(L, L, bucket_size, max_position)
     opts = dict(heads=2, head_dim=4, causal=False, position_buckets=bucket_size, max_relative_positions=max_position)
     default = posenc.build("deberta", **opts).rel_index(torch.arange(L), torch.arange(L))
@@ -205,6 +204,7 @@ def test_default_clamps_like_microsoft_and_hf_mode_does_not(bucket_size, max_pos
     differ = hf_mode != default
     far_ahead = (torch.arange(L)[:, None] - torch.arange(L)[None, :]) <= -max_position  # key >= M positions ahead
     assert torch.equal(differ, far_ahead)  # they disagree there and only there
+    assert int(differ.sum()) == (L - max_position) * (L - max_position + 1) // 2  # 17,766 at (512, 700)
     if (bucket_size, max_position, L) == (256, 512, 700):
         assert int(differ.sum()) == 17_766
     assert int(hf_mode[far_ahead].unique().numel()) == 1 and int(hf_mode[far_ahead][0]) == 0  # the untrained row
@@ -239,33 +239,46 @@ def test_table_shared_across_layers_projections_per_layer():
 
 def test_share_att_key_uses_the_layer_projections():
     attn = posenc.Attention(D, H, "deberta", causal=False)
-    assert attn.encoding.__dict__["_layer"] is attn
-    assert not any(n.startswith("pos_") for n, _ in attn.encoding.named_parameters())
-    with pytest.raises(ValueError, match="posenc.Attention"):
-        posenc.build("deberta", heads=H, head_dim=DH, causal=False).score_terms(
-            torch.randn(1, H, 3, DH), torch.randn(1, H, 3, DH), torch.arange(3)[None], torch.arange(3)[None]
-        )
-    with pytest.raises(ValueError, match="one layer"):
-        posenc.Attention(D, H, attn.encoding, causal=False)
+    enc = attn.encoding
+    assert enc.uses_layer_projections and not any(n.startswith("pos_") for n, _ in enc.named_parameters())
+    q, k, pos = torch.randn(1, H, 3, DH), torch.randn(1, H, 3, DH), torch.arange(3)[None]
+    with pytest.raises(ValueError, match="qk_proj"):
+        enc.score_terms(q, k, pos, pos)
+    # the table goes through exactly the projections given: the layer's own
+    got = enc.score_terms(q, k, pos, pos, qk_proj=(attn.q_proj, attn.k_proj))
+    table = enc.rel_table()
+    kr = attn.k_proj(table).view(-1, H, DH).transpose(0, 1)  # (H, 2span, Dh)
+    qr = attn.q_proj(table).view(-1, H, DH).transpose(0, 1)
+    idx = enc.rel_index(pos, pos)[0]  # (Lq, Lk)
+    want = torch.einsum("bhid,hijd->bhij", q, kr[:, idx]) + torch.einsum("bhjd,hijd->bhij", k, qr[:, idx])
+    assert_close(got, want.detach(), n=2 * DH)
+    # one instance shared by two layers projects with each layer's own weights
+    other = posenc.Attention(D, H, enc, causal=False)
+    x = torch.randn(1, 3, D)
+    assert not torch.allclose(other(x), attn(x))
 
 
 def test_emd_absolute_positions_only_from_a_layer():
     torch.manual_seed(0)
     lm = posenc.TransformerLM(20, D, 3, H, "deberta", max_len=16, absolute_from_layer=2)
-    assert lm.emd_pos.weight.shape == (16, D)
+    encs = lm.encodings
+    table = encs[0].absolute
+    assert table.weight.shape == (16, D) and all(e.absolute is table for e in encs)  # one table
+    assert lm.stages_before == {2: [encs[0]]}  # added to the residual stream before block 2 only
+    assert sum(p.numel() for p in lm.parameters() if p.shape == (16, D)) == 16 * D
     tok = torch.randint(0, 20, (1, 8))
     base = lm(tok)
     with torch.no_grad():
-        lm.emd_pos.weight.zero_()
+        table.weight.zero_()
     no_abs = lm(tok)
     assert not torch.allclose(base, no_abs)
     # a relative model without the table is shift invariant; the EMD table breaks that
     with torch.no_grad():
-        torch.nn.init.normal_(lm.emd_pos.weight)
+        torch.nn.init.normal_(table.weight)
     assert not torch.allclose(lm(tok, pos=torch.arange(8)), lm(tok, pos=torch.arange(8) + 3), atol=1e-4)
     with pytest.raises(ValueError, match="max_len"):
         lm(tok, pos=torch.arange(8) + 10)
-    with pytest.raises(ValueError, match="absolute_from_layer"):
+    with pytest.raises(ValueError, match=r"block index in \[0, 2\], got 3"):
         posenc.TransformerLM(20, D, 3, H, "deberta", max_len=16, absolute_from_layer=3)
     with pytest.raises(ValueError, match="max_len"):
         posenc.TransformerLM(20, D, 3, H, "deberta", absolute_from_layer=1)

@@ -153,7 +153,7 @@ def test_alibi_attention_matches_bloom_bias(heads):
     s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
     ref = _out(attn, torch.softmax(s, -1) @ v)
     n = attention_n(dim=heads * Dh, head_dim=Dh, length=L)
-    for backend in ("dense", "relative", "eager"):
+    for backend in ("dense", "chunked", "eager"):
         assert_close(attn(x, backend=backend), ref, n=n, msg=backend)
     with torch.no_grad():
         assert_close(attn(x, backend="flex"), ref.detach(), n=n, msg="flex")
@@ -210,7 +210,7 @@ def test_t5_attention_matches_hf(causal):
         mask = torch.zeros(1, 1, L, L).masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
     ref = ref_attn(x, mask=mask)[0]
     n = attention_n(dim=D, head_dim=Dkv, length=L)
-    for backend in ("dense", "relative", "eager"):
+    for backend in ("dense", "chunked", "eager"):
         assert_close(ours(x, backend=backend), ref, n=n, msg=backend)
     with torch.no_grad():
         assert_close(ours(x, backend="flex"), ref.detach(), n=n, msg="flex")
@@ -248,5 +248,5 @@ def test_shaw_matches_tensor2tensor(causal, k):
     ref = _out(attn, t2t_dot_product_attention_relative(q, kk, v, enc.rel_k, enc.rel_v, k, causal))
     # + the relative terms: one more Dh-long dot product per score, one more Lk-long sum per output
     n = attention_n(dim=H * Dh, head_dim=Dh, length=L) + Dh + L
-    for backend in ("relative", "eager"):
+    for backend in ("chunked", "eager"):
         assert_close(attn(x, backend=backend), ref, n=n, msg=backend)

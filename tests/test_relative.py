@@ -109,7 +109,7 @@ def _out(attn, o):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("backend", ["relative", "eager"])
+@pytest.mark.parametrize("backend", ["chunked", "eager"])
 def test_parity_with_tensor2tensor(causal, backend):
     torch.manual_seed(0)
     k_max, L, H, Dh = 3, 9, 4, 8
@@ -161,7 +161,7 @@ def test_causal_parity_with_music_transformer_skew(L):
         # rows for distances -k .. 0 (last row = distance 0), as get_relative_embeddings_left wants
         key_emb, value_emb = enc.rel_k[: k_max + 1], enc.rel_v[: k_max + 1]
         ref = _out(attn, dot_product_self_attention_relative_v2(q * Dh**-0.5, k, v, key_emb, value_emb, k_max + 1))
-        assert_close(attn(x, backend="relative"), ref, n=attention_n(dim=H * Dh, head_dim=Dh, length=L) + Dh + L)
+        assert_close(attn(x, backend="chunked"), ref, n=attention_n(dim=H * Dh, head_dim=Dh, length=L) + Dh + L)
 
 
 def test_nezha_sinusoidal_table():
@@ -210,7 +210,7 @@ def test_relative_backend_has_no_L2_Dh_tensor():
     """Peak extra memory of one forward stays far below an (L, L, Dh) float tensor."""
     torch.manual_seed(5)
     L, H, Dh = 512, 2, 64
-    attn = posenc.Attention(H * Dh, H, "shaw", causal=True, backend="relative", max_relative_position=64)
+    attn = posenc.Attention(H * Dh, H, "shaw", causal=True, backend="chunked", max_relative_position=64)
     x = torch.randn(1, L, H * Dh)
     sizes = []
 

@@ -65,7 +65,7 @@ def test_two_layer_stack_reuses_position_bias(causal, num_buckets, max_distance)
         x1 = x + h0
         h1, reused, _ = hf1(x1, mask=mask, position_bias=position_bias)
         assert reused is position_bias
-        for backend in ("dense", "relative", "eager"):
+        for backend in ("dense", "chunked", "eager"):
             n = attention_n(dim=DMODEL, head_dim=DKV, length=L)
             assert_close(ours[0](x, backend=backend), h0, n=n)
             assert_close(ours[1](x1, backend=backend), h1, n=2 * n)  # layer 1 reads layer 0's output

@@ -1,13 +1,14 @@
 """TUPE (``tupe``): against the paper's formula written out (no installable reference exists).
 
-Ke et al. 2021, eq. (7)-(10): for head h,
+Ke et al. 2021 (ICLR version), eq. (7)-(11): for head h,
 
     α_ij = (x_i W_Q)(x_j W_K)ᵀ/√(2d) + reset_θ(v_ij, i, j)
     v_ij = (p_i U_Q)(p_j U_K)ᵀ/√(2d) [+ b_{j-i}]                  (TUPE-A [TUPE-R])
     reset_θ(v, i, j) = v if i ≠ [CLS] and j ≠ [CLS];  θ₁ if i = [CLS];  θ₂ if i ≠ [CLS], j = [CLS]
 
-with ``p = LayerNorm(P)``. ``reset_θ`` replaces the whole positional term v_ij, the
-relative bias b_{j-i} included (the official code gives [CLS] pairs buckets of their own).
+with ``p = LayerNorm(P)``. Eq. (11) (TUPE-R) applies ``reset_θ`` to the sum, so it replaces
+the whole positional term v_ij, the relative bias b_{j-i} included (the official code gives
+[CLS] pairs buckets of their own).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ D = H * DH
 
 
 def _formula(attn, x, pos, causal):
-    """Every term of eq. (7)-(10) looped over (h, i, j); then softmax, values, output."""
+    """Every term of eq. (7)-(11) looped over (h, i, j); then softmax, values, output."""
     enc = attn.encoding
     B, L, _ = x.shape
     q = attn.q_proj(x).view(B, L, H, DH)
@@ -75,7 +76,7 @@ def test_formula(opts, causal):
     pos = torch.arange(12)
     with torch.no_grad():
         ref = _formula(attn, x, pos, causal)
-        for backend in ("dense", "relative", "eager"):
+        for backend in ("dense", "chunked", "eager"):
             # + the positional dot product (LayerNorm over D, U_Q/U_K over D, a Dh-long product)
             assert_close(attn(x, backend=backend), ref, n=attention_n(dim=D, head_dim=DH, length=12) + 3 * D + DH)
 
@@ -122,8 +123,8 @@ def test_absolute_not_shift_invariant_and_max_len():
     assert not torch.allclose(
         enc.bias(torch.arange(5), torch.arange(5)), enc.bias(torch.arange(5) + 3, torch.arange(5) + 3)
     )
-    with pytest.raises(ValueError, match="max_len=16"):
-        enc.bias(torch.arange(17), torch.arange(17))
+    with pytest.raises(ValueError, match="max_len=16"):  # checked at the door, once per call
+        enc.check_length(torch.arange(17))
     with pytest.raises(ValueError, match="max_len"):
         posenc.build("tupe", heads=H, head_dim=DH)
     with pytest.raises(ValueError, match="max_distance"):

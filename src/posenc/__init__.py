@@ -27,21 +27,39 @@ Public names::
     posenc.PositionEncoding, posenc.Stage
     posenc.Attention(dim, heads, encoding="rope", causal=True, **options)
     posenc.TransformerLM(vocab_size, dim, depth, heads, encoding="alibi", max_len=128)
+    posenc.ModelConfig, posenc.LayerSpec          # TransformerLM.from_config(cfg)
+    posenc.AttentionMask                          # what each query may see
+    posenc.scores(enc, q, k, q_pos, k_pos)        # the pre-softmax score sum
+    posenc.BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask)   # see posenc.backends
 """
 
-from . import positions
-from .attention import BACKENDS, Attention, KVCache, select_backend, supported_backends
+from . import (
+    encodings,  # noqa: F401  (registers the built-in encodings)
+    positions,
+)
+from .attention import Attention, Projection
+from .backends import BACKENDS, BlockOptions, scores, select_backend, supported_backends
 from .base import PositionEncoding, Stage, available, build, get_class, register
-from .model import ModelCache, TransformerLM, load_checkpoint, save_checkpoint
+from .cache import KVCache, ModelCache, SegmentMemory
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import LayerSpec, ModelConfig
+from .mask import AttentionMask
+from .model import TransformerLM
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Attention",
+    "AttentionMask",
     "BACKENDS",
+    "BlockOptions",
     "KVCache",
+    "LayerSpec",
     "ModelCache",
+    "ModelConfig",
     "PositionEncoding",
+    "Projection",
+    "SegmentMemory",
     "Stage",
     "TransformerLM",
     "available",
@@ -51,6 +69,7 @@ __all__ = [
     "load_checkpoint",
     "save_checkpoint",
     "register",
+    "scores",
     "select_backend",
     "supported_backends",
 ]

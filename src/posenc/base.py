@@ -10,8 +10,12 @@ The score every backend computes, for one head::
     s_ij = scale · (q̃_i·k̃_j + score_terms_ij) + bias_ij + mask_ij
     o_i  = Σ_j softmax_j(s)_ij · v_j + value_term_i
 
-with ``q̃, k̃ = rotate(q, k)`` and ``scale = encoding.scale`` (``Dh^-1/2`` unless the
+with ``q̃, k̃ = rotate(q, k)`` (an encoding with the ``SCORES`` stage supplies the whole
+``q̃_i·k̃_j`` term itself, per pair, from ``qk_scores``: ReRoPE, Self-Extend) and ``scale = encoding.scale`` (``Dh^-1/2`` unless the
 encoding says otherwise: T5 optionally uses 1, DeBERTa ``(Dh·(1+#terms))^-1/2``).
+
+The registry is filled by the encodings themselves (``@register``) when ``posenc``
+imports :mod:`posenc.encodings`; this module imports nothing above it.
 """
 
 from __future__ import annotations
@@ -21,12 +25,22 @@ import inspect
 from collections.abc import Callable
 from typing import ClassVar
 
-import torch
 from torch import Tensor, nn
 
 from . import functional as PF
+from .functional import as_positions, check_lengths  # re-exported: the layer and model call them from here
 
-__all__ = ["Stage", "PositionEncoding", "register", "build", "available", "get_class", "ScoreMod"]
+__all__ = [
+    "Stage",
+    "PositionEncoding",
+    "register",
+    "build",
+    "available",
+    "get_class",
+    "ScoreMod",
+    "check_lengths",
+    "as_positions",
+]
 
 # FlexAttention's score_mod signature: (score, b, h, q_idx, kv_idx) -> score
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -41,6 +55,7 @@ class Stage(enum.Flag):
     BIAS = enum.auto()  # bias(q_pos, k_pos) / score_mod: a scalar per (h, i, j)
     TERMS = enum.auto()  # score_terms(q, k, q_pos, k_pos): content-dependent relative terms
     VALUE = enum.auto()  # value_term(attn, q_pos, k_pos): relative vectors on the values
+    SCORES = enum.auto()  # qk_scores(q, k, q_pos, k_pos): the q·k term itself, per (i, j) (ReRoPE)
 
     def names(self) -> list[str]:
         return [s.name.lower() for s in Stage if s in self and s is not Stage.NONE]
@@ -52,21 +67,36 @@ class PositionEncoding(nn.Module):
     Subclasses set the class attributes below, call ``super().__init__`` with the
     common arguments, and override the stage methods they declare in ``stages``.
 
-    Class attributes:
+    Class attributes (fixed by the encoding):
         name: registry name.
         family: "none", "absolute", "rotary", "bias", "relative".
         paper, year: the paper the encoding comes from.
-        stages: the :class:`Stage` flags used.
         causal_only: raise when built with ``causal=False``.
         share_across_layers: one instance serves every layer of a model by default
             (T5's bucket table, as the paper does).
-        input_every_layer: an input-stage encoding the paper applies before every layer
-            (FLOATER) rather than once on the embeddings.
-        builds_embedding: the input stage builds the token embedding itself from token
-            ids (``embed_tokens``), e.g. Complex Order.
+        shared_modules: submodules that every layer's instance takes from the first
+            layer's when the instance itself is not shared (DeBERTa's relative table).
+
+    Declarations (class defaults; an instance may set them from its options). They say
+    what an encoding needs from the layer, the model and the cache, so that neither
+    :class:`posenc.Attention` nor :class:`posenc.TransformerLM` knows any encoding:
+        stages: the :class:`Stage` flags used.
+        input_at: where a model applies the input stage: an int ``n`` adds it to the
+            residual stream before block ``n`` (0, the default: once, on the token
+            embeddings; DeBERTa's enhanced mask decoder: before a top block);
+            ``"layer"`` on every attention layer's input, inside the layer (FLOATER);
+            ``"tokens"`` builds the token embedding from the ids (Complex Order). A bare
+            :class:`posenc.Attention` runs it on its input when it is 0 or ``"layer"``.
+        input_context: preceding inputs the input stage reads (a causal convolution's
+            ``k - 1``): a KV cache keeps that many and runs the stage on them plus the new ones.
         cache_raw_keys: the KV cache stores keys before ``rotate`` and re-rotates all of
-            them at every step (for rotations that depend on the whole length, such as
-            dynamic NTK); otherwise it stores rotated keys.
+            them at every step (rotations that depend on the whole call, such as dynamic
+            NTK); otherwise it stores rotated keys.
+        memory_len: tokens of earlier segments each layer attends to (Transformer-XL's
+            recurrence, :meth:`posenc.TransformerLM.init_memory`); 0 = none.
+        uses_layer_projections: ``score_terms`` projects the encoding's own table with the
+            layer's ``W_Q``/``W_K``, passed as ``qk_proj=(q_proj, k_proj)`` (DeBERTa's
+            ``share_att_key``).
         axes: coordinates per position the encoding reads, ``A``: 1 for a sequence, 2 or 3
             for image rows/columns or video time/rows/columns (set per instance by the
             encodings that take an ``axes`` option). With ``A > 1`` every stage receives
@@ -77,12 +107,15 @@ class PositionEncoding(nn.Module):
     family: ClassVar[str] = ""
     paper: ClassVar[str] = ""
     year: ClassVar[int] = 0
-    stages: ClassVar[Stage] = Stage.NONE
     causal_only: ClassVar[bool] = False
     share_across_layers: ClassVar[bool] = False
-    input_every_layer: ClassVar[bool] = False
-    builds_embedding: ClassVar[bool] = False
-    cache_raw_keys: ClassVar[bool] = False
+    shared_modules: ClassVar[tuple[str, ...]] = ()
+    stages: Stage = Stage.NONE
+    input_at: int | str = 0
+    input_context: int = 0
+    cache_raw_keys: bool = False
+    memory_len: int = 0
+    uses_layer_projections: bool = False
     axes: int = 1
 
     def __init__(self, *, heads: int, head_dim: int, max_len: int | None = None, causal: bool = True) -> None:
@@ -112,28 +145,20 @@ class PositionEncoding(nn.Module):
         return True
 
     @property
+    def position_limit(self) -> int | tuple[int, ...] | None:
+        """Positions must be below this (a tuple: per axis); None when any position works.
+
+        ``max_len`` for an encoding that does not extrapolate.
+        """
+        return None if self.extrapolates else self.max_len
+
+    @property
     def scale(self) -> float:
         """Multiplier of ``q̃·k̃ + score_terms``; ``Dh^-1/2`` by default."""
         return self.head_dim**-0.5
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, head_dim={self.head_dim}, max_len={self.max_len}, causal={self.causal}"
-
-    # ------------------------------------------------------------------ wiring
-    def attach(self, attn: nn.Module) -> None:
-        """Called by :class:`posenc.Attention` with the layer that runs this encoding.
-
-        No-op by default. DeBERTa's ``share_att_key`` projects its relative table with
-        the layer's own ``q_proj``/``k_proj``, so it keeps a (non-module) reference.
-        """
-
-    def tie_to(self, first: PositionEncoding) -> None:
-        """Share with ``first`` (layer 0's instance) what the paper shares across layers.
-
-        Called by :class:`posenc.TransformerLM` on each later layer's instance when the
-        encoding is not shared whole; no-op by default. DeBERTa shares its relative
-        embedding table (and its LayerNorm) while keeping per-layer projections.
-        """
 
     # ------------------------------------------------------------------ buffers
     def init_buffers(self) -> None:
@@ -149,18 +174,20 @@ class PositionEncoding(nn.Module):
         self.init_buffers()
         return out
 
+    def length_error(self, hi: int, axis: int | None = None) -> str:
+        """The message for a position ``hi >= position_limit`` (on ``axis`` when the limit is per axis)."""
+        return (
+            f"encoding {self.name!r} supports positions 0..{self.position_limit - 1} (max_len={self.max_len}), "
+            f"got position {hi}; it does not extrapolate"
+        )
+
     def check_length(self, pos: Tensor) -> None:
-        """Raise ``ValueError`` if a non-extrapolating encoding sees a position >= max_len."""
-        if self.extrapolates or self.max_len is None or torch.compiler.is_compiling():
-            return
-        if pos.device.type == "meta" or pos.numel() == 0:
-            return
-        hi = int(pos.max())
-        if hi >= self.max_len:
-            raise ValueError(
-                f"encoding {self.name!r} supports positions 0..{self.max_len - 1} (max_len={self.max_len}), "
-                f"got position {hi}; it does not extrapolate"
-            )
+        """Raise ``ValueError`` if ``pos`` holds a position at or past :attr:`position_limit`.
+
+        Layers and models call it once per call, at the door (:func:`check_lengths`); the
+        stage methods themselves do not check.
+        """
+        check_lengths([self], self.axis_positions(pos) if self.axes > 1 else pos)
 
     def set_axes(self, axes: int) -> None:
         """Set :attr:`axes` from an encoding's ``axes`` option (a positive int)."""
@@ -184,31 +211,20 @@ class PositionEncoding(nn.Module):
 
     # ------------------------------------------------------------------ stages
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
-        """Input stage. ``x``: ``(B, L, D)``, ``pos``: ``(L,)`` or ``(B, L)`` -> ``(B, L, D)``."""
+        """Input stage. ``x``: ``(B, L, D)``, ``pos``: ``(L,)`` or ``(B, L)`` -> ``(B, L, D)``.
+
+        An encoding whose :attr:`input_at` is ``"tokens"`` builds the embedding: ``x`` is
+        then the ``(B, L)`` token ids.
+        """
         return x
-
-    def init_state(self, batch_size: int, *, dtype=None, device=None) -> nn.Module | None:
-        """State the input stage carries between KV-cache calls; ``None`` when stateless.
-
-        An input stage that looks at neighbouring tokens (``conv``) needs the last inputs
-        of earlier calls to decode token by token. When this returns a module, the cache
-        holds it and callers run ``embed(x, pos, state=state)``; ``state.reset()`` empties it.
-        """
-        return None
-
-    def embed_tokens(self, tokens: Tensor, pos: Tensor) -> Tensor:
-        """Input stage for encodings that build the embedding (``builds_embedding``).
-
-        ``tokens``: ``(B, L)`` int64 -> ``(B, L, D)``.
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not build token embeddings")
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         """q/k stage. ``q``: ``(B, H, Lq, Dh)``, ``k``: ``(B, H, Lk, Dh)``; same shapes out."""
         return q, k
 
     def rotate_value(self, v: Tensor, k_pos: Tensor) -> Tensor:
-        """Optional rotation of values (RoFormer's ``rotary_value``); identity by default."""
+        """Part of the q/k stage when :attr:`rotates_value`: values rotated by their key
+        position (RoFormer's ``rotary_value``); identity by default."""
         return v
 
     @property
@@ -242,12 +258,35 @@ class PositionEncoding(nn.Module):
         return type(self).score_mod is not PositionEncoding.score_mod
 
     def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """Vector score stage: ``(B, H, Lq, Lk)`` added to ``q̃·k̃`` before ``scale``."""
+        """Vector score stage: ``(B, H, Lq, Lk)`` added to ``q̃·k̃`` before ``scale``.
+
+        An encoding with :attr:`uses_layer_projections` also takes ``qk_proj=(q_proj, k_proj)``.
+        """
+        raise NotImplementedError
+
+    def qk_scores(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """Pair score stage: float32 ``(B, H, Lq, Lk)`` that *replaces* ``q̃·k̃`` (before ``scale``).
+
+        For encodings whose ``q·k`` term is not one rotation of the queries and keys, e.g.
+        two score maps merged by distance (ReRoPE, Self-Extend). ``q``, ``k`` come from the
+        q/k stage (the identity for such an encoding, so the KV cache holds raw keys).
+        """
         raise NotImplementedError
 
     def value_term(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """Value stage: ``attn`` ``(B, H, Lq, Lk)`` -> ``(B, H, Lq, Dh)`` added to ``attn @ v``."""
         raise NotImplementedError
+
+    def distance_terms(self, q: Tensor, k: Tensor):
+        """The bias, score and value stages as functions of the distance ``d = k_pos - q_pos``.
+
+        Returns a :class:`posenc.kernels.DistanceTerms` (tables per distance or bucket and
+        where they stop changing) that the CPU fast path runs without an ``L×L`` tensor, or
+        None (the default: the encoding's terms are not a function of ``d`` alone).
+        ``q``, ``k``: ``(B, H, L, Dh)`` after the q/k stage. An encoding with
+        :attr:`uses_layer_projections` also takes ``qk_proj=(q_proj, k_proj)``.
+        """
+        return None
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -272,18 +311,12 @@ def register(cls: type[PositionEncoding]) -> type[PositionEncoding]:
     return cls
 
 
-def _ensure_loaded() -> None:
-    from . import encodings  # noqa: F401  (registers the built-in encodings)
-
-
 def available() -> list[str]:
     """Names of every registered encoding, sorted."""
-    _ensure_loaded()
     return sorted(_REGISTRY)
 
 
 def get_class(name: str) -> type[PositionEncoding]:
-    _ensure_loaded()
     if not isinstance(name, str):
         raise TypeError(f"encoding name must be a str, got {type(name).__name__}")
     if name not in _REGISTRY:
@@ -314,15 +347,3 @@ def build(
             f"unknown option(s) {unknown} for encoding {name!r}; valid options: {', '.join(valid) or '(none)'}"
         )
     return cls(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
-
-
-def as_positions(pos: Tensor | None, length: int, *, offset: int = 0, device=None, batch=None, axes: int = 1) -> Tensor:
-    """Positions as ``(B or 1, L)`` int64, or ``(B or 1, L, A)`` for ``axes = A > 1``.
-
-    ``None`` means ``arange(offset, offset+L)`` (on every axis when ``A > 1``); see
-    :func:`posenc.functional.check_positions` for the accepted shapes.
-    """
-    if pos is None:
-        pos = PF.default_positions(length, offset=offset, device=device).unsqueeze(0)  # (1, L)
-        return pos if axes == 1 else pos.unsqueeze(-1).expand(1, length, axes)
-    return PF.check_positions(pos, length, batch=batch, axes=axes)

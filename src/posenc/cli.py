@@ -32,7 +32,8 @@ def encoding_rows() -> list[dict[str, str]]:
             {
                 "name": name,
                 "family": cls.family,
-                "stages": ", ".join(cls.stages.names()) or "none",
+                "stages": (", ".join(cls.stages.names()) or "none")
+                + (" (scores with option `rope_extension`)" if "rope_extension" in options_of(cls) else ""),
                 "relative": "yes" if enc.relative else "no",
                 "extrapolates": "yes" if enc.extrapolates else "no",
                 # coordinates per position: 1 for a sequence; grids via the `axes` option or fixed
@@ -47,11 +48,18 @@ def encoding_rows() -> list[dict[str, str]]:
 COLUMNS = ("name", "family", "stages", "relative", "extrapolates", "axes", "paper", "year")
 
 
+def encodings_table(rows: list[dict[str, str]], columns=COLUMNS, title: str | None = None):
+    """The rows as a :class:`posenc.output.Table` (names as code in Markdown)."""
+    from .output import Column, Table
+
+    cols = [Column(c, code=c == "name") for c in columns]
+    title = f"posenc: {len(rows)} encodings" if title is None else title
+    return Table(cols, [[r[c] for c in columns] for r in rows], title=title)
+
+
 def markdown_table(rows: list[dict[str, str]]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
-    for r in rows:
-        lines.append("| " + " | ".join(f"`{r[c]}`" if c == "name" else r[c] for c in COLUMNS) + " |")
-    return "\n".join(lines)
+    """The README's encodings table (``posenc list --format markdown``)."""
+    return encodings_table(rows, title="").markdown().rstrip("\n")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -62,16 +70,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.options:
         for r in rows:
             r["options"] = ", ".join(options_of(get_class(r["name"])))
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"posenc: {len(rows)} encodings")
-    cols = list(COLUMNS) + (["options"] if args.options else [])
-    for c in cols:
-        table.add_column(c)
-    for r in rows:
-        table.add_row(*(r[c] for c in cols))
-    Console(width=200 if not sys.stdout.isatty() else None).print(table)
+    encodings_table(rows, COLUMNS + (("options",) if args.options else ())).print()
     return 0
 
 

@@ -16,6 +16,8 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "as_positions",
+    "check_lengths",
     "check_positions",
     "default_positions",
     "sinusoidal_table",
@@ -24,8 +26,6 @@ __all__ = [
     "axial_rope_angles",
     "mixed_rope_angles",
     "mixed_frequencies",
-    "apply_rope_half",
-    "apply_rope_interleaved",
     "interleaved_to_half_perm",
     "alibi_slopes",
     "t5_relative_position_bucket",
@@ -189,30 +189,12 @@ def mixed_frequencies(inv_freq: Tensor, axes: int, heads: int, generator: torch.
     return (rot.permute(1, 0, 2).unsqueeze(-1) * mag).flatten(-2).contiguous()
 
 
-def apply_rope_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate split-halves pairs ``(x_k, x_{k+Dr/2})`` (HF Llama / GPT-NeoX layout).
-
-    ``x`` is ``(..., Dr)``; ``cos``/``sin`` broadcast to ``(..., Dr/2)``, float32. The
-    result has the dtype of ``x``; math runs in float32.
-    """
-    x1, x2 = x.float().chunk(2, dim=-1)
-    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return out.to(x.dtype)
-
-
-def apply_rope_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate interleaved pairs ``(x_{2k}, x_{2k+1})`` (RoFormer / GPT-J / Meta Llama layout)."""
-    xf = x.float().unflatten(-1, (-1, 2))
-    x1, x2 = xf[..., 0], xf[..., 1]
-    out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    return out.to(x.dtype)
-
-
 def interleaved_to_half_perm(dim: int) -> Tensor:
     """Permutation ``[0, 2, 4, ..., 1, 3, 5, ...]`` of head dimensions.
 
-    ``apply_rope_interleaved(x)[..., perm] == apply_rope_half(x[..., perm])``: permuting
-    W_Q/W_K rows per head with it converts an interleaved checkpoint to split halves.
+    Rotating interleaved pairs of ``x`` and then permuting equals rotating split-halves
+    pairs of ``x[..., perm]``: permuting W_Q/W_K rows per head with it converts an
+    interleaved checkpoint to split halves (see :func:`posenc.encodings.rotary.permute_for_layout`).
     """
     if dim % 2:
         raise ValueError(f"rotary dim must be even, got {dim}")
@@ -303,3 +285,36 @@ def scatter_relative_values(attn: Tensor, index: Tensor, num_rel: int) -> Tensor
     index = index.unsqueeze(1).expand(B, H, Lq, Lk)
     out = attn.new_zeros(B, H, Lq, num_rel)
     return out.scatter_add(-1, index, attn)
+
+
+def as_positions(pos: Tensor | None, length: int, *, offset: int = 0, device=None, batch=None, axes: int = 1) -> Tensor:
+    """Positions as ``(B or 1, L)`` int64, or ``(B or 1, L, A)`` for ``axes = A > 1``.
+
+    ``None`` means ``arange(offset, offset+L)`` (on every axis when ``A > 1``); see
+    :func:`posenc.functional.check_positions` for the accepted shapes.
+    """
+    if pos is None:
+        pos = default_positions(length, offset=offset, device=device).unsqueeze(0)  # (1, L)
+        return pos if axes == 1 else pos.unsqueeze(-1).expand(1, length, axes)
+    return check_positions(pos, length, batch=batch, axes=axes)
+
+
+def check_lengths(encodings, pos: Tensor) -> None:
+    """Raise ``ValueError`` if a position in ``pos`` is at or past an encoding's :attr:`~PositionEncoding.position_limit`.
+
+    One host sync for all of them (the largest position, per axis for positions with axes
+    ``(B|1, L, A)``), none when every encoding extrapolates; skipped under
+    ``torch.compile`` and on the meta device.
+    """
+    limited = [e for e in encodings if e.position_limit is not None]
+    if not limited or torch.compiler.is_compiling() or pos.device.type == "meta" or pos.numel() == 0:
+        return
+    his = (pos.flatten(0, -2).amax(0) if pos.dim() == 3 else pos.max().reshape(1)).tolist()  # per axis
+    for e in limited:
+        limit = e.position_limit
+        if isinstance(limit, tuple):
+            for axis, (hi, n) in enumerate(zip(his, limit, strict=False)):
+                if hi >= n:
+                    raise ValueError(e.length_error(hi, axis))
+        elif max(his) >= limit:
+            raise ValueError(e.length_error(max(his)))

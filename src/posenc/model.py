@@ -1,79 +1,32 @@
 """The reference model: a decoder-only, pre-norm Transformer LM with any encoding.
 
-Read top to bottom: :class:`ModelCache`, :class:`MLP`, :class:`Block`,
-:class:`TransformerLM`. The encoding is chosen by name; where position enters is the
-encoding's business (see :mod:`posenc.base`):
+Read top to bottom: :class:`MLP`, :class:`Block`, :class:`TransformerLM`. The model is
+built from one :class:`~posenc.ModelConfig` (the keyword form builds it); each block's
+:class:`~posenc.LayerSpec` names its encoding. Where position enters is the encoding's
+business (see :mod:`posenc.base`); the model only reads what the encoding declares:
 
-* input-stage encodings (``learned``, ``sinusoidal``) are applied once to the token
-  embeddings, unless the encoding asks for every layer (``input_every_layer``);
-* encodings that build the embedding from token ids (``builds_embedding``) replace
-  the token embedding;
-* every other stage runs inside each layer's :class:`posenc.Attention`; encodings whose
-  paper shares one table across layers (T5) get one shared instance
-  (``share_encoding=None`` follows the encoding; True/False force it).
+* ``input_at``: an input stage runs on the token embeddings (0), before a later block
+  (``n``, added to the residual stream), inside every layer (``"layer"``), or builds the
+  token embedding itself (``"tokens"``);
+* ``share_across_layers`` / ``shared_modules``: one instance for all the layers with the
+  same spec (``share_encoding`` forces it), or per-layer instances that share some tables;
+* ``memory_len``: tokens of earlier segments each layer attends to (:meth:`init_memory`).
 
-Transformer-XL's segment-level recurrence is ``memory_len``: pass a
-:class:`SegmentMemory` (``lm.init_memory()``) and every layer also attends to its own
-inputs from the previous segments (detached), at their true positions.
+Every other stage runs inside each layer's :class:`posenc.Attention`.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import Attention, KVCache
-from .base import PositionEncoding, Stage, as_positions, build, get_class, options_of
+from .attention import Attention
+from .base import PositionEncoding, Stage, as_positions, build, check_lengths, get_class, options_of
+from .cache import InputHistory, KVCache, ModelCache, SegmentMemory, run_input_stage
+from .config import ModelConfig
 
-__all__ = ["TransformerLM", "ModelCache", "SegmentMemory", "save_checkpoint", "load_checkpoint"]
-
-
-@dataclass
-class ModelCache:
-    """One :class:`KVCache` per layer; ``length`` tokens are cached so far."""
-
-    layers: list[KVCache]
-    input_state: nn.Module | None = None  # state of a model-level input stage (conv), if any
-
-    @property
-    def length(self) -> int:
-        return self.layers[0].length
-
-    @property
-    def max_len(self) -> int:
-        return self.layers[0].max_len
-
-    def reset(self) -> None:
-        for c in self.layers:
-            c.reset()
-        if self.input_state is not None:
-            self.input_state.reset()
-
-
-@dataclass
-class SegmentMemory:
-    """Transformer-XL memory: the last ``memory_len`` inputs of each layer, detached.
-
-    ``layers[l]`` is ``(B, M, D)`` (None before the first segment), ``pos`` their
-    positions ``(B|1, M)``; ``seen`` counts the tokens passed so far, which is where the
-    next segment's default positions start.
-    """
-
-    memory_len: int
-    layers: list[Tensor | None]
-    pos: Tensor | None = None
-    seen: int = 0
-
-    @property
-    def length(self) -> int:
-        return 0 if self.pos is None else self.pos.shape[-1]
-
-    def reset(self) -> None:
-        self.layers = [None] * len(self.layers)
-        self.pos, self.seen = None, 0
+__all__ = ["TransformerLM", "Block"]
 
 
 class MLP(nn.Module):
@@ -97,19 +50,32 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim, int(dim * mlp_ratio), dropout)
         self.drop = nn.Dropout(dropout)
+        enc = attn.encoding
+        self.layer_input = bool(enc.stages & Stage.INPUT) and enc.input_at == "layer"
+
+    def attention_input(self, x: Tensor, pos: Tensor, cache: KVCache | None = None) -> Tensor:
+        """What the attention projects: ``LN(x)``, plus the encoding's input stage if it acts per layer."""
+        h = self.ln1(x)
+        return self.attn.embed_input(h, pos, cache) if self.layer_input else h
 
     def forward(
         self,
         x: Tensor,
         pos: Tensor,
-        cache: KVCache | None,
+        cache: KVCache | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
         memory: Tensor | None = None,
         memory_pos: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
     ) -> Tensor:
         memory = None if memory is None else self.ln1(memory)  # memory holds block inputs
-        h = self.attn._forward(
-            self.ln1(x), pos, cache, memory=memory, memory_pos=memory_pos, key_padding_mask=key_padding_mask
+        h = self.attn.attend(
+            self.attention_input(x, pos, cache),
+            pos,
+            cache,
+            key_padding_mask=key_padding_mask,
+            memory=memory,
+            memory_pos=memory_pos,
         )
         x = x + self.drop(h)
         return x + self.mlp(self.ln2(x))
@@ -118,135 +84,98 @@ class Block(nn.Module):
 class TransformerLM(nn.Module):
     """Decoder-only language model.
 
-    Args:
-        vocab_size: number of token ids.
-        dim: model width ``D``.
-        depth: number of blocks.
-        heads: attention heads ``H`` (``Dh = D / H`` unless ``head_dim`` is given).
-        encoding: a registered encoding name.
-        max_len: training length, passed to the encoding (``learned`` needs it).
-        causal: causal LM (True) or a bidirectional encoder stack (False).
-        mlp_ratio: MLP hidden width over ``D``.
-        dropout: residual and MLP dropout.
-        backend: attention backend for every layer (see :mod:`posenc.attention`).
-        share_encoding: one encoding instance for all layers; None follows the encoding.
-        tie_embeddings: share the token embedding with the output layer.
-        embed_std: std of the token embedding init. GPT-2's 0.02 suits learned and
-            relative encodings; encodings that add unit-amplitude vectors
-            (``sinusoidal``) drown such tokens: use ~1 (untied) there.
-        memory_len: tokens of past segments each layer keeps as memory (Transformer-XL);
-            used when ``forward`` gets ``memory=lm.init_memory()``.
-        absolute_from_layer: DeBERTa's enhanced mask decoder: a learned absolute position
-            table (``max_len`` rows) added to the hidden states just before this block
-            index, so only the top ``depth - absolute_from_layer`` blocks see absolute
-            positions. None: no such table.
-        **options: encoding options.
+    Build it from a :class:`~posenc.ModelConfig` (``TransformerLM(config=cfg)`` or
+    :meth:`from_config`), or with the keyword form
+    ``TransformerLM(vocab_size, dim, depth, heads, encoding="rope", max_len=None, **kw)``,
+    where ``kw`` are :class:`~posenc.ModelConfig` fields (``causal``, ``dropout``,
+    ``backend``, ...) and any other keyword is an encoding option. ``.config`` is the
+    dataclass.
 
     Shapes: ``tokens`` ``(B, L)`` int64 -> logits ``(B, L, vocab_size)``.
     """
 
     def __init__(
         self,
-        vocab_size: int,
-        dim: int,
-        depth: int,
-        heads: int,
+        vocab_size: int | None = None,
+        dim: int | None = None,
+        depth: int | None = None,
+        heads: int | None = None,
         encoding: str = "rope",
         max_len: int | None = None,
         *,
-        head_dim: int | None = None,
-        causal: bool = True,
-        mlp_ratio: float = 4.0,
-        dropout: float = 0.0,
-        backend: str = "auto",
-        share_encoding: bool | None = None,
-        tie_embeddings: bool = True,
-        embed_std: float = 0.02,
-        memory_len: int = 0,
-        absolute_from_layer: int | None = None,
-        **options,
+        config: ModelConfig | None = None,
+        **kwargs,
     ) -> None:
         super().__init__()
-        for arg, val in (("vocab_size", vocab_size), ("dim", dim), ("depth", depth), ("heads", heads)):
-            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise ValueError(f"{arg} must be a positive int, got {val!r}")
-        if not isinstance(memory_len, int) or memory_len < 0:
-            raise ValueError(f"memory_len must be an int >= 0, got {memory_len!r}")
-        self.memory_len = memory_len
-        if absolute_from_layer is not None:
-            if not isinstance(absolute_from_layer, int) or not 0 <= absolute_from_layer < depth:
-                raise ValueError(f"absolute_from_layer must be an int in [0, {depth - 1}], got {absolute_from_layer!r}")
-            if max_len is None:
-                raise ValueError("absolute_from_layer needs max_len (the size of the absolute position table)")
-        self.absolute_from_layer = absolute_from_layer
-        if head_dim is None:
-            if dim % heads:
-                raise ValueError(f"dim={dim} is not divisible by heads={heads}; pass head_dim explicitly")
-            head_dim = dim // heads
-        self.vocab_size, self.dim, self.depth, self.heads, self.head_dim = vocab_size, dim, depth, heads, head_dim
-        self.max_len, self.causal, self.encoding_name = max_len, causal, encoding
-        # everything needed to rebuild the model (see save_checkpoint / load_checkpoint)
-        self.config = dict(
-            vocab_size=vocab_size,
-            dim=dim,
-            depth=depth,
-            heads=heads,
-            encoding=encoding,
-            max_len=max_len,
-            head_dim=head_dim,
-            causal=causal,
-            mlp_ratio=mlp_ratio,
-            dropout=dropout,
-            backend=backend,
-            share_encoding=share_encoding,
-            tie_embeddings=tie_embeddings,
-            embed_std=embed_std,
-            memory_len=memory_len,
-            absolute_from_layer=absolute_from_layer,
-            **options,
+        if config is None:
+            config = ModelConfig.from_kwargs(vocab_size, dim, depth, heads, encoding, max_len, **kwargs)
+        elif vocab_size is not None or kwargs:
+            raise TypeError("pass either config= or the keyword form, not both")
+        cfg = self.config = config
+        self.vocab_size, self.dim, self.depth, self.heads = cfg.vocab_size, cfg.dim, cfg.depth, cfg.heads
+        self.head_dim, self.max_len, self.causal, self.encoding_name = (
+            cfg.head_dim,
+            cfg.max_len,
+            cfg.causal,
+            cfg.encoding,
         )
-        cls = get_class(encoding)
-        share = cls.share_across_layers if share_encoding is None else share_encoding
-
-        enc_options = dict(options)
-        if cls.builds_embedding and "vocab_size" in options_of(cls):
-            enc_options.setdefault("vocab_size", vocab_size)  # it builds the token embedding
-
-        def make() -> PositionEncoding:
-            return build(encoding, heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **enc_options)
-
-        first = make()
-        # Input stage at the bottom of the stack, once, unless the paper injects it per layer.
-        self.input_encoding: PositionEncoding | None = None
-        if first.stages & Stage.INPUT and not first.input_every_layer:
-            self.input_encoding = first
-            share = True  # the layers only run its other stages (if any): one instance
-        self.tok_emb = None if first.builds_embedding else nn.Embedding(vocab_size, dim)
-        self.drop = nn.Dropout(dropout)
-        blocks = []
-        for i in range(depth):
-            enc = first if (share or i == 0) else make()
-            if enc is not first:
-                enc.tie_to(first)  # e.g. DeBERTa's relative table, shared while projections are not
-            attn = Attention(
-                dim,
-                heads,
-                enc,
-                head_dim=head_dim,
-                causal=causal,
-                backend=backend,
-                apply_input_stage=self.input_encoding is None,
-            )
-            blocks.append(Block(dim, attn, mlp_ratio, dropout))
+        blocks, groups = [], {}  # spec key -> the first instance built for it
+        for spec in cfg.layer_specs():
+            enc = self._encoding_for(spec, groups)
+            attn = Attention(cfg.dim, cfg.heads, enc, head_dim=cfg.head_dim, causal=cfg.causal, backend=cfg.backend)
+            blocks.append(Block(cfg.dim, attn, cfg.mlp_ratio, cfg.dropout))
+        # input stages the model runs on the residual stream: block index -> encodings
+        self.stages_before: dict[int, list[PositionEncoding]] = {}
+        for enc in groups.values():
+            at = enc.input_at
+            if enc.stages & Stage.INPUT and at != "layer":
+                at = 0 if at == "tokens" else at
+                if not isinstance(at, int) or not 0 <= at < cfg.depth:
+                    raise ValueError(
+                        f"encoding {enc.name!r}: input_at must be 'layer', 'tokens' or a block index in [0, {cfg.depth - 1}], got {enc.input_at!r}"
+                    )
+                self.stages_before.setdefault(at, []).append(enc)
+        # the stage at the embeddings, registered here too (checkpoints name its weights so)
+        bottom = self.stages_before.get(0, [])
+        self.input_encoding: PositionEncoding | None = bottom[0] if bottom else None
+        builds = [e for e in bottom if e.input_at == "tokens"]
+        self.tok_emb = None if builds else nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(blocks)
-        # DeBERTa's enhanced mask decoder: absolute positions enter only the top blocks
-        self.emd_pos = nn.Embedding(max_len, dim) if absolute_from_layer is not None else None
-        self.ln_f = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab_size, bias=False)
-        self.embed_std = embed_std
+        self.ln_f = nn.LayerNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.embed_std = cfg.embed_std
         self.reset_parameters()
-        if tie_embeddings and self.tok_emb is not None:
+        if cfg.tie_embeddings and self.tok_emb is not None:
             self.head.weight = self.tok_emb.weight
+
+    def _encoding_for(self, spec, groups: dict) -> PositionEncoding:
+        """Layer ``spec``'s encoding: the group's shared instance, or a new one tied to it."""
+        cfg = self.config
+        cls = get_class(spec.encoding)
+        first = groups.get(spec.key())
+        options = dict(spec.options)
+        if "vocab_size" in options_of(cls):
+            options.setdefault("vocab_size", cfg.vocab_size)  # an encoding that embeds token ids
+        if first is not None:
+            share = cls.share_across_layers if cfg.share_encoding is None else cfg.share_encoding
+            # an input stage the model runs once needs one instance whatever the layers do
+            only_input = first.stages == Stage.INPUT and first.input_at != "layer"
+            if share or only_input:
+                return first
+        enc = build(
+            spec.encoding, heads=cfg.heads, head_dim=cfg.head_dim, max_len=cfg.max_len, causal=cfg.causal, **options
+        )
+        if first is None:
+            groups[spec.key()] = enc
+            return enc
+        for name in enc.shared_modules:
+            setattr(enc, name, getattr(first, name))  # e.g. a relative table shared by per-layer projections
+        return enc
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> TransformerLM:
+        return cls(config=config)
 
     def reset_parameters(self) -> None:
         """Re-draw every weight but the encodings' (they init themselves).
@@ -275,33 +204,31 @@ class TransformerLM(nn.Module):
 
     def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> ModelCache:
         """An empty KV cache for ``batch_size`` sequences of up to ``max_len`` tokens."""
-        layers = [b.attn.init_cache(batch_size, max_len, dtype=dtype, device=device) for b in self.blocks]
-        state = None
-        if self.input_encoding is not None:
-            w = self.blocks[0].attn.q_proj.weight
-            state = self.input_encoding.init_state(batch_size, dtype=dtype or w.dtype, device=device or w.device)
-        return ModelCache(layers, state)
+        return ModelCache([b.attn.init_cache(batch_size, max_len, dtype=dtype, device=device) for b in self.blocks])
 
-    def init_memory(self) -> SegmentMemory:
-        """An empty Transformer-XL memory of ``memory_len`` tokens per layer."""
-        if self.memory_len < 1:
-            raise ValueError("this model was built with memory_len=0; pass memory_len >= 1 to use memory")
-        return SegmentMemory(self.memory_len, [None] * self.depth)
+    def init_memory(self, memory_len: int | None = None) -> SegmentMemory:
+        """An empty Transformer-XL memory: ``memory_len`` tokens per layer, by default the
+        longest memory the encodings declare (``xl``'s ``memory_len`` option)."""
+        m = max(e.memory_len for e in self.encodings) if memory_len is None else memory_len
+        if not isinstance(m, int) or m < 1:
+            raise ValueError(
+                f"memory_len must be an int >= 1, got {m!r}; build the encoding with memory_len >= 1 "
+                "(xl) or pass init_memory(memory_len=M)"
+            )
+        return SegmentMemory(m, [None] * self.depth)
 
-    def embed(self, tokens: Tensor, pos: Tensor, state: nn.Module | None = None) -> Tensor:
-        """Token embeddings plus the input stage: ``(B, L)`` -> ``(B, L, D)``.
-
-        ``state``: the input stage's decoding state (``ModelCache.input_state``), if any.
-        """
-        enc = self.input_encoding or self.blocks[0].attn.encoding
-        if enc.builds_embedding:
-            enc.check_length(pos)
-            return enc.embed_tokens(tokens, pos)
-        x = self.tok_emb(tokens)
-        if self.input_encoding is not None:
-            enc = self.input_encoding
-            x = enc.embed(x, pos) if state is None else enc.embed(x, pos, state=state)
+    def _run_stages(self, at: int, x: Tensor, pos: Tensor, cache: ModelCache | None) -> Tensor:
+        for enc in self.stages_before.get(at, ()):
+            history = None
+            if cache is not None and enc.input_context > 0:
+                history = cache.inputs.setdefault(at, InputHistory(enc.input_context))
+            x = run_input_stage(enc, x, pos, history)
         return x
+
+    def embed(self, tokens: Tensor, pos: Tensor, cache: ModelCache | None = None) -> Tensor:
+        """Token embeddings plus the input stages at the embeddings: ``(B, L)`` -> ``(B, L, D)``."""
+        x = tokens if self.tok_emb is None else self.tok_emb(tokens)
+        return self._run_stages(0, x, pos, cache)
 
     def forward(
         self,
@@ -319,9 +246,9 @@ class TransformerLM(nn.Module):
         sees no key (a padding token in a left-padded batch) gets a zero attention output
         in every layer, so no NaN reaches the real tokens.
 
-        With ``memory`` (Transformer-XL), every layer also attends to the memorised
-        inputs of earlier segments, and ``memory`` is updated in place with this
-        segment (its last ``memory_len`` tokens, detached). Default positions continue
+        With ``memory`` (:meth:`init_memory`, Transformer-XL), every layer also attends to
+        the memorised inputs of earlier segments, and ``memory`` is updated in place with
+        this segment (its last ``memory_len`` tokens, detached). Default positions continue
         from the tokens already seen, so distances across segments are true distances.
 
         Raises:
@@ -343,14 +270,9 @@ class TransformerLM(nn.Module):
         offset = cache.length if cache is not None else memory.seen if memory is not None else 0
         axes = self.blocks[0].attn.encoding.axes  # coordinates per position (1: a sequence)
         pos = as_positions(pos, L, offset=offset, device=tokens.device, batch=B, axes=axes)  # (B|1, L[, A])
-        for enc in self.encodings:
-            enc.check_length(pos)
-        if self.emd_pos is not None and pos.numel() and int(pos.max()) >= self.max_len:
-            raise ValueError(
-                f"absolute_from_layer uses a table of max_len={self.max_len} positions, got position {int(pos.max())}"
-            )
+        check_lengths(self.encodings, pos)  # once, for every layer
         try:
-            x = self.drop(self.embed(tokens, pos, cache.input_state if cache is not None else None))
+            x = self.drop(self.embed(tokens, pos, cache))
         except IndexError:  # checked only on failure: no host sync on the hot path
             bad = tokens[(tokens < 0) | (tokens >= self.vocab_size)]
             if bad.numel():
@@ -359,8 +281,8 @@ class TransformerLM(nn.Module):
                 ) from None
             raise
         for i, block in enumerate(self.blocks):
-            if i == self.absolute_from_layer:
-                x = x + self.emd_pos(pos).to(x.dtype)  # (B|1, L, D)
+            if i > 0:
+                x = self._run_stages(i, x, pos, cache)
             if memory is None:
                 x = block(x, pos, cache.layers[i] if cache is not None else None, key_padding_mask=key_padding_mask)
                 continue
@@ -368,33 +290,12 @@ class TransformerLM(nn.Module):
             if mem is not None and mem.shape[0] != B:
                 raise ValueError(f"memory holds batch size {mem.shape[0]}, got tokens of batch size {B}")
             x_in = x
-            x = block(x, pos, None, memory=mem, memory_pos=memory.pos if mem is not None else None)
-            memory.layers[i] = (x_in if mem is None else torch.cat((mem, x_in), 1))[:, -memory.memory_len :].detach()
+            x = block(x, pos, memory=mem, memory_pos=memory.pos if mem is not None else None)
+            memory.remember(i, x_in)
         if memory is not None:
-            if memory.pos is None:
-                mpos = pos
-            else:
-                b = max(pos.shape[0], memory.pos.shape[0])
-                mpos = torch.cat((memory.pos.expand(b, -1), pos.expand(b, -1)), 1)  # (B|1, M + L)
-            memory.pos = mpos[:, -memory.memory_len :]
-            memory.seen += L
+            memory.advance(pos)
         return self.head(self.ln_f(x))
 
     def num_params(self) -> int:
-        """Distinct trainable parameters (tied and shared tensors counted once)."""
+        """Distinct parameters, trainable or not (tied and shared tensors counted once)."""
         return sum(p.numel() for p in self.parameters())
-
-
-def save_checkpoint(path, model: TransformerLM, **extra) -> None:
-    """Save ``model`` (config + weights) and any ``extra`` picklable data to ``path``."""
-    torch.save({"model_config": model.config, "model": model.state_dict(), **extra}, path)
-
-
-def load_checkpoint(path, *, map_location="cpu") -> tuple[TransformerLM, dict]:
-    """Rebuild a model saved by :func:`save_checkpoint`; returns ``(model, extra)``."""
-    ckpt = torch.load(path, map_location=map_location, weights_only=False)
-    if "model_config" not in ckpt or "model" not in ckpt:
-        raise ValueError(f"{path} is not a posenc checkpoint (keys: {sorted(ckpt)})")
-    model = TransformerLM(**ckpt.pop("model_config"))
-    model.load_state_dict(ckpt.pop("model"))
-    return model, ckpt

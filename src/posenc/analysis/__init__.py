@@ -9,4 +9,9 @@ plain data, plus a plot function; :mod:`posenc.analysis.cli` wires them to the c
 * :mod:`.decay` — long-range decay: RoPE's bound, biases and measured attention vs distance;
 * :mod:`.padding` — Islam et al.'s padding probe in 1-D;
 * :mod:`.attention_maps` — attention at the training length and at 4× it.
+
+Shared by them, one concern each: :mod:`.specs` (which encodings, ``name@{options}``),
+:mod:`.models` (random, checkpointed or tiny trained models), :mod:`.scores` (a layer's
+logits split by stage), :mod:`.stats` (distances, diagonal share, relative change);
+tables, JSON and figures come from :mod:`posenc.output`.
 """

@@ -1,7 +1,7 @@
 """``attention-maps``: attention of trained models at their training length and at 4×.
 
 The input is one sequence of a random block repeated (period 7, the kind of data
-:func:`~.common.train_tiny` trains on; ``--data random`` for i.i.d. tokens), so a model
+:func:`~.models.train_tiny` trains on; ``--data random`` for i.i.d. tokens), so a model
 that learned to look back one period shows off-diagonal stripes. Each map is the mean
 over heads of one layer. Two numbers per map: the mean attention entropy divided by
 ``log(#visible keys)`` (1 = uniform) and the mean attended distance ``Σ_j a_ij (i - j)``.
@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from .common import Subject, attention_probs, causal_mask, panel_grid
+from ..output import panel_grid, save_figure
+from .models import Subject
+from .scores import attention_probs, causal_mask
+from .stats import distances
 
 
 def sequence(kind: str, length: int, vocab: int, seed: int, period: int = 7) -> torch.Tensor:
@@ -36,8 +39,7 @@ def map_stats(model, tokens: torch.Tensor, layer: int) -> tuple[torch.Tensor, fl
     norm = torch.where(n_visible > 1, n_visible.log(), torch.ones_like(n_visible))
     rows = n_visible > 1
     entropy = float((ent / norm)[:, rows].mean())
-    i = torch.arange(L, dtype=torch.float64)
-    dist = float((p * (i[:, None] - i[None, :]).abs()).sum(-1).mean())
+    dist = float((p * distances(L).abs().double()).sum(-1).mean())
     return p.mean(0).float(), entropy, dist
 
 
@@ -60,11 +62,8 @@ def run_attention_maps(subjects: list[Subject], notes: list[str], *, factor=4, l
     return results
 
 
-def plot_attention_maps(results: list[dict], path) -> None:
-    from .common import pyplot
-
-    plt = pyplot()
-    fig, axes_of = panel_grid(plt, len(results), 2, 2, size=(3.6, 3.2))
+def plot_attention_maps(results: list[dict], path, *, subtitle: str | None = None) -> None:
+    fig, axes_of = panel_grid(len(results), 2, 2, size=(3.6, 3.2))
     for row, r in enumerate(results):
         for col, mp in enumerate(r["maps"]):
             ax = axes_of(row)[col]
@@ -82,10 +81,7 @@ def plot_attention_maps(results: list[dict], path) -> None:
                 fontsize=8,
             )
             fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02, label="log10 attention")
-    fig.suptitle(f"Attention at the training length and at {_factor(results)}× it")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, title=f"Attention at the training length and at {_factor(results)}× it", subtitle=subtitle)
 
 
 def _factor(results: list[dict]) -> str:

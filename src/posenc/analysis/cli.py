@@ -19,67 +19,25 @@ from pathlib import Path
 
 import torch
 
-from . import common as C
+from ..output import Table, write_json
+from .models import Subject, build_subjects, load_subjects, tiny_checkpoints
+from .specs import Spec, resolve
 
-# Defaults name the encodings the design lists; the unregistered ones are skipped with a note.
+# Each analysis' encodings when --encodings is not given ("all": every registered one).
 DEFAULTS = {
-    "decompose": [
-        "learned",
-        "sinusoidal",
-        "hierarchical",
-        "multiplicative",
-        "floater",
-        "recurrent",
-        "complex-order",
-        "conv",
-        "rope",
-        "xpos",
-        "t5",
-        "alibi",
-        "kerple",
-        "fire",
-        "cope",
-        "tupe",
-        "shaw",
-        "xl",
-        "deberta",
-        "nope",
-        "all",
-    ],
+    "decompose": "learned sinusoidal hierarchical multiplicative floater recurrent complex-order conv rope xpos t5 "
+    "alibi kerple fire cope tupe shaw xl deberta nope all".split(),
     "invariance": ["all"],
-    "similarity": [
-        "sinusoidal",
-        "learned",
-        "hierarchical",
-        "multiplicative",
-        "floater",
-        "recurrent",
-        "complex-order",
-        "conv",
-        "rope",
-        "xpos",
-        "t5",
-        "alibi",
-        "kerple",
-        "fire",
-        "shaw",
-        "xl",
-        "deberta",
-        "tupe",
-    ],
+    "similarity": "sinusoidal learned hierarchical multiplicative floater recurrent complex-order conv rope xpos t5 "
+    "alibi kerple fire shaw xl deberta tupe".split(),
     "decay": [
         "rope",
         'rope@{"base": 500000}',
         'rope@{"rope_scaling": {"rope_type": "linear", "factor": 4.0}}',
         'rope@{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}',
-        "xpos",
-        "alibi",
-        "t5",
-        "kerple",
-        "fire",
-        "nope",
+        *"xpos alibi t5 kerple fire nope".split(),
     ],
-    "attention-maps": ["nope", "learned", "sinusoidal", "rope", "xpos", "alibi", "t5", "kerple", "fire", "shaw", "xl"],
+    "attention-maps": "nope learned sinusoidal rope xpos alibi t5 kerple fire shaw xl".split(),
 }
 
 TRAIN_STEPS = 600  # tiny models trained when no checkpoint is given
@@ -160,31 +118,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # ============================================================================ subjects
-def _subjects(args, name: str, notes: list[str], *, random=True, **build_kw) -> list[C.Subject]:
-    specs, more = C.resolve(args.encodings or DEFAULTS[name])
+def _subjects(args, name: str, notes: list[str], *, random=True, **build_kw) -> list[Subject]:
+    specs, more = resolve(args.encodings or DEFAULTS[name])
     notes.extend(more)
-    subjects = C.build_subjects(specs, notes, max_len=args.max_len, seed=args.seed, **build_kw) if random else []
-    return subjects + C.load_subjects(_checkpoints(args, specs, notes), notes)
+    subjects = build_subjects(specs, notes, max_len=args.max_len, seed=args.seed, **build_kw) if random else []
+    return subjects + load_subjects(_checkpoints(args, specs, notes), notes)
 
 
-def _checkpoints(args, specs: list[C.Spec], notes: list[str]) -> list[str]:
+def _checkpoints(args, specs: list[Spec], notes: list[str]) -> list[str]:
     paths = list(args.checkpoint)
     if args.train_steps:
         if args.train_dir is None:
             args.train_dir = Path(tempfile.mkdtemp(prefix="posenc-analyze-"))
-        paths += C.tiny_checkpoints(
+        paths += tiny_checkpoints(
             specs, args.train_dir, notes, steps=args.train_steps, length=getattr(args, "train_len", 32)
         )
     return paths
 
 
-def _write(args, name: str, results, notes: list[str], plot) -> None:
+def _report(args, name: str, results, notes: list[str], plot, table: Table) -> int:
+    """Print the summary ``table`` and the notes; write ``<name>.json`` and ``<name>.png``."""
+    table.notes = notes
+    table.print()
     args.out.mkdir(parents=True, exist_ok=True)
     command = "posenc analyze " + " ".join(shlex.quote(a) for a in getattr(args, "_argv", []) or [name])
-    C.write_json(args.out / f"{name}.json", {"analysis": name, "command": command, "notes": notes, "results": results})
+    data = {"analysis": name, "command": command, "notes": notes, "results": results}
+    write_json(args.out / f"{name}.json", data, digits=7)  # float32 values: 7 significant digits
     if results:
-        plot(results, args.out / f"{name}.png")
+        plot(results, args.out / f"{name}.png", subtitle=_subtitle(args, name, results))
     print(f"wrote {args.out / name}.json" + (f" and {args.out / name}.png" if results else " (nothing to plot)"))
+    return 0
+
+
+def _subtitle(args, name: str, results: list[dict]) -> str:
+    """The run in one line: the analysis, its seed, and which models (random, trained)."""
+    parts = [f"posenc analyze {name}", f"seed {args.seed}"]
+    sources = [r.get("source") for r in results if "source" in r]
+    n_random = sum(s == "random" for s in sources)
+    if n_random:
+        parts.append(f"{n_random} random-weight models")
+    if len(sources) > n_random:
+        parts.append(f"{len(sources) - n_random} trained checkpoints")
+    for flag in ("length", "layer"):
+        if getattr(args, flag, None) is not None:
+            parts.append(f"--{flag} {getattr(args, flag)}")
+    return ", ".join(parts)
 
 
 def _tag(s: str) -> str:
@@ -199,9 +177,8 @@ def cmd_decompose(args) -> int:
     res = run_decompose(_subjects(args, "decompose", notes), length=args.length, layer=args.layer, seed=args.seed)
     cols = [t for t in TERM_ORDER if any(t in r["shares"] for r in res)]
     rows = [[r["label"], _tag(r["source"]), *[r["shares"].get(t, "") for t in cols]] for r in res]
-    C.print_table(f"decompose: variance share of each term (layer {args.layer})", ["model", "", *cols], rows, notes)
-    _write(args, "decompose", res, notes, plot_decompose)
-    return 0
+    table = Table(["model", "", *cols], rows, title=f"decompose: variance share of each term (layer {args.layer})")
+    return _report(args, "decompose", res, notes, plot_decompose, table)
 
 
 def cmd_invariance(args) -> int:
@@ -214,10 +191,12 @@ def cmd_invariance(args) -> int:
     for r in res:
         by = {row["shift"]: row["logits"] for row in r["shifts"]}
         rows.append([r["label"], _tag(r["source"]), "yes" if r["relative"] else "no", *[by.get(s, "") for s in shifts]])
+        for a in range(r["axes"] if r["axes"] > 1 else 0):  # positions with axes: each axis shifted alone
+            by = {row["shift"]: row["per_axis"][a]["logits"] for row in r["shifts"]}
+            rows.append([f"  axis {a}", "", "", *[by.get(s, "") for s in shifts]])
     cols = ["model", "", "relative", *[f"s={s}" for s in shifts]]
-    C.print_table("invariance: relative change of attention logits (max over layers)", cols, rows, notes)
-    _write(args, "invariance", res, notes, plot_invariance)
-    return 0
+    table = Table(cols, rows, title="invariance: relative change of attention logits (max over layers)")
+    return _report(args, "invariance", res, notes, plot_invariance, table)
 
 
 def cmd_similarity(args) -> int:
@@ -235,9 +214,8 @@ def cmd_similarity(args) -> int:
         ]
         for r in res
     ]
-    C.print_table("similarity: variance explained by the mean along each diagonal", cols, rows, notes)
-    _write(args, "similarity", res, notes, plot_similarity)
-    return 0
+    table = Table(cols, rows, title="similarity: variance explained by the mean along each diagonal")
+    return _report(args, "similarity", res, notes, plot_similarity, table)
 
 
 def _share(v) -> str:
@@ -254,9 +232,7 @@ def cmd_decay(args) -> int:
     summaries = [summarize(r) for r in res]
     keys = list(dict.fromkeys(k for s in summaries for k in s))
     rows = [[r["label"], _tag(r["source"]), *[s.get(k, "") for k in keys]] for r, s in zip(res, summaries, strict=True)]
-    C.print_table("decay", ["model", "", *keys], rows, notes)
-    _write(args, "decay", res, notes, plot_decay)
-    return 0
+    return _report(args, "decay", res, notes, plot_decay, Table(["model", "", *keys], rows, title="decay"))
 
 
 def cmd_padding(args) -> int:
@@ -273,13 +249,9 @@ def cmd_padding(args) -> int:
         probe_steps=args.probe_steps,
     )
     rows = [[r["padding"], r["accuracy"], r["chance"], r["mean_abs_error"], r["task_loss"]] for r in res]
-    C.print_table(
-        "padding-probe: linear probe of absolute position from 1-D CNN features",
-        ["padding", "accuracy", "chance", "mean |error|", "CNN task loss"],
-        rows,
-    )
-    _write(args, "padding-probe", res, [], plot_padding)
-    return 0
+    cols = ["padding", "accuracy", "chance", "mean |error|", "CNN task loss"]
+    table = Table(cols, rows, title="padding-probe: linear probe of absolute position from 1-D CNN features")
+    return _report(args, "padding-probe", res, [], plot_padding, table)
 
 
 def cmd_attention_maps(args) -> int:
@@ -298,9 +270,8 @@ def cmd_attention_maps(args) -> int:
             cells += ["n/a", "n/a"] if "error" in mp else [mp["entropy"], mp["mean_distance"]]
         rows.append([r["label"], *cells])
     cols = ["model", "entropy@T", "distance@T", f"entropy@{args.factor}T", f"distance@{args.factor}T"]
-    C.print_table(f"attention-maps: layer {args.layer}, normalised entropy and mean distance", cols, rows, notes)
-    _write(args, "attention-maps", res, notes, plot_attention_maps)
-    return 0
+    title = f"attention-maps: layer {args.layer}, normalised entropy and mean distance"
+    return _report(args, "attention-maps", res, notes, plot_attention_maps, Table(cols, rows, title=title))
 
 
 def cmd_all(args) -> int:
@@ -311,11 +282,9 @@ def cmd_all(args) -> int:
         args.train_steps = TRAIN_STEPS
     if args.train_steps > 0 and not args.checkpoint:
         notes: list[str] = []
-        specs, _ = C.resolve(DEFAULTS["attention-maps"])
+        specs, _ = resolve(DEFAULTS["attention-maps"])
         args.train_dir = args.train_dir or Path(tempfile.mkdtemp(prefix="posenc-analyze-"))
-        args.checkpoint = C.tiny_checkpoints(
-            specs, args.train_dir, notes, steps=args.train_steps, length=args.train_len
-        )
+        args.checkpoint = tiny_checkpoints(specs, args.train_dir, notes, steps=args.train_steps, length=args.train_len)
         for n in notes:
             print(f"note: {n}")
     parser = args._parser
@@ -358,10 +327,21 @@ def run(args: argparse.Namespace) -> int:
     if not hasattr(args, "_argv"):
         args._argv = _argv_after("analyze")
     try:
+        _check_out(args.out)
         return COMMANDS[args.analysis](args)
     except ValueError as e:
         print(f"posenc analyze {args.analysis}: error: {e}", file=sys.stderr)
         return 2
+
+
+def _check_out(out: Path) -> None:
+    """Create ``--out`` up front: a path that cannot be a folder is one sentence, not a traceback."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"--out {str(out)!r} exists and is not a folder") from None
+    except OSError as e:
+        raise ValueError(f"--out {str(out)!r} cannot be created: {e.strerror or e}") from None
 
 
 def _argv_after(word: str) -> list[str]:

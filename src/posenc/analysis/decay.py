@@ -22,7 +22,9 @@ from __future__ import annotations
 import torch
 
 from ..base import Stage
-from .common import Subject, attention_probs, causal_mask
+from .models import Subject
+from .scores import attention_probs, causal_mask
+from .stats import distances
 
 
 def su_bound(inv_freq: torch.Tensor, max_distance: int) -> torch.Tensor:
@@ -59,8 +61,7 @@ def attention_curve(model, tokens) -> torch.Tensor:
     L = tokens.shape[1]
     mask = causal_mask(model, L)
     visible = mask.sum(-1, keepdim=True).double() if mask is not None else torch.full((L, 1), float(L))
-    i = torch.arange(L)
-    d = i[:, None] - i[None, :]  # (L, L)
+    d = distances(L)  # (L, L) i - j
     keep = d >= 0
     sums = torch.zeros(L, dtype=torch.float64)
     count = 0
@@ -118,8 +119,8 @@ def summarize(entry: dict) -> dict:
     return out
 
 
-def plot_decay(results: list[dict], path) -> None:
-    from .common import pyplot
+def plot_decay(results: list[dict], path, *, subtitle: str | None = None) -> None:
+    from ..output import pyplot, readable_log_axis, save_figure
 
     plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
@@ -138,12 +139,10 @@ def plot_decay(results: list[dict], path) -> None:
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("distance m = i - j")
         ax.set_xscale("symlog", linthresh=16)
-        ax.set_yscale(yscale)
+        if yscale == "log":
+            readable_log_axis(ax, [v for r in results for v in r.get(key, [])])
         if drawn:
             ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, "no encoding with this stage", ha="center", va="center", transform=ax.transAxes)
-    fig.suptitle("Long-range decay")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, title="Long-range decay", subtitle=subtitle)

@@ -24,8 +24,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..backends import scores
 from ..base import Stage
-from .common import Subject, _project, causal_mask, layer_inputs, masked_values, score_parts
+from ..output import pyplot, save_figure
+from .models import Subject
+from .scores import causal_mask, layer_inputs, score_parts
+from .stats import masked_values
 
 TERM_ORDER = (
     "content·content",
@@ -61,10 +65,10 @@ def input_split(model, layer: int, tokens: Tensor, pos: Tensor) -> tuple[Tensor,
         c = model.tok_emb(tokens)  # (B, L, D)
         return (*_ln_split(ln, c, x - c), "x + p at the embeddings, split through ln1")
     h = ln(x)
-    if attn.apply_input_stage and enc.stages & Stage.INPUT:
-        return h, enc.embed(h, pos) - h, "embed(h) - h inside the layer"
+    if model.blocks[layer].layer_input:
+        return h, attn.embed_input(h, pos) - h, "embed(h) - h inside the layer"
     how = "no input stage" if not enc.stages & Stage.INPUT else f"layer {layer} > 0: position already mixed in"
-    if model.input_encoding is not None and model.input_encoding.builds_embedding:
+    if model.tok_emb is None:
         how = "the encoding builds the embedding: content and position not separable"
     return h, torch.zeros_like(h), how
 
@@ -80,11 +84,10 @@ def decompose_terms(model, tokens: Tensor, *, layer: int = 0) -> tuple[dict[str,
     attn = model.blocks[layer].attn
     enc = attn.encoding
     c, p, how = input_split(model, layer, tokens, pos)
-    qc, kc = _project(attn, c)  # projection biases stay with the content
+    qc, kc, _, _, _ = attn.project(c, pos)  # rotated; projection biases stay with the content
     qp = (p @ attn.q_proj.weight.t()).view(B, L, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, L, Dh)
     kp = (p @ attn.k_proj.weight.t()).view(B, L, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, L, Dh)
-    qc, kc = enc.rotate(qc, kc, pos, pos)  # rotations are linear: rotate each part
-    qp, kp = enc.rotate(qp, kp, pos, pos)
+    qp, kp = enc.rotate(qp, kp, pos, pos)  # rotations are linear: rotate each part
     s = enc.scale
     terms = {
         "content·content": (qc @ kc.transpose(-1, -2)).float() * s,
@@ -95,18 +98,19 @@ def decompose_terms(model, tokens: Tensor, *, layer: int = 0) -> tuple[dict[str,
     if enc.stages & Stage.TERMS:
         q, k = qc + qp, kc + kp
         zq, zk = torch.zeros_like(q), torch.zeros_like(k)
-        t00 = enc.score_terms(zq, zk, pos, pos).float()
-        tq0 = enc.score_terms(q, zk, pos, pos).float()
-        t0k = enc.score_terms(zq, k, pos, pos).float()
-        tqk = enc.score_terms(q, k, pos, pos).float()
-        terms["query·rel (c2p)"] = (tq0 - t00) * s
-        terms["rel·key (p2c)"] = (t0k - t00) * s
-        terms["rel·rel"] = t00 * s
-        terms["terms rest"] = (tqk - tq0 - t0k + t00) * s
+
+        def vector_terms(q_, k_):  # scale·score_terms, as posenc.scores splits them
+            return scores(enc, q_, k_, pos, pos, qk_proj=(attn.q_proj, attn.k_proj), parts=True)["terms"]
+
+        t00, tq0, t0k, tqk = vector_terms(zq, zk), vector_terms(q, zk), vector_terms(zq, k), vector_terms(q, k)
+        terms["query·rel (c2p)"] = tq0 - t00
+        terms["rel·key (p2c)"] = t0k - t00
+        terms["rel·rel"] = t00
+        terms["terms rest"] = tqk - tq0 - t0k + t00
     if enc.stages & Stage.BIAS:
         terms["bias"] = enc.bias(pos, pos).float().expand(B, -1, -1, -1)
     x = layer_inputs(model, tokens, pos)[layer]
-    total = sum(score_parts(attn, model.blocks[layer].ln1(x), pos).values())
+    total = sum(score_parts(model.blocks[layer], x, pos).values())
     residual = float((total - sum(terms.values())).abs().max())
     return terms, how, residual
 
@@ -144,9 +148,7 @@ def run_decompose(subjects: list[Subject], *, length=64, batch=8, layer=0, seed=
     return results
 
 
-def plot_decompose(results: list[dict], path) -> None:
-    from .common import pyplot
-
+def plot_decompose(results: list[dict], path, *, subtitle: str | None = None) -> None:
     plt = pyplot()
     names = [t for t in TERM_ORDER if any(t in r["shares"] for r in results)]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(results) + 1.6))
@@ -161,15 +163,12 @@ def plot_decompose(results: list[dict], path) -> None:
         ax.barh(0, 0, color=colors(k), label=t)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles, strict=True))
-    ax.legend(uniq.values(), uniq.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize=8)
+    fig.legend(uniq.values(), uniq.keys(), loc="outside lower center", ncol=4, fontsize=8)
     ax.set_yticks(range(len(results)), [_label(r) for r in results])
-    ax.invert_yaxis()
+    ax.set_ylim(len(results) - 0.5, -0.5)  # first row on top
     ax.set_xlim(0, 1)
     ax.set_xlabel(f"share of logit variance, layer {results[0]['layer'] if results else 0}")
-    ax.set_title("Attention logits split into content and position terms")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, title="Attention logits split into content and position terms", subtitle=subtitle)
 
 
 def _label(r: dict) -> str:

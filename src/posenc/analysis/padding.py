@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..train import Trainer
+
 
 class ConvStack(nn.Module):
     """Token embedding, then ``depth`` × (``Conv1d(k)`` + ReLU); ``(B, L)`` -> ``(B, C, L)``."""
@@ -72,19 +74,19 @@ def probe_padding(
     stack = ConvStack(vocab, channels, depth, kernel, padding_mode)
     head = nn.Linear(channels, vocab)
     opt = torch.optim.Adam([*stack.parameters(), *head.parameters()], lr=1e-3)
-    task_loss = float("nan")
-    for _ in range(train_steps):  # position-free task: the most frequent token
-        tokens = torch.randint(0, vocab, (32, length), generator=g)
-        if task == "majority":
-            loss = nn.functional.cross_entropy(head(stack(tokens).mean(-1)), _majority(tokens, vocab))
-        else:  # per position: the token itself
-            loss = nn.functional.cross_entropy(
-                head(stack(tokens).transpose(1, 2)).reshape(-1, vocab), tokens.reshape(-1)
-            )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        task_loss = float(loss.detach())
+
+    def task_loss_of(net: nn.ModuleList, tokens: Tensor) -> Tensor:  # position-free tasks
+        stack, head = net
+        if task == "majority":  # the most frequent token of the sequence
+            return nn.functional.cross_entropy(head(stack(tokens).mean(-1)), _majority(tokens, vocab))
+        # per position: the token itself
+        return nn.functional.cross_entropy(head(stack(tokens).transpose(1, 2)).reshape(-1, vocab), tokens.reshape(-1))
+
+    # the step-th draw of g (fit calls in order from step 0)
+    state = Trainer(nn.ModuleList([stack, head]), opt, loss=task_loss_of).fit(
+        lambda step: torch.randint(0, vocab, (32, length), generator=g), train_steps
+    )
+    task_loss = state.losses[-1] if state.losses else float("nan")
     stack.requires_grad_(False)
 
     def features(n: int) -> Tensor:
@@ -99,11 +101,9 @@ def probe_padding(
     y_test = torch.arange(length).repeat(n_test)
     probe = nn.Linear(channels, length)
     popt = torch.optim.Adam(probe.parameters(), lr=1e-2)
-    for _ in range(probe_steps):
-        loss = nn.functional.cross_entropy(probe(x_train), y_train)
-        popt.zero_grad(set_to_none=True)
-        loss.backward()
-        popt.step()
+    Trainer(probe, popt, loss=lambda net, b: nn.functional.cross_entropy(net(b[0]), b[1])).fit(
+        lambda step: (x_train, y_train), probe_steps
+    )  # full batch
     with torch.no_grad():
         pred = probe(x_test).argmax(-1)
     acc = float((pred == y_test).float().mean())
@@ -125,8 +125,8 @@ def run_padding(*, seed=0, **kw) -> list[dict]:
     return [probe_padding(mode, seed=seed, **kw) for mode in ("zeros", "circular")]
 
 
-def plot_padding(results: list[dict], path) -> None:
-    from .common import pyplot
+def plot_padding(results: list[dict], path, *, subtitle: str | None = None) -> None:
+    from ..output import pyplot, save_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 5))
@@ -140,8 +140,5 @@ def plot_padding(results: list[dict], path) -> None:
     ax.axhline((L - 1) / 2, color="grey", lw=0.8, ls="--", label=f"chance (accuracy {1 / L:.3f})")
     ax.set_xlabel("true position")
     ax.set_ylabel("probe's predicted position (mean ± std)")
-    ax.set_title("Linear probe of absolute position from 1-D CNN features")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, title="Linear probe of absolute position from 1-D CNN features", subtitle=subtitle)

@@ -5,7 +5,7 @@ Two views per model:
 
 * ``gram`` — ``p_i·p_j`` for the vectors an input-stage encoding produces:
   ``embed(0, pos)`` for additive encodings (``embed(1, pos)`` when that does not vary with
-  position, as for a multiplicative or a convolutional one; ``embed_tokens`` of one constant token for encodings that build
+  position, as for a multiplicative or a convolutional one; ``embed`` of one constant token id for encodings that build
   the embedding). For sinusoidal, ``p_i·p_j = Σ_k cos((i - j)ω_k)`` exactly (Vaswani et
   al. 2017, §3.5: ``PE_{pos+k}`` is a linear function of ``PE_pos``), so the share is 1
   up to float rounding.
@@ -14,7 +14,7 @@ Two views per model:
   LayerNorm, ``W_Q``, ``W_K``, rotations, vector terms and biases. Causal models use the
   visible triangle only.
 
-The number reported is :func:`~.common.diagonal_share`, the variance explained by the
+The number reported is :func:`~.stats.diagonal_share`, the variance explained by the
 mean along each diagonal; ``offdiag`` leaves the main diagonal (the norms) out. Noise of
 ``L×L`` i.i.d. entries scores about ``2/L`` by chance.
 """
@@ -24,7 +24,10 @@ from __future__ import annotations
 import torch
 
 from ..base import Stage
-from .common import Subject, attention_scores, causal_mask, diagonal_share, panel_grid
+from ..output import panel_grid, save_figure
+from .models import Subject
+from .scores import attention_scores, causal_mask
+from .stats import diagonal_share
 
 
 @torch.no_grad()
@@ -37,8 +40,8 @@ def position_vectors(model, L: int) -> tuple[torch.Tensor | None, str]:
         enc = first if first.stages & Stage.INPUT else None
     if enc is None:
         return None, "no input stage"
-    if enc.builds_embedding:
-        return enc.embed_tokens(torch.zeros(1, L, dtype=torch.long), pos)[0].float(), "embed_tokens(constant token)"
+    if enc.input_at == "tokens":
+        return enc.embed(torch.zeros(1, L, dtype=torch.long), pos)[0].float(), "embed(constant token id)"
     zeros = torch.zeros(1, L, model.dim)
     p = enc.embed(zeros, pos)[0].float()
     if float((p - p[:1]).abs().max()) > 0:  # depends on position: an additive encoding
@@ -82,11 +85,8 @@ def run_similarity(subjects: list[Subject], *, length=64) -> list[dict]:
     return results
 
 
-def plot_similarity(results: list[dict], path) -> None:
-    from .common import pyplot
-
-    plt = pyplot()
-    fig, axes_of = panel_grid(plt, len(results), 2, 3)
+def plot_similarity(results: list[dict], path, *, subtitle: str | None = None) -> None:
+    fig, axes_of = panel_grid(len(results), 2, 3)
     for row, r in enumerate(results):
         for col, key in enumerate(("gram", "logits")):
             ax = axes_of(row)[col]
@@ -105,9 +105,8 @@ def plot_similarity(results: list[dict], path) -> None:
             ax.set_title(f"{r['label']}: {title}\ndiagonal share {_share(r[key + '_share'])}", fontsize=8)
             ax.set_xlabel("j", fontsize=8)
             ax.set_ylabel("i", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    title = "Position-position structure and the share of it that is a function of i - j"
+    save_figure(fig, path, title=title, subtitle=subtitle)
 
 
 def _share(v: float | None) -> str:

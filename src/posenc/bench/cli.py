@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=["auto"],
         help="posenc backends to time per encoding (auto = what the layer picks; others where supported)",
     )
-    p.add_argument("--chunk-size", type=int, default=1024, help="query chunk of the relative backend")
+    p.add_argument("--chunk-size", type=int, default=1024, help="query chunk of the chunked backend")
     p.add_argument("--no-references", action="store_true", help="skip HF / x-transformers layers")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory run")
     p.add_argument("--max-seconds", type=float, default=60.0, help="skip longer L for a case slower than this per run")

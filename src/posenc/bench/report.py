@@ -7,9 +7,9 @@ renders the same tables as Markdown (``benchmarks/RESULTS.md``).
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
+
+from ..output import Table, length_axis, make_console, pyplot, readable_log_axis, save_figure, write_csv, write_json
 
 __all__ = ["ratio_table", "speedup_table", "memory_table", "throughput_table", "write_outputs", "markdown_report"]
 
@@ -122,24 +122,14 @@ def throughput_table(trows: list[dict]) -> tuple[list[str], list[list[str]]]:
 
 
 def _md(head, body) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
-    return "\n".join(lines)
+    return Table(head, body).markdown().rstrip("\n")
 
 
 def print_tables(rows, trows, console=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = console or Console()
+    console = console or make_console()
 
     def show(title, head, body):
-        t = Table(title=title)
-        for h in head:
-            t.add_column(h)
-        for b in body:
-            t.add_row(*b)
-        console.print(t)
+        Table(head, body, title=title).print(console)
 
     modes = sorted({r["mode"] for r in rows}, reverse=True)
     for mode in modes:
@@ -154,23 +144,8 @@ def print_tables(rows, trows, console=None) -> None:
         show("training throughput, TransformerLM vs x-transformers", *throughput_table(trows))
 
 
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    keys = list(rows[0])
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (";".join(f"{t:.6g}" for t in v) if isinstance(v, list) else v) for k, v in r.items()})
-
-
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(rows: list[dict], path: Path, subtitle: str | None = None) -> None:
+    plt = pyplot()
     modes = sorted({r["mode"] for r in rows}, reverse=True)
     fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 5.5), squeeze=False)
     labels = _labels(rows)
@@ -187,34 +162,35 @@ def plot(rows: list[dict], path: Path) -> None:
             style = "-" if label.startswith(("posenc", "sdpa")) else "--"
             name = label + ("" if causal else " (bidir)")
             ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=name, color=colors[n % 20])
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        length_axis(ax, [r["L"] for r in rows])
+        readable_log_axis(ax, [r["time_s"] for r in rows if r["mode"] == mode and r["status"] == "ok"])
         ax.set_xlabel("sequence length L")
         ax.set_ylabel("seconds (median)")
         ax.set_title(f"one attention layer, {mode}")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, title="Time of one attention layer against sequence length", subtitle=subtitle)
 
 
 def write_outputs(out: Path, rows: list[dict], trows: list[dict], machine: dict, config: dict) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     p = out / "layers.json"
-    p.write_text(json.dumps({"machine": machine, "config": config, "rows": rows}, indent=1))
+    write_json(p, {"machine": machine, "config": config, "rows": rows})
     paths.append(p)
-    _write_csv(out / "layers.csv", rows)
+    write_csv(out / "layers.csv", rows)
     paths.append(out / "layers.csv")
     if trows:
-        (out / "throughput.json").write_text(json.dumps({"machine": machine, "rows": trows}, indent=1))
-        _write_csv(out / "throughput.csv", trows)
+        write_json(out / "throughput.json", {"machine": machine, "rows": trows})
+        write_csv(out / "throughput.csv", trows)
         paths += [out / "throughput.json", out / "throughput.csv"]
-    (out / "machine.json").write_text(json.dumps(machine, indent=1))
+    write_json(out / "machine.json", machine)
     paths.append(out / "machine.json")
     if any(r["status"] == "ok" for r in rows):
-        plot(rows, out / "time_vs_length.png")
+        subtitle = (f"{machine.get('cpu', '?')}, torch {machine.get('torch', '?')}, {machine.get('torch_threads', '?')} "
+                    f"threads, {machine.get('device', '?')}; B={config['batch']}, H={config['heads']}, "
+                    f"Dh={config['head_dim']}, {config['dtype']}")  # fmt: skip
+        plot(rows, out / "time_vs_length.png", subtitle)
         paths.append(out / "time_vs_length.png")
     return paths
 

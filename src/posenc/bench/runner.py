@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import Tensor
 
-from ..attention import Attention, select_backend
+from ..attention import Attention
 from .layers import Case, baseline_case, posenc_case, reference_cases
 from .measure import median, peak_memory, time_runs
 
@@ -60,13 +60,11 @@ class Row:
     status: str = "ok"
 
 
-def resolved_backend(case: Case, module, device: torch.device, needs_grad: bool) -> str:
-    """The backend a posenc case actually runs (``auto`` resolved as the layer would)."""
+def resolved_backend(case: Case, module, device: torch.device) -> str:
+    """The backend a posenc case actually runs (``auto`` resolved by the layer itself)."""
     if not isinstance(module, Attention):
         return ""
-    if case.backend != "auto":
-        return case.backend
-    return select_backend(module.encoding, device.type, needs_grad)
+    return module.resolve_backend(case.backend, device.type)
 
 
 def _step(module, fn: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor, mode: str) -> Callable[[], None]:
@@ -152,7 +150,7 @@ def _run_length(cfg, cases, causal, L, device, dtype, D, too_slow, progress) -> 
                 case.label,
                 case.impl,
                 case.encoding,
-                resolved_backend(case, module, device, mode != "fwd"),
+                resolved_backend(case, module, device),
                 causal,
                 L,
                 mode,

@@ -25,10 +25,11 @@ import importlib.util
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..data import Batch
 from ..model import TransformerLM
+from ..train import Trainer
 from .measure import median, time_runs
 
 __all__ = ["ThroughputConfig", "run_throughput", "XT_OPTIONS"]
@@ -89,14 +90,9 @@ def _xt_model(enc: str, cfg: ThroughputConfig) -> nn.Module:
 
 
 def _train_step(model: nn.Module, opt, tokens):
-    def step():
-        opt.zero_grad(set_to_none=True)
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
-
-    return step
+    """One training step of posenc's trainer (causal LM loss, AdamW) on fixed ``tokens`` ``(B, L+1)``."""
+    trainer, batch = Trainer(model, opt), Batch(tokens[:, :-1], tokens[:, 1:], None)
+    return lambda: trainer.step(batch)
 
 
 def _measure(model: nn.Module, cfg: ThroughputConfig, device) -> tuple[float, float]:

@@ -9,7 +9,7 @@ synthetic tasks). See ``docs/compare.md``.
 
 Python use::
 
-    from posenc.compare import CompareConfig, compare
+    from posenc.compare import compare, preset_config
     results = compare(preset_config("quick", encodings=["rope", "alibi"], steps=50), out="runs/x")
 """
 

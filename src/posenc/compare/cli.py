@@ -6,6 +6,9 @@ Examples::
     posenc compare --encodings all --preset standard --device cuda
     posenc compare --encodings rope,alibi --train-len 128 --eval-lens 128,512,2048
     posenc compare --task copy --train-len 16 --eval-lens 8,16,32,64
+    posenc compare --task grid --train-len 8 --eval-lens 8,12,16 --encodings rope,mrope,sinusoidal \\
+        --encoding-options sinusoidal.axes=2        # rope over flattened tokens; rope.axes=2: axial
+    posenc compare --encodings rope --extend none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend
     posenc compare --resume --out runs/2026-01-01T00-00-00-a1b2c3
     posenc compare --overwrite --out runs/x      # start a finished run over
     torchrun --nproc_per_node=2 -m posenc.cli compare --out runs/ddp
@@ -35,7 +38,8 @@ _HELP = {
     "dataset_config": "the dataset's configuration name",
     "dataset_split": "the dataset split to read",
     "dataset_field": "the dataset column holding the text",
-    "task": "synthetic task: copy, reverse, sort, associative-recall (lengths count items)",
+    "task": "synthetic task: copy, reverse, sort, associative-recall (lengths count items), "
+    "grid (2-D: the symbol above each cell; lengths are grid sides)",
     "val_fraction": "fraction of the corpus (its end) held out for validation",
     "dim": "model width D",
     "depth": "number of blocks",
@@ -66,6 +70,8 @@ _HELP = {
     "sliding": "sliding-window evaluation (stride --stride) instead of non-overlapping windows",
     "stride": "sliding stride (default: half the window)",
     "position_buckets": "buckets of the per-position loss curve",
+    "extend": "after training, evaluate the rotary models once per inference-time extension method: "
+    "none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend (table extend.md, plot extend.png)",
     "checkpoint_every": "write a checkpoint every N steps (and after each encoding)",
     "shard": "i/n: run encodings i, i+n, ... of the list (join the shards with --merge)",
 }
@@ -178,24 +184,17 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return d
 
 
-def _print_table(table: str) -> None:
-    from rich.console import Console
-    from rich.markdown import Markdown
-
-    Console(width=200 if not sys.stdout.isatty() else None).print(Markdown(table))
-
-
 def run(args: argparse.Namespace) -> int:
     from ..data import DataError
-    from .report import merge_results, write_outputs
+    from ..train import setup
+    from .report import merge_results, results_table, write_outputs
     from .runner import compare
 
     out = None
     try:
         if args.merge:
             out = Path(args.out or default_out() + "-merged")
-            table = write_outputs(out, merge_results([Path(d) for d in args.merge]))
-            _print_table(table)
+            write_outputs(out, merge_results([Path(d) for d in args.merge])).print()
             print(f"merged {len(args.merge)} runs into {out}")
             return 0
         if args.resume:
@@ -212,8 +211,11 @@ def run(args: argparse.Namespace) -> int:
             cfg = from_dict(read_config_file(path))
         else:
             cfg = build_config(args)
-        out = args.out or _default_out()
-        results = compare(cfg, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
+        rt = setup(cfg.device)  # under torchrun every rank writes into rank 0's default folder
+        out = args.out or rt.broadcast(default_out())
+        results = compare(
+            cfg, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress, runtime=rt
+        )
     except (ValueError, DataError) as e:
         print(f"posenc compare: error: {e}", file=sys.stderr)
         return 2
@@ -225,24 +227,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
-    if results["runs"] and Path(out, "table.md").is_file():
-        _print_table(Path(out, "table.md").read_text())
+    if rt.main and results["runs"]:
+        results_table(results).print()
+        if results.get("extend"):
+            from .extend import extend_table
+
+            extend_table(results).print()
         print(f"wall time {results['wall_seconds']:.1f} s; results in {out}/")
     return 0
-
-
-def _default_out() -> str:
-    """A new unique folder name; under torchrun every rank gets rank 0's."""
-    out = default_out()
-    import os
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        import torch.distributed as dist
-
-        from .train import resolve_device, setup_distributed
-
-        setup_distributed(resolve_device("auto"))
-        box = [out]
-        dist.broadcast_object_list(box, src=0)
-        out = box[0]
-    return out

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..data import TASKS
+from ..data import TASK_NAMES
 
 __all__ = ["CompareConfig", "PRESETS", "CORE_ENCODINGS", "from_dict"]
 
@@ -40,13 +40,13 @@ class CompareConfig:
     dataset_config: str | None = None
     dataset_split: str = "train"
     dataset_field: str = "text"
-    task: str | None = None  # copy | reverse | sort | associative-recall
+    task: str | None = None  # copy | reverse | sort | associative-recall | grid
     val_fraction: float = 0.1
     # model: the same for every encoding
-    dim: int = 64
-    depth: int = 2
-    heads: int = 4
-    mlp_ratio: float = 4.0
+    dim: int = 64  # D
+    depth: int = 2  # blocks
+    heads: int = 4  # H
+    mlp_ratio: float = 4.0  # MLP width / D
     dropout: float = 0.0
     tie_embeddings: bool = False
     # Token embeddings N(0, embed_std^2). 1.0 matches unit-amplitude sinusoidal positions
@@ -77,6 +77,8 @@ class CompareConfig:
     sliding: bool = False  # sliding windows instead of non-overlapping ones
     stride: int | None = None  # sliding stride; None: half the window
     position_buckets: int = 16
+    # inference-time context extension of the trained rotary models (posenc.compare.extend)
+    extend: list[str] | None = None  # e.g. ["none", "yarn", "rerope", "self-extend"]
     # bookkeeping
     checkpoint_every: int = 100  # steps; a checkpoint is also written after each encoding
     shard: str | None = None  # "i/n": this job runs encodings i, i+n, ... (1-based)
@@ -93,8 +95,10 @@ class CompareConfig:
         sources = [n for n, v in (("text", self.text), ("dataset", self.dataset), ("task", self.task)) if v]
         if len(sources) > 1:
             raise ValueError(f"give at most one data source, got {sources}")
-        if self.task is not None and self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.task is not None and self.task not in TASK_NAMES:
+            raise ValueError(f"task must be one of {TASK_NAMES}, got {self.task!r}")
+        if self.task == "grid" and self.randomized_positions:
+            raise ValueError("randomized_positions draws 1-D positions; the grid task has 2-D ones")
         for name in ("dim", "depth", "heads", "train_len", "steps", "batch_size", "eval_batch_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -118,6 +122,12 @@ class CompareConfig:
             raise ValueError(f"stride must be >= 1, got {self.stride}")
         if self.shard is not None:
             parse_shard(self.shard)
+        if self.extend is not None:
+            from .extend import EXTEND_METHODS
+
+            bad = [m for m in self.extend if m not in EXTEND_METHODS] if isinstance(self.extend, list) else self.extend
+            if bad or not self.extend:
+                raise ValueError(f"extend must list methods of {', '.join(EXTEND_METHODS)}, got {self.extend!r}")
         if not isinstance(self.encoding_options, dict) or not all(
             isinstance(v, dict) for v in self.encoding_options.values()
         ):
@@ -144,7 +154,8 @@ class CompareConfig:
     # fields that do not change any encoding's numbers: how often to checkpoint, which shard
     # of the encodings this process runs, and the list of encodings itself (a model's
     # training does not depend on which other encodings share the run)
-    BOOKKEEPING = ("checkpoint_every", "shard", "encodings")
+    # (nor does `extend`: it evaluates the trained models once more, with other options)
+    BOOKKEEPING = ("checkpoint_every", "shard", "encodings", "extend")
 
     def fingerprint(self) -> str:
         """A short hash of every field that decides the numbers (all but :attr:`BOOKKEEPING`).
@@ -168,7 +179,9 @@ class CompareConfig:
         return asdict(self)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        from ..output import write_json
+
+        write_json(path, self.to_dict())
 
 
 def from_dict(d: dict[str, Any]) -> CompareConfig:
@@ -202,16 +215,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "standard": dict(
         dim=256,
         depth=4,
-        heads=8,
+        heads=8,  # model
         train_len=256,
         steps=3000,
         batch_size=32,
         lr=1e-3,
         warmup=200,
+        checkpoint_every=500,  # training
         eval_lens=[256, 512, 1024, 2048, 4096],
-        eval_tokens=131072,
-        checkpoint_every=500,
-    ),
+        eval_tokens=131072,  # evaluation
+    ),  # fmt: skip
 }
 
 

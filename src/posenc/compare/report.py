@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import csv
 import json
-import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_outputs", "markdown_table", "merge_results", "metric_name"]
+from ..output import Column, Table, clean, length_axis, pyplot, readable_log_axis, save_figure, write_csv, write_json
+
+__all__ = ["write_outputs", "results_table", "merge_results", "metric_name", "run_subtitle", "per_position_absent"]
 
 
 def metric_name(config: dict[str, Any]) -> str:
@@ -23,38 +23,30 @@ def _fmt(entry: dict[str, Any], metric: str) -> str:
     return f"{100 * v:.1f}%" if metric == "accuracy" else (f"{v:.2f}" if v < 1000 else f"{v:.3g}")
 
 
-def markdown_table(results: dict[str, Any]) -> str:
+def results_table(results: dict[str, Any]) -> Table:
     """One row per encoding, one column per evaluation length (ppl or accuracy)."""
     cfg, runs = results["config"], results["runs"]
     metric = metric_name(cfg)
     lens = sorted({e["length"] for r in runs for e in r["eval"]})
     unit = "n" if cfg.get("task") else "L"
     heads = [f"{unit}={n}" + (" (train)" if n == cfg["train_len"] else "") for n in lens]
-    lines = [
-        f"{metric} by evaluation length ({'trained at ' + unit + '=' + str(cfg['train_len'])}; n/a: cannot run there)",
-        "",
-        "| encoding | params | train s | tok/s | " + " | ".join(heads) + " |",
-        "|---|---:|---:|---:|" + "---:|" * len(lens),
-    ]
+    columns = [Column("encoding", code=True), *(Column(h, "right") for h in ["params", "train s", "tok/s", *heads])]
+    rows = []
     for r in runs:
         by_len = {e["length"]: e for e in r["eval"]}
-        cells = [_fmt(by_len[n], metric) if n in by_len else "" for n in lens]
         tps = r.get("train_tokens_per_s")
-        tps = "-" if tps is None else f"{tps:,.0f}"
-        row = f"| `{r['encoding']}` | {r['params']:,} | {r['train_seconds']:.1f} | {tps} | "
-        lines.append(row + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append([r["encoding"], f"{r['params']:,}", f"{r['train_seconds']:.1f}", "-" if tps is None else f"{tps:,.0f}",
+                     *(_fmt(by_len[n], metric) if n in by_len else "" for n in lens)])  # fmt: skip
+    title = f"{metric} by evaluation length (trained at {unit}={cfg['train_len']}; n/a: cannot run there)"
+    return Table(columns, rows, title=title)
 
 
-def _write_csv(path: Path, results: dict[str, Any]) -> None:
-    cols = ["encoding", "params", "train_seconds", "train_tokens_per_s", "length", "applicable",
-            "loss", "ppl", "bpb", "accuracy", "token_accuracy", "tokens"]  # fmt: skip
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-        w.writeheader()
-        for r in results["runs"]:
-            for e in r["eval"]:
-                w.writerow({**{k: r.get(k) for k in cols[:4]}, **{k: e.get(k) for k in cols[4:]}})
+def _csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{**{k: r.get(k) for k in _RUN_COLS}, **e} for r in results["runs"] for e in r["eval"]]
+
+
+_RUN_COLS = ("encoding", "params", "train_seconds", "train_tokens_per_s")
+_CSV_COLS = (*_RUN_COLS, "length", "applicable", "loss", "ppl", "bpb", "accuracy", "token_accuracy", "tokens")
 
 
 def run_subtitle(cfg: dict[str, Any]) -> str:
@@ -72,33 +64,11 @@ def run_subtitle(cfg: dict[str, Any]) -> str:
     return f"preset {cfg.get('preset')}, {cfg.get('steps')} steps, {seed}, {data}, trained at {cfg.get('train_len')}"
 
 
-def readable_log_axis(ax, values: list[float]) -> None:
-    """A log y axis whose labels let every plotted value be read (1-2-5 or denser ticks, plain numbers)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    vals = [v for v in values if v and v > 0 and math.isfinite(v)]
-    ax.set_yscale("log")
-    if not vals:
-        return
-    decades = math.log10(max(vals)) - math.log10(min(vals))
-    subs = (1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9) if decades <= 0.7 else (1, 2, 3, 4, 5, 7) if decades <= 1.5 else (1, 2, 5)
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
-
-
 def _plots(out: Path, results: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullLocator
-
+    plt = pyplot()
     cfg, runs = results["config"], results["runs"]
     metric = metric_name(cfg)
-    train_len = cfg["train_len"]
     subtitle = run_subtitle(cfg)
-
     color = {r["encoding"]: f"C{i % 10}" for i, r in enumerate(runs)}  # the same in both plots
     fig, ax = plt.subplots(figsize=(7.5, 5))
     plotted: list[float] = []
@@ -110,11 +80,8 @@ def _plots(out: Path, results: dict[str, Any]) -> None:
             na = [e["length"] for e in r["eval"] if not e.get("applicable", True)]
             label = r["encoding"] + (f" (n/a at {', '.join(map(str, na))})" if na else "")
             ax.plot(x, y, marker="o", color=color[r["encoding"]], label=label)
-    ax.axvline(train_len, color="gray", ls="--", lw=1, label="train length")
-    ax.set_xscale("log", base=2)
-    lens = sorted({e["length"] for r in runs for e in r["eval"]})
-    ax.set_xticks(lens, [str(n) for n in lens])
-    ax.xaxis.set_minor_locator(NullLocator())
+    ax.axvline(cfg["train_len"], color="gray", ls="--", lw=1, label="train length")
+    length_axis(ax, [e["length"] for r in runs for e in r["eval"]])
     if metric == "ppl":
         readable_log_axis(ax, plotted)
         ax.set_ylabel("validation perplexity (bytes)")
@@ -122,12 +89,9 @@ def _plots(out: Path, results: dict[str, Any]) -> None:
         ax.set_ylabel("exact-match accuracy")
         ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("evaluation length" + (" (problem size n)" if cfg.get("task") else " (tokens)"))
-    ax.set_title(f"Length extrapolation\n{subtitle}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "extrapolation.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "extrapolation.png", title="Length extrapolation", subtitle=subtitle)
     _per_position_plot(out, runs, cfg, color, subtitle)
 
 
@@ -143,8 +107,7 @@ def per_position_absent(runs: list[dict[str, Any]], length: int) -> dict[str, st
 
 def _per_position_plot(out: Path, runs: list[dict[str, Any]], cfg: dict[str, Any], color, subtitle: str) -> None:
     """Loss by position at the longest length, and its difference from ``nope`` (where each breaks)."""
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     longest = max(e["length"] for r in runs for e in r["eval"])
     absent = per_position_absent(runs, longest)
     curves = {}
@@ -161,7 +124,6 @@ def _per_position_plot(out: Path, runs: list[dict[str, Any]], cfg: dict[str, Any
     for name, (x, y) in curves.items():
         ax.plot(x, y, marker=".", color=color[name], label=name)
     ax.set_ylabel("loss (nats / token)")
-    ax.set_title(f"Loss by position at length {longest}: where an encoding breaks\n{subtitle}", fontsize=10)
     if panels == 2:
         ax2 = axes[1, 0]
         for name, (x, y) in curves.items():
@@ -174,34 +136,20 @@ def _per_position_plot(out: Path, runs: list[dict[str, Any]], cfg: dict[str, Any
         a.grid(True, alpha=0.3)
         a.legend(fontsize=8)
     axes[-1, 0].set_xlabel(f"position in a sequence of evaluation length {longest}")
-    if absent:
-        text = "not drawn: " + "; ".join(f"{k}: n/a ({v})" for k, v in absent.items())
-        fig.text(0.01, 0.005, text, fontsize=7, va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.04 if absent else 0, 1, 1))
-    fig.savefig(out / "per_position.png", dpi=120)
-    plt.close(fig)
+    footer = "not drawn: " + "; ".join(f"{k}: n/a ({v})" for k, v in absent.items()) if absent else None
+    title = f"Loss by position at length {longest}: where an encoding breaks"
+    save_figure(fig, out / "per_position.png", title=title, subtitle=subtitle, footer=footer)
 
 
-def _clean(x: Any) -> Any:
-    """JSON without NaN/inf (they become null)."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_clean(v) for v in x]
-    return x
-
-
-def write_outputs(out: Path, results: dict[str, Any]) -> str:
+def write_outputs(out: Path, results: dict[str, Any]) -> Table:
     """Write config.json, results.json, results.csv, table.md and the plots; return the table."""
     out.mkdir(parents=True, exist_ok=True)
-    results = _clean(results)
-    (out / "config.json").write_text(json.dumps(results["config"], indent=2) + "\n")
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    _write_csv(out / "results.csv", results)
-    table = markdown_table(results)
-    (out / "table.md").write_text(table)
+    results = clean(results)
+    write_json(out / "config.json", results["config"])
+    write_json(out / "results.json", results)
+    write_csv(out / "results.csv", _csv_rows(results), _CSV_COLS)
+    table = results_table(results)
+    (out / "table.md").write_text(table.markdown())
     _plots(out, results)
     return table
 
@@ -223,7 +171,10 @@ def merge_results(dirs: list[Path]) -> dict[str, Any]:
         p = Path(d) / "results.json"
         if not p.is_file():
             raise ValueError(f"--merge: {str(p)!r} not found (is {str(d)!r} a finished run?)")
-        parts.append(json.loads(p.read_text()))
+        try:
+            parts.append(json.loads(p.read_text()))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"--merge: {str(p)!r} is not valid JSON ({e})") from None
     ref = {k: v for k, v in parts[0]["config"].items() if k not in _SHARD_KEYS}
     runs, seen, encodings = [], set(), []
     for d, part in zip(dirs, parts):

@@ -1,22 +1,23 @@
-"""Run a whole comparison: every encoding in turn, then the output files."""
+"""Run a whole comparison: setup (device, processes, encodings, data), every encoding in
+turn, then the output files."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
 from ..base import available, get_class
+from ..data import load_source
+from ..output import write_json
+from ..train import Runtime, setup
 from .config import CompareConfig, parse_shard
-from .report import write_outputs
+from .report import run_subtitle, write_outputs
 from .rundir import RunDir
-from .train import DistInfo, make_source, resolve_device, setup_distributed, train_encoding
+from .train import train_encoding
 
-__all__ = ["compare", "resolve_encodings"]
+__all__ = ["compare", "make_source", "resolve_encodings"]
 
 
 def resolve_encodings(cfg: CompareConfig) -> list[str]:
@@ -30,6 +31,15 @@ def resolve_encodings(cfg: CompareConfig) -> list[str]:
     return names
 
 
+def make_source(cfg: CompareConfig):
+    """The data source the config names (embedded corpus by default)."""
+    return load_source(
+        task=cfg.task, text=cfg.text, dataset=cfg.dataset, dataset_config=cfg.dataset_config,
+        dataset_split=cfg.dataset_split, dataset_field=cfg.dataset_field, val_fraction=cfg.val_fraction,
+        seed=cfg.seed, longest=max(cfg.train_len, *cfg.eval_lens),
+    )  # fmt: skip
+
+
 def compare(
     cfg: CompareConfig,
     out: str | Path,
@@ -37,7 +47,7 @@ def compare(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
-    dinfo: DistInfo | None = None,
+    runtime: Runtime | None = None,
     log=print,
 ) -> dict[str, Any]:
     """Train and evaluate every encoding of ``cfg``; write the files to ``out``; return results.
@@ -53,34 +63,39 @@ def compare(
         posenc.data.DataError: the data source cannot be loaded.
     """
     out = Path(out)
-    device = resolve_device(cfg.device)
-    dinfo = dinfo or setup_distributed(device)
+    rt = runtime or setup(cfg.device)
     names = resolve_encodings(cfg)
     source = make_source(cfg)
     with contextlib.ExitStack() as stack:
-        if dinfo.main:
+        if rt.main:
             stack.enter_context(RunDir(out, resume=resume, overwrite=overwrite))
             (out / "checkpoints").mkdir(parents=True, exist_ok=True)
             cfg.save(out / "config.json")
-        if dinfo.enabled:
-            dist.barrier()
+        rt.barrier()
         t0 = time.perf_counter()
         runs: list[dict[str, Any]] = []
         for index, name in enumerate(names, 1):
             run = train_encoding(
-                cfg, source, name, device=device, ckpt_dir=out / "checkpoints", resume=resume,
-                progress=progress, dinfo=dinfo, position=(index, len(names)), log=log,
+                cfg, source, name, runtime=rt, ckpt_dir=out / "checkpoints", resume=resume, progress=progress,
+                position=(index, len(names)), log=log,
             )  # fmt: skip
             runs.append(run)
-            if dinfo.main:
-                partial = {"config": cfg.to_dict(), "fingerprint": cfg.fingerprint(), "runs": runs}
-                (out / "results.json").write_text(json.dumps(partial, indent=2) + "\n")
+            if rt.main:
+                write_json(
+                    out / "results.json", {"config": cfg.to_dict(), "fingerprint": cfg.fingerprint(), "runs": runs}
+                )
                 log(f"[{index}/{len(names)}] {name}: " + ", ".join(_short(e) for e in run["eval"]))
         results = {"config": cfg.to_dict(), "fingerprint": cfg.fingerprint(), "runs": runs,
-                   "wall_seconds": round(time.perf_counter() - t0, 2), "device": str(device),
-                   "processes": dinfo.world}  # fmt: skip
-        if dinfo.main:
+                   "wall_seconds": round(time.perf_counter() - t0, 2), "device": str(rt.device),
+                   "processes": rt.world}  # fmt: skip
+        if rt.main:
+            if cfg.extend:  # the trained rotary models once per extension method (posenc.compare.extend)
+                from .extend import run_extend, write_extend
+
+                results["extend"] = run_extend(cfg, source, out / "checkpoints", runs, device=rt.device, log=log)
             write_outputs(out, results)
+            if results.get("extend"):
+                write_extend(out, results, run_subtitle(cfg.to_dict()))
     return results
 
 

@@ -9,7 +9,8 @@ download is needed:
 * :func:`load_hf_dataset` — a Hugging Face dataset (``--dataset NAME``); optional,
   it needs the ``datasets`` package and the hub (or its local cache) and fails with a
   :class:`DataError` that says so;
-* :mod:`posenc.data.tasks` — ``copy``, ``reverse``, ``sort``, ``associative-recall``.
+* :mod:`posenc.data.tasks` — ``copy``, ``reverse``, ``sort``, ``associative-recall``;
+* :mod:`posenc.data.grid` — ``grid``: the symbol above each cell of a 2-D grid.
 
 :class:`TextData` splits a byte string deterministically into train and validation
 (the last ``val_fraction`` of the bytes) and serves batches that depend only on
@@ -26,17 +27,23 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .tasks import TASKS, Batch, SyntheticTask, step_generator
+from .grid import GridTask, positions_for
+from .tasks import TASK_NAMES, TASKS, Batch, SyntheticTask, step_generator
 
 __all__ = [
     "Batch",
     "DataError",
+    "GridTask",
     "TASKS",
+    "TASK_NAMES",
     "SyntheticTask",
     "TextData",
     "embedded_corpus",
+    "embedded_documents",
     "load_hf_dataset",
+    "load_source",
     "read_text",
+    "positions_for",
     "step_generator",
 ]
 
@@ -52,6 +59,18 @@ def embedded_corpus() -> bytes:
     except ImportError as e:  # stripped-down Python builds
         raise DataError("the embedded corpus needs the stdlib module pydoc_data.topics; use --text FILE") from e
     return "\n\n".join(topics[k] for k in sorted(topics)).encode("utf-8")
+
+
+def embedded_documents() -> list[bytes]:
+    """The embedded corpus as its documents (one per pydoc topic, sorted), UTF-8.
+
+    ``b"\\n\\n".join(embedded_documents()) == embedded_corpus()``.
+    """
+    try:
+        from pydoc_data.topics import topics
+    except ImportError as e:
+        raise DataError("the embedded corpus needs the stdlib module pydoc_data.topics; use --text FILE") from e
+    return [topics[k].encode("utf-8") for k in sorted(topics)]
 
 
 def read_text(path: str | Path) -> bytes:
@@ -190,3 +209,48 @@ class TextData:
             w, f = windows[s : s + batch_size], score_from[s : s + batch_size]
             mask = torch.arange(length)[None, :] >= f[:, None]  # (b, L)
             yield Batch(w[:, :-1], w[:, 1:], mask)
+
+
+def load_source(
+    *,
+    task: str | None = None,
+    text: str | Path | None = None,
+    dataset: str | None = None,
+    dataset_config: str | None = None,
+    dataset_split: str = "train",
+    dataset_field: str = "text",
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    longest: int = 1,
+) -> TextData | SyntheticTask | GridTask:
+    """The data source named by at most one of ``task``, ``text`` or ``dataset``; the
+    embedded corpus when none is.
+
+    Args:
+        longest: the longest window (training or evaluation length) the text validation
+            split must hold.
+
+    Raises:
+        DataError: the source cannot be loaded, or its validation split is shorter than
+            ``longest + 1`` bytes (the message names the source).
+    """
+    if task == "grid":
+        return GridTask(seed=seed)
+    if task is not None:
+        return SyntheticTask(task, seed=seed)
+    if text is not None:
+        data, name = read_text(text), f"--text {str(text)!r}"
+    elif dataset is not None:
+        data, name = load_hf_dataset(dataset, dataset_config, dataset_split, dataset_field), f"--dataset {dataset!r}"
+    else:
+        data, name = embedded_corpus(), "the embedded corpus"
+    try:
+        source = TextData(data, val_fraction=val_fraction, seed=seed)
+    except ValueError as e:
+        raise DataError(f"{name}: {e}") from None
+    if len(source.val) < longest + 1:
+        raise DataError(
+            f"{name}: its validation split ({len(source.val)} bytes, the last {val_fraction:.0%}) is shorter "
+            f"than the longest evaluation length + 1 ({longest + 1}); give more text or shorter --eval-lens"
+        )
+    return source

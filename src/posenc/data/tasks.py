@@ -25,17 +25,19 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["Batch", "SyntheticTask", "TASKS", "step_generator"]
+__all__ = ["Batch", "SyntheticTask", "TASKS", "TASK_NAMES", "step_generator"]
 
 SEP = 0
 
 
 class Batch(NamedTuple):
-    """``tokens``, ``targets`` ``(B, L)`` int64; ``mask`` ``(B, L)`` bool of scored targets or None (all)."""
+    """``tokens``, ``targets`` ``(B, L)`` int64; ``mask`` ``(B, L)`` bool of scored targets or None (all);
+    ``pos`` ``(B, L)`` int64 positions, ``(B, L, A)`` with axes (the grid task), or None (``arange``)."""
 
     tokens: Tensor
     targets: Tensor
     mask: Tensor | None
+    pos: Tensor | None = None
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -43,7 +45,8 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed) * 1_000_003 + int(step))
 
 
-TASKS = ("copy", "reverse", "sort", "associative-recall")
+TASKS = ("copy", "reverse", "sort", "associative-recall")  # SyntheticTask's
+TASK_NAMES = (*TASKS, "grid")  # every task posenc compare offers (grid: posenc.data.grid)
 
 
 @dataclass

@@ -22,11 +22,14 @@ DETR (summed sinusoids would be symmetric in the axes); ``learned`` sums one tab
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor, nn
 
 from .. import functional as PF
 from ..base import PositionEncoding, Stage, register
+from ..config import LayerSpec, ModelConfig
 
 
 @register
@@ -92,23 +95,21 @@ class Learned(PositionEncoding):
     def extrapolates(self) -> bool:
         return False
 
-    def check_length(self, pos: Tensor) -> None:
-        if self.axes == 1:
-            return super().check_length(pos)
-        if torch.compiler.is_compiling() or pos.device.type == "meta" or pos.numel() == 0:
-            return
-        pos = self.axis_positions(pos)
-        for a, n in enumerate(self.axial_shape):
-            hi = int(pos[..., a].max())
-            if hi >= n:
-                raise ValueError(
-                    f"encoding 'learned' supports positions 0..{n - 1} on axis {a} (axial_shape={self.axial_shape}, "
-                    f"max_len={self.max_len}), got position {hi}; it does not extrapolate"
-                )
+    @property
+    def position_limit(self) -> int | tuple[int, ...]:
+        return self.max_len if self.axes == 1 else self.axial_shape
+
+    def length_error(self, hi: int, axis: int | None = None) -> str:
+        if axis is None:
+            return super().length_error(hi)
+        n = self.axial_shape[axis]
+        return (
+            f"encoding 'learned' supports positions 0..{n - 1} on axis {axis} (axial_shape={self.axial_shape}, "
+            f"max_len={self.max_len}), got position {hi}; it does not extrapolate"
+        )
 
     def positions(self, pos: Tensor) -> Tensor:
-        """The position vectors: ``pos.shape + (D,)``, or ``(B|1, L, D)`` for positions with axes."""
-        self.check_length(pos)
+        """The position vectors: ``pos.shape + (D,)``, or ``(B|1, L, D)`` for positions with axes (unchecked)."""
         if self.axes == 1:
             return self.table(pos)
         pos = self.axis_positions(pos)
@@ -235,19 +236,18 @@ class Hierarchical(PositionEncoding):
     def extrapolates(self) -> bool:
         return True  # up to table_len² (check_length raises beyond)
 
-    def check_length(self, pos: Tensor) -> None:
-        if torch.compiler.is_compiling() or pos.device.type == "meta" or pos.numel() == 0:
-            return
-        hi, cap = int(pos.max()), self.table_len**2
-        if hi >= cap:
-            raise ValueError(
-                f"encoding 'hierarchical' supports positions 0..{cap - 1} (table_len² = {self.table_len}², "
-                f"max_len={self.max_len}), got position {hi}"
-            )
+    @property
+    def position_limit(self) -> int:
+        return self.table_len**2
+
+    def length_error(self, hi: int, axis: int | None = None) -> str:
+        return (
+            f"encoding 'hierarchical' supports positions 0..{self.table_len**2 - 1} (table_len² = {self.table_len}², "
+            f"max_len={self.max_len}), got position {hi}"
+        )
 
     def positions(self, pos: Tensor) -> Tensor:
-        """``q_pos``: ``pos.shape + (D,)`` in the table's dtype."""
-        self.check_length(pos)
+        """``q_pos``: ``pos.shape + (D,)`` in the table's dtype (positions below ``table_len²``, unchecked)."""
         n, a = self.table_len, self.alpha
         w = self.table.weight  # (n, D)
         u = (w - a * w[:1]) / (1.0 - a)  # (n, D)
@@ -268,17 +268,19 @@ def learned_to_hierarchical(model, *, alpha: float = 0.4):
     ``max_len²``. Its ``config`` says ``encoding="hierarchical"``, so
     :func:`posenc.save_checkpoint` / :func:`posenc.load_checkpoint` round-trip it.
     """
-    from ..model import TransformerLM
-
-    if not isinstance(model, TransformerLM) or model.config.get("encoding") != "learned":
+    cfg = getattr(model, "config", None)
+    if not isinstance(cfg, ModelConfig) or any(s.encoding != "learned" for s in cfg.layer_specs()):
         raise ValueError(
             f"expects a TransformerLM built with encoding='learned', got {type(model).__name__} "
-            f"with encoding={getattr(model, 'config', {}).get('encoding')!r}"
+            f"with encoding={getattr(cfg, 'encoding', None)!r}"
         )
-    config = dict(model.config, encoding="hierarchical", alpha=alpha)
+    layers = (
+        None if cfg.layers is None else [LayerSpec("hierarchical", {**s.options, "alpha": alpha}) for s in cfg.layers]
+    )
+    new_cfg = replace(cfg, encoding="hierarchical", options={**cfg.options, "alpha": alpha}, layers=layers)
     ref = model.head.weight
     with torch.device("meta"):
-        new = TransformerLM(**config)
+        new = type(model)(config=new_cfg)
     new = new.to_empty(device=ref.device).to(ref.dtype)
     new.load_state_dict(model.state_dict())
     for m in new.modules():

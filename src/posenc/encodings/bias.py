@@ -1,4 +1,4 @@
-"""Scalar score biases: ALiBi and T5 relative buckets.
+"""Scalar score biases: ALiBi, KERPLE, FIRE and T5 relative buckets.
 
 * ``alibi`` — Press et al., "Train Short, Test Long: Attention with Linear Biases
   Enables Input Length Extrapolation", ICLR 2022. Bias ``-m_h·(i - j)`` (causal) or
@@ -15,8 +15,10 @@
   Text-to-Text Transformer", JMLR 2020. A learned scalar per head and bucket of
   ``j - i``; one table shared by every layer. Checked against HF ``T5Attention``.
 
-Both provide a FlexAttention ``score_mod`` that reads per-head scalars, so no ``L×L``
-tensor is built on the flex path.
+Each provides a FlexAttention ``score_mod`` that computes the bias of one ``(h, i, j)``
+from per-head parameters or a per-distance table, so no ``L×L`` tensor is built on the
+flex path. ALiBi, T5 and KERPLE also give their bias per distance (``distance_terms``) for
+the CPU ``blockwise`` backend (:mod:`posenc.kernels`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch import Tensor, nn
 
 from .. import functional as PF
 from ..base import PositionEncoding, ScoreMod, Stage, register
+from ..kernels import DistanceTerms, saturation
 
 
 def _per_head(values: Tensor) -> Tensor:
@@ -69,6 +72,13 @@ class ALiBi(PositionEncoding):
         if not self.causal:
             rel = -rel.abs()
         return rel.unsqueeze(-3) * self.slopes.float().view(-1, 1, 1)  # (..., H, Lq, Lk)
+
+    def distance_terms(self, q: Tensor, k: Tensor) -> DistanceTerms:
+        """``m·d`` for ``d <= 0`` and ``-m·d`` for ``d >= 0``: linear on each side."""
+        m = self.slopes.float()
+        if self.causal:
+            return DistanceTerms(bias=lambda d: m[:, None] * d, kind="linear", far=(0, 0), slopes=(m, -m))
+        return DistanceTerms(bias=lambda d: -m[:, None] * d.abs(), kind="linear", far=(0, 0), slopes=(m, -m))
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         slopes, causal = self.slopes.float(), self.causal
@@ -160,6 +170,16 @@ class T5(PositionEncoding):
         idx = self.rel_distance(q_pos, k_pos) - lo  # (..., Lq, Lk) in [0, n)
         return table[:, idx].movedim(0, -3)  # (..., H, Lq, Lk)
 
+    def distance_terms(self, q: Tensor, k: Tensor) -> DistanceTerms:
+        """One bias per bucket; the buckets stop changing near ``±max_distance``."""
+        table = self.relative_attention_bias.weight  # (num_buckets, H)
+        return DistanceTerms(
+            bias=lambda r: table[r].t().float(),
+            rows=self.buckets,
+            kind="clamp",
+            far=saturation(self.buckets, self.max_distance, device=table.device),
+        )
+
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         # one value per head and distance, looked up by (j - i - lo): (H, n_distances)
         table, lo = self.distance_table(q_pos, k_pos)
@@ -242,6 +262,10 @@ class Kerple(PositionEncoding):
         d = self.rel_distance(q_pos, k_pos).abs().float().unsqueeze(-3)  # (..., 1, Lq, Lk)
         r1, r2 = (c.view(-1, 1, 1) for c in self.coefficients())
         return self._kernel(self.kernel, d, r1, r2)  # (..., H, Lq, Lk)
+
+    def distance_terms(self, q: Tensor, k: Tensor) -> DistanceTerms:
+        r1, r2 = (c[:, None] for c in self.coefficients())
+        return DistanceTerms(bias=lambda d: self._kernel(self.kernel, d.abs().float(), r1, r2))
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         r1, r2 = self.coefficients()

@@ -14,12 +14,13 @@ in the test, and the two properties above.
 Two ways to use it:
 
 * here, real-ified: ``[Re f | Im f]`` of width ``D`` is the token embedding of any real
-  model (``builds_embedding``: :class:`posenc.TransformerLM` passes its ``vocab_size``
-  and calls ``embed_tokens``). Built without a vocabulary (``vocab_size=None``, e.g. in
-  a bare :class:`posenc.Attention`, which sees vectors, not token ids), it is the
+  model. With a vocabulary the input stage builds the embedding (``input_at =
+  "tokens"``: :class:`posenc.TransformerLM` passes its ``vocab_size`` and calls
+  ``embed(tokens, pos)``). Built without one (``vocab_size=None``, e.g. in a bare
+  :class:`posenc.Attention`, which sees vectors, not token ids), it is the
   word-independent form: the input ``x`` read as ``[Re | Im]`` is the complex word
   vector ``r_j·e^{iθ_j}`` and ``embed(x, pos) = x ⊙ e^{iω·k}`` with one shared ``ω``;
-* :mod:`posenc.complex_model`: the paper's complex-valued attention and LM.
+* :mod:`posenc.encodings.complex_model`: the paper's complex-valued attention and LM.
 
 Initialisation follows the authors' code: ``ω`` starts at the sinusoidal frequencies
 ``10000^(−2k/D)`` (every word alike), ``θ = 0``, ``r ~ N(0, init_std²)``. Angles are
@@ -39,8 +40,8 @@ from ..base import PositionEncoding, Stage, register
 class ComplexOrder(PositionEncoding):
     """Complex Order embedding, real-ified to ``[Re | Im]``; see the module doc.
 
-    With ``vocab_size`` it owns per-word ``r``, ``ω``, ``θ`` tables and builds the token
-    embedding (``embed_tokens``); without, it owns one shared ``ω`` and ``embed(x, pos)``
+    With ``vocab_size`` it owns per-word ``r``, ``ω``, ``θ`` tables and ``embed(tokens, pos)``
+    builds the token embedding; without, it owns one shared ``ω`` and ``embed(x, pos)``
     rotates the given complex vectors (``share_frequency``/``share_phase`` then do not
     apply: the input carries amplitude and phase).
     """
@@ -50,7 +51,6 @@ class ComplexOrder(PositionEncoding):
     paper = "Wang et al., Encoding Word Order in Complex Embeddings"
     year = 2020
     stages = Stage.INPUT
-    builds_embedding = True
 
     def __init__(
         self,
@@ -72,7 +72,7 @@ class ComplexOrder(PositionEncoding):
         n = self.dim // 2
         self.vocab_size = vocab_size
         self.share_frequency, self.share_phase = bool(share_frequency), bool(share_phase)
-        self.builds_embedding = vocab_size is not None  # per instance: without a vocabulary it only rotates
+        self.input_at = "tokens" if vocab_size is not None else 0  # without a vocabulary it only rotates
         rows_w = 1 if share_frequency or vocab_size is None else vocab_size
         self.frequency = nn.Parameter(PF.sinusoidal_inv_freq(self.dim).expand(rows_w, n).clone())  # (V|1, D/2)
         if vocab_size is not None:
@@ -104,16 +104,21 @@ class ComplexOrder(PositionEncoding):
         angle = (pos.double().unsqueeze(-1) * w).float() + theta  # ω·k + θ
         return torch.complex(r * angle.cos(), r * angle.sin())
 
-    def embed_tokens(self, tokens: Tensor, pos: Tensor) -> Tensor:
-        z = self.complex_embedding(tokens, pos)
-        return torch.cat((z.real, z.imag), dim=-1).to(self.amplitude.weight.dtype)  # (B, L, D)
-
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        """With a vocabulary: ``x`` is token ids ``(B, L)`` -> ``[Re f | Im f]`` ``(B, L, D)``.
+
+        Without: ``x`` ``(B, L, D)`` read as ``[Re | Im]``, rotated by ``e^{iω·k}``.
+        """
+        if self.vocab_size is not None:
+            if x.dim() != 2:
+                raise ValueError(
+                    f"complex-order with a vocabulary builds the embedding: pass token ids (B, L), got shape {tuple(x.shape)}"
+                )
+            z = self.complex_embedding(x, pos)
+            return torch.cat((z.real, z.imag), dim=-1).to(self.amplitude.weight.dtype)  # (B, L, D)
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
         n = self.dim // 2
-        if self.vocab_size is not None:
-            raise ValueError("complex-order with a vocabulary builds the embedding: call embed_tokens(tokens, pos)")
         angle = (pos.double().unsqueeze(-1) * self.frequency[0].double()).float()  # (B|1, L, D/2)
         cos, sin = angle.cos(), angle.sin()
         re, im = x[..., :n].float(), x[..., n:].float()

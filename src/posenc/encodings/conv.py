@@ -20,9 +20,10 @@ is True in posenc's sense (shifting every position changes nothing), though abso
 position leaks through the padding, which is the point of Islam et al.
 
 KV-cache decoding: token ``t`` needs the inputs of the ``k−1`` tokens before it, which an
-earlier call saw. :meth:`init_state` gives the cache a :class:`ConvState` holding them
-(zeros at the start, which is the zero padding), so decoding token by token equals the
-full forward. Checked against a direct transcription of the convolution sum (test).
+earlier call saw. The encoding declares ``input_context = k − 1`` (causal mode), so the
+cache keeps those inputs and runs ``embed`` on them followed by the new ones
+(:class:`posenc.cache.InputHistory`); decoding token by token equals the full forward.
+Checked against a direct transcription of the convolution sum (test).
 """
 
 from __future__ import annotations
@@ -32,21 +33,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import PositionEncoding, Stage, register
-
-
-class ConvState(nn.Module):
-    """The last ``k−1`` inputs of each sequence ``(B, k−1, D)`` and how many tokens came."""
-
-    def __init__(self, batch_size: int, dim: int, kernel_size: int, *, dtype=None, device=None):
-        super().__init__()
-        self.register_buffer(
-            "buf", torch.zeros(batch_size, kernel_size - 1, dim, dtype=dtype, device=device), persistent=False
-        )
-        self.length = 0
-
-    def reset(self) -> None:
-        self.buf.zero_()
-        self.length = 0
 
 
 @register
@@ -70,6 +56,8 @@ class Conv(PositionEncoding):
         if not causal and kernel_size % 2 == 0:
             raise ValueError(f"bidirectional conv needs an odd kernel_size (centred window), got {kernel_size}")
         self.kernel_size, self.padding = kernel_size, padding
+        # decoding reads the k - 1 inputs before each token (a centred window would need future ones)
+        self.input_context = kernel_size - 1 if causal else 0
         self.conv = nn.Conv1d(self.dim, self.dim, kernel_size, groups=self.dim)  # depthwise
 
     @property
@@ -79,45 +67,24 @@ class Conv(PositionEncoding):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, kernel_size={self.kernel_size}, padding={self.padding!r}"
 
-    def init_state(self, batch_size: int, *, dtype=None, device=None) -> ConvState | None:
-        if not self.causal or self.kernel_size == 1:
-            return None  # a centred window needs future tokens: no incremental decoding
-        return ConvState(batch_size, self.dim, self.kernel_size, dtype=dtype, device=device)
-
-    def embed(self, x: Tensor, pos: Tensor, state: ConvState | None = None) -> Tensor:
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
         B, L, _ = x.shape
         k = self.kernel_size
         w, b = self.conv.weight.to(x.dtype), self.conv.bias.to(x.dtype)
         if self.causal:
-            start = 0
-            if state is None:
-                past = x.new_zeros(B, k - 1, self.dim)  # zero padding on the left only
-            else:
-                if state.buf.shape[0] != B:
-                    raise ValueError(f"conv state was made for batch size {state.buf.shape[0]}, got {B}")
-                past, start = state.buf.to(x.dtype), state.length
-            xin = torch.cat((past, x), dim=1)  # (B, k−1+L, D)
-            if state is not None and k > 1:
-                state.buf.copy_(xin[:, -(k - 1) :])
-                state.length += L
-            out = F.conv1d(xin.transpose(1, 2), w, b, groups=self.dim).transpose(1, 2)  # (B, L, D)
-            index = torch.arange(start, start + L, device=x.device)
+            xin = F.pad(x, (0, 0, k - 1, 0))  # (B, k−1+L, D): zero padding on the left only
             first = k - 1  # the first index whose window lies inside the sequence
         else:
-            if state is not None:
-                raise ValueError("bidirectional conv cannot decode incrementally (its window reads future tokens)")
-            h = (k - 1) // 2
+            h = first = (k - 1) // 2
             if self.padding == "circular":
-                idx = torch.arange(-h, L + h, device=x.device) % L
-                xin = x[:, idx]  # (B, L+2h, D), wrapped
+                xin = x[:, torch.arange(-h, L + h, device=x.device) % L]  # (B, L+2h, D), wrapped
             else:
                 xin = F.pad(x, (0, 0, h, h))  # (B, L+2h, D), zeros
-            out = F.conv1d(xin.transpose(1, 2), w, b, groups=self.dim).transpose(1, 2)  # (B, L, D)
-            index = torch.arange(L, device=x.device)
-            first = h
+        out = F.conv1d(xin.transpose(1, 2), w, b, groups=self.dim).transpose(1, 2)  # (B, L, D)
         if self.padding == "none":
+            index = torch.arange(L, device=x.device)
             inside = index >= first
             if not self.causal:
                 inside = inside & (index <= L - 1 - first)

@@ -11,7 +11,8 @@
 
   Checked against HF ``DebertaV2`` and ``Deberta`` ``DisentangledSelfAttention``.
   The enhanced mask decoder (absolute positions added only before the top layers) is
-  :class:`posenc.TransformerLM`'s ``absolute_from_layer`` option.
+  the ``absolute_from_layer=n`` option: an input stage that adds a learned absolute
+  table to the residual stream before block ``n`` of a :class:`posenc.TransformerLM`.
 
 * ``tupe`` — Ke, He, Liu, "Rethinking Positional Encoding in Language Pre-training",
   ICLR 2021. Positions never enter the token stream; each layer adds a positional score
@@ -22,7 +23,8 @@
   ``p = LayerNorm(P[pos])`` from a learned table; ``relative_bias=True`` adds T5's
   bucketed bias (TUPE-R; TUPE-A without); ``untie_cls=True`` replaces the whole positional
   term (absolute and relative) of every pair involving position 0 ([CLS]) by two learned
-  scalars per head, as eq. (9) and the official code (own [CLS] buckets) do.
+  scalars per head, as eq. (11) (``reset_θ`` of eq. 9 around the sum) and the official code
+  (own [CLS] buckets) do.
   Checked against the formula written out in the tests (there is no installable
   reference).
 
@@ -39,6 +41,7 @@ from torch import Tensor, nn
 
 from .. import functional as PF
 from ..base import PositionEncoding, Stage, register
+from ..kernels import DistanceTerms, saturation
 
 _POS_ATT_TYPES = ("c2p", "p2c")
 
@@ -73,9 +76,13 @@ class DeBERTa(PositionEncoding):
         hidden_size: width ``D`` of the table; ``H·Dh`` by default. Must equal the layer
             width with ``share_att_key``.
         layer_norm_eps: eps of that LayerNorm (HF default 1e-7).
+        absolute_from_layer: DeBERTa's enhanced mask decoder, approximated: a learned
+            absolute position table (``max_len`` rows of width ``hidden_size``) added to
+            the hidden states just before this block of a model, so only the blocks from
+            there on see absolute positions. None: no such table (relative only).
         clamp_relative_positions: clamp ``δ`` to ``±(max_relative_positions - 1)`` before
-            log-bucketing, as Microsoft's original code does (``da_utils.make_log_bucket_position``);
-            HF does not, so there a key more than ``max_relative_positions - 1`` positions
+            log-bucketing, as Microsoft's code does (``da_utils.make_log_bucket_position`` since
+            its 2023 DeBERTaV3 release; its 2021 v2 release did not); HF does not, so there a key more than ``max_relative_positions - 1`` positions
             *ahead* of the query lands in table row 0, which no distance inside the range
             uses (never trained), while Microsoft's lands in the last trained bucket. The two
             agree for every ``|δ| < max_relative_positions`` and for every causal pair. True
@@ -87,6 +94,7 @@ class DeBERTa(PositionEncoding):
     paper = "He et al., DeBERTa: Decoding-enhanced BERT with Disentangled Attention"
     year = 2021
     stages = Stage.TERMS
+    shared_modules = ("rel_embeddings", "rel_norm", "absolute")
 
     def __init__(
         self,
@@ -105,6 +113,7 @@ class DeBERTa(PositionEncoding):
         layer_norm_eps: float = 1e-7,
         init_std: float = 0.02,
         clamp_relative_positions: bool = True,
+        absolute_from_layer: int | None = None,
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
         types = (
@@ -140,24 +149,34 @@ class DeBERTa(PositionEncoding):
                 self.pos_key_proj = nn.Linear(D, inner, bias=version == 2)
             if self.p2c:
                 self.pos_query_proj = nn.Linear(D, inner)
-        self._layer: nn.Module | None = None
-
-    def attach(self, attn: nn.Module) -> None:
-        if not self.share_att_key:
-            return
-        if self.__dict__.get("_layer") is not None and self.__dict__["_layer"] is not attn:
-            raise ValueError("a deberta encoding with share_att_key=True belongs to one layer; build one per layer")
-        if attn.dim != self.hidden_size:
-            raise ValueError(f"share_att_key needs hidden_size == layer dim, got {self.hidden_size} and {attn.dim}")
-        self.__dict__["_layer"] = attn  # not a submodule: the layer owns the encoding, not the reverse
-
-    def tie_to(self, first: PositionEncoding) -> None:
-        self.rel_embeddings = first.rel_embeddings
-        self.rel_norm = first.rel_norm
+        self.uses_layer_projections = share_att_key  # the table goes through the layer's W_Q/W_K
+        self.absolute = None
+        if absolute_from_layer is not None:
+            if not isinstance(absolute_from_layer, int) or absolute_from_layer < 0:
+                raise ValueError(f"absolute_from_layer must be a block index >= 0 or None, got {absolute_from_layer!r}")
+            if max_len is None:
+                raise ValueError("absolute_from_layer needs max_len (the size of the absolute position table)")
+            self.absolute = nn.Embedding(max_len, D)
+            nn.init.normal_(self.absolute.weight, std=init_std)
+            self.stages = Stage.TERMS | Stage.INPUT
+            self.input_at = absolute_from_layer
+        self.absolute_from_layer = absolute_from_layer
 
     @property
     def relative(self) -> bool:
-        return True
+        return self.absolute is None
+
+    @property
+    def extrapolates(self) -> bool:
+        return self.absolute is None  # the enhanced-mask-decoder table has max_len rows
+
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        """Enhanced mask decoder (``absolute_from_layer``): ``x + P[pos]``, ``x`` ``(B, L, hidden_size)``."""
+        if self.absolute is None:
+            return x
+        if x.shape[-1] != self.hidden_size:
+            raise ValueError(f"absolute_from_layer: table width hidden_size={self.hidden_size}, x {tuple(x.shape)}")
+        return x + self.absolute(pos).to(x.dtype)  # (B|1, L, D)
 
     @property
     def num_terms(self) -> int:
@@ -178,34 +197,72 @@ class DeBERTa(PositionEncoding):
         # bucket each distinct distance once (2L - 1 of them), then look the pairs up
         lo = int(q_pos.min()) - int(k_pos.max())
         hi = int(q_pos.max()) - int(k_pos.min())
-        dist = torch.arange(lo, hi + 1, device=delta.device)
+        table = self.row_of(torch.arange(lo, hi + 1, device=delta.device))  # (hi - lo + 1,)
+        return table[delta - lo]
+
+    def row_of(self, delta: Tensor) -> Tensor:
+        """Row of the relative table for each distance ``δ = i - j`` (int64, same shape)."""
         if self.position_buckets > 0:
             if self.clamp_relative_positions:  # Microsoft's original; HF does not clamp
                 m = self.max_relative_positions - 1
-                dist = dist.clamp(-m, m)
-            dist = make_log_bucket_position(dist, self.position_buckets, self.max_relative_positions)
-        table = (dist + self.span).clamp(0, 2 * self.span - 1)  # (hi - lo + 1,)
-        return table[delta - lo]
+                delta = delta.clamp(-m, m)
+            delta = make_log_bucket_position(delta, self.position_buckets, self.max_relative_positions)
+        return (delta + self.span).clamp(0, 2 * self.span - 1)
+
+    def _saturation_limit(self) -> int:
+        """A distance beyond which :meth:`row_of` no longer changes."""
+        if self.position_buckets == 0:
+            return self.span
+        if self.clamp_relative_positions:
+            return self.max_relative_positions - 1
+        limit = self.max_relative_positions  # HF's buckets keep growing until the table clamps them
+        while not (self.row_of(torch.tensor([-limit, limit])) == torch.tensor([0, 2 * self.span - 1])).all():
+            limit *= 2
+        return limit
 
     def rel_table(self) -> Tensor:
         """The shared ``(2·span, D)`` table, normalised if ``norm_rel_ebd``."""
         e = self.rel_embeddings.weight
         return self.rel_norm(e) if self.rel_norm is not None else e
 
-    def _project(self, table: Tensor, which: str) -> Tensor:
-        """``(2·span, D)`` -> ``(H, 2·span, Dh)`` with the key (c2p) or query (p2c) projection."""
+    def project_table(self, table: Tensor, which: str, qk_proj=None) -> Tensor:
+        """``(2·span, D)`` -> ``(H, 2·span, Dh)`` with the key (c2p) or query (p2c) projection.
+
+        With ``share_att_key`` those are the layer's ``W_K``/``W_Q``, given as ``qk_proj``.
+        """
         if self.share_att_key:
-            layer = self.__dict__.get("_layer")
-            if layer is None:
+            if qk_proj is None:
                 raise ValueError(
-                    "share_att_key=True uses the layer's W_Q/W_K: run this encoding inside posenc.Attention"
+                    "share_att_key=True projects the table with the layer's W_Q/W_K: pass "
+                    "qk_proj=(q_proj, k_proj), as posenc.Attention does"
                 )
-            proj = layer.k_proj if which == "key" else layer.q_proj
+            proj = qk_proj[1] if which == "key" else qk_proj[0]
+            if proj.in_features != self.hidden_size:
+                raise ValueError(
+                    f"share_att_key needs hidden_size == layer dim, got {self.hidden_size} and {proj.in_features}"
+                )
         else:
             proj = self.pos_key_proj if which == "key" else self.pos_query_proj
         return proj(table).view(-1, self.heads, self.head_dim).transpose(0, 1)
 
-    def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def distance_terms(self, q: Tensor, k: Tensor, *, qk_proj=None) -> DistanceTerms:
+        """c2p (``q·Kr``) and p2c (``k·Qr``) vectors per table row of ``δ = i - j = -d``."""
+        table = self.rel_table()
+        kr = self.project_table(table, "key", qk_proj) if self.c2p else None  # (H, 2span, Dh)
+        qr = self.project_table(table, "query", qk_proj) if self.p2c else None
+
+        def rows(d: Tensor) -> Tensor:
+            return self.row_of(-d)
+
+        return DistanceTerms(
+            rel_k=None if kr is None else (lambda r: kr[:, r]),
+            rel_q=None if qr is None else (lambda r: qr[:, r]),
+            rows=rows,
+            kind="clamp",
+            far=saturation(rows, self._saturation_limit(), device=table.device),
+        )
+
+    def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, *, qk_proj=None) -> Tensor:
         if q.shape[-2] != q_pos.shape[-1] or k.shape[-2] != k_pos.shape[-1]:
             raise ValueError(
                 f"q/k lengths {q.shape[-2]}/{k.shape[-2]} do not match positions {q_pos.shape[-1]}/{k_pos.shape[-1]}"
@@ -215,10 +272,10 @@ class DeBERTa(PositionEncoding):
         B, H, Lq, _ = q.shape
         out = None
         if self.c2p:
-            kr = self._project(table, "key").to(q.dtype)  # (H, 2span, Dh)
+            kr = self.project_table(table, "key", qk_proj).to(q.dtype)  # (H, 2span, Dh)
             out = PF.gather_relative_logits(q @ kr.transpose(-1, -2), idx)  # q_i·Kr[idx]
         if self.p2c:
-            qr = self._project(table, "query").to(k.dtype)  # (H, 2span, Dh)
+            qr = self.project_table(table, "query", qk_proj).to(k.dtype)  # (H, 2span, Dh)
             kq = (k @ qr.transpose(-1, -2)).transpose(-1, -2)  # (B, H, 2span, Lk): k_j·Qr[r]
             index = idx.unsqueeze(1).expand(B, H, Lq, k.shape[-2])
             p2c = torch.gather(kq, -2, index)  # k_j·Qr[idx(i, j)]
@@ -304,8 +361,6 @@ class TUPE(PositionEncoding):
         return p.unflatten(-1, (self.heads, self.head_dim)).transpose(-2, -3).float()
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        self.check_length(q_pos)
-        self.check_length(k_pos)
         pq, pk = self._pos_proj(q_pos, self.pos_q), self._pos_proj(k_pos, self.pos_k)
         out = (pq @ pk.transpose(-1, -2)) * self.scale  # (..., H, Lq, Lk)
         if self.relative_bias:
@@ -317,7 +372,7 @@ class TUPE(PositionEncoding):
             )
             out = out + self.relative_attention_bias(b).float().movedim(-1, -3)
         if self.untie_cls:
-            # eq. (9): reset_θ replaces the WHOLE positional term of pairs involving [CLS]
+            # eq. (9)/(11): reset_θ replaces the WHOLE positional term of pairs involving [CLS]
             # (absolute and relative alike; the official code gives [CLS] its own buckets)
             h = (-1, 1, 1)
             q0 = (q_pos == 0).unsqueeze(-1).unsqueeze(-3)  # (..., 1, Lq, 1)

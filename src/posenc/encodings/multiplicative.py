@@ -71,7 +71,6 @@ class Multiplicative(PositionEncoding):
 
     def multiplier(self, pos: Tensor) -> Tensor:
         """``1 + β·PE(pos)``: ``pos.shape + (D,)`` float32 (sinusoidal) or the table's dtype."""
-        self.check_length(pos)
         pe = PF.sinusoidal_table(pos, self.dim, base=self.base) if self.table is None else self.table(pos)
         return 1.0 + self.strength * pe
 

@@ -20,7 +20,7 @@
   rotating frame (exact for ``g = 0``; its error grows with ``g``, and it keeps ``|p|``
   only approximately: pass ``method="dopri5"`` with tolerances for an accurate solve): adaptive
   ``dopri5`` at ``rtol=1e-4`` cost 25 s fwd+bwd at L = 512 on a contended CPU. As in the paper, the encoding is injected before every layer
-  (``input_every_layer``: each attention layer projects ``LN(x) + p``, so ``p`` enters
+  (``input_at = "layer"``: each attention layer projects ``LN(x) + p``, so ``p`` enters
   as a position-dependent bias of W_Q, W_K, W_V) and the dynamics are shared by all
   blocks (the paper's parameter sharing). Checked against the sinusoidal solution (test).
 * ``recurrent`` — the discrete form of the same idea: ``p_{k+1} = GRU(1, p_k)``, a
@@ -172,7 +172,7 @@ class Floater(_Generated):
     name = "floater"
     paper = "Liu et al., Learning to Encode Position for Transformer with Continuous Dynamical Model"
     year = 2020
-    input_every_layer = True
+    input_at = "layer"
     share_across_layers = True
     CHUNK = 64  # output times per torchdiffeq call (see _solve)
 

@@ -27,7 +27,9 @@ Fast path for both, no ``(L, L, Dh)`` tensor: the query is dotted once with each
 (:func:`posenc.functional.gather_relative_logits`, equivalent to XL's rel-shift and
 Music Transformer's skew, but also right for arbitrary positions); Shaw's value term is
 the attention mass per distance times ``aV``
-(:func:`posenc.functional.scatter_relative_values`).
+(:func:`posenc.functional.scatter_relative_values`). With consecutive positions on the
+CPU, ``distance_terms`` hands the same tables to :mod:`posenc.kernels`, which keeps Shaw's
+clipped far field in the fused kernel (``k + aK[-k]``, ``v + aV[-k]``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from torch import Tensor, nn
 
 from .. import functional as PF
 from ..base import PositionEncoding, Stage, register
+from ..kernels import DistanceTerms
 
 
 def _check_lengths(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> None:
@@ -126,6 +129,21 @@ class Shaw(PositionEncoding):
             rel = q @ table.t()  # (B, H, Lq, R)
         return PF.gather_relative_logits(rel, self.rel_index(q_pos, k_pos))
 
+    def distance_terms(self, q: Tensor, k: Tensor) -> DistanceTerms:
+        """Key and value vectors per clipped distance: constant beyond ``±k``."""
+        K = self.max_relative_position
+
+        def table(t: Tensor):
+            return lambda r: t[:, r] if self.per_head else t[r].unsqueeze(0)  # (H|1, m, Dh)
+
+        return DistanceTerms(
+            rel_k=table(self.rel_k),
+            rel_v=table(self.rel_v),
+            rows=lambda d: d.clamp(-K, K) + K,
+            kind="clamp",
+            far=(-K, K),
+        )
+
     def value_term(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         mass = PF.scatter_relative_values(attn, self.rel_index(q_pos, k_pos), self.num_rel)  # (B, H, Lq, R)
         table = self.rel_v.to(attn.dtype)
@@ -144,6 +162,8 @@ class TransformerXL(PositionEncoding):
         clamp_len: clip ``|i - j|`` to this many positions (HF ``clamp_len``); None = no clip.
         base: sinusoid base.
         init_std: std of the normal init of ``u``, ``v`` and ``W_R`` (HF ``init_std``).
+        memory_len: tokens of earlier segments each layer attends to (HF ``mem_len``;
+            the segment-level recurrence): ``lm.init_memory()`` makes a memory that long.
 
     Parameter names follow HF: ``r_w_bias`` (u), ``r_r_bias`` (v), both ``(H, Dh)``,
     and ``r_net`` (``W_R``, ``d_model -> H·Dh``, no bias).
@@ -166,8 +186,12 @@ class TransformerXL(PositionEncoding):
         clamp_len: int | None = None,
         base: float = 10000.0,
         init_std: float = 0.02,
+        memory_len: int = 0,
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
+        if not isinstance(memory_len, int) or isinstance(memory_len, bool) or memory_len < 0:
+            raise ValueError(f"memory_len must be an int >= 0, got {memory_len!r}")
+        self.memory_len = memory_len
         d_model = self.dim if d_model is None else d_model
         if not isinstance(d_model, int) or d_model < 2 or d_model % 2:
             raise ValueError(f"d_model must be an even int >= 2, got {d_model!r}")
@@ -204,3 +228,9 @@ class TransformerXL(PositionEncoding):
         u = self.r_w_bias.to(q.dtype)[None, :, None]
         bd = PF.gather_relative_logits((q + v) @ rk.transpose(-1, -2).unsqueeze(0), delta - lo)  # (B, H, Lq, Lk)
         return bd + u @ k.transpose(-1, -2)  # + u·k_j, (B, H, 1, Lk) broadcast over i
+
+    def distance_terms(self, q: Tensor, k: Tensor) -> DistanceTerms:
+        """``(q + u)·k_j + (q + v)·W_R R_{i-j}``: one vector per distance, no far field."""
+        u = self.r_w_bias.to(q.dtype)[None, :, None]  # (1, H, 1, Dh)
+        v = self.r_r_bias.to(q.dtype)[None, :, None]
+        return DistanceTerms(rel_k=lambda d: self.rel_keys(-d), q=q + u, q_rel=q + v)

@@ -17,7 +17,14 @@ Wang, Zhao, Li, Hou, Hu, Simonsen, "Encoding Word Order in Complex Embeddings", 
 * layer norm and the MLP's activation act on the real and imaginary parts separately;
 * the output layer reads ``[Re | Im]``.
 
-Checked against a direct loop transcription of the score in the test.
+Checked against a direct loop transcription of the score in the test. Decoding with a
+KV cache (:meth:`ComplexTransformerLM.init_cache`, complex keys and values) equals the
+full forward, as for every causal model in posenc.
+
+Not in the encoding registry, on purpose: the registry holds :class:`~posenc.PositionEncoding`
+stages that run inside :class:`posenc.Attention` and :class:`posenc.TransformerLM`; this
+is a different model (complex activations, a modulus score no backend computes), so it
+lives beside its encoding, ``complex-order``, whose real-ified form is the registered one.
 
 Shape notation as in :mod:`posenc`; ``D`` here is the number of complex features.
 """
@@ -30,8 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import as_positions
-from .encodings.complex import ComplexOrder
+from ..base import as_positions
+from ..cache import KVCache, ModelCache
+from ..mask import AttentionMask
+from .complex import ComplexOrder
 
 __all__ = ["ComplexLinear", "ComplexAttention", "ComplexTransformerLM"]
 
@@ -86,7 +95,12 @@ class ComplexAttention(nn.Module):
         k = k.conj() if self.conjugate else k
         return (q @ k.transpose(-1, -2)).abs() / math.sqrt(self.head_dim)
 
-    def forward(self, z: Tensor) -> Tensor:
+    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty cache of complex keys and values."""
+        w = self.q_proj.real.weight
+        return KVCache(batch_size, max_len, self.heads, self.head_dim, dtype=torch.complex64, device=w.device)
+
+    def forward(self, z: Tensor, cache: KVCache | None = None) -> Tensor:
         if not z.is_complex() or z.dim() != 3 or z.shape[-1] != self.dim:
             raise ValueError(f"z must be complex of shape (B, L, {self.dim}), got {z.dtype} {tuple(z.shape)}")
         B, L, _ = z.shape
@@ -95,9 +109,12 @@ class ComplexAttention(nn.Module):
             return t.view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
 
         q, k, v = heads(self.q_proj(z)), heads(self.k_proj(z)), heads(self.v_proj(z))
-        s = self.scores(q, k)  # (B, H, L, L)
-        if self.causal:
-            mask = torch.ones(L, L, dtype=torch.bool, device=z.device).tril()
+        if cache is not None:
+            k, v, _ = cache.update(k, v, torch.zeros(1, L, dtype=torch.long, device=z.device))  # (B, H, Lk, Dh)
+        Lk = k.shape[2]
+        s = self.scores(q, k)  # (B, H, L, Lk)
+        mask = AttentionMask(causal=self.causal, offset=Lk - L).dense(L, Lk, z.device)
+        if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
         a = torch.softmax(s, dim=-1).to(v.dtype)
         out = (a @ v).transpose(1, 2).reshape(B, L, self.dim)  # (B, L, D)
@@ -114,8 +131,8 @@ class ComplexBlock(nn.Module):
         self.attn = ComplexAttention(dim, heads, causal=causal, conjugate=conjugate)
         self.fc, self.proj = ComplexLinear(dim, hidden, bias=True), ComplexLinear(hidden, dim, bias=True)
 
-    def forward(self, z: Tensor) -> Tensor:
-        z = z + self.attn(self.ln1(z))
+    def forward(self, z: Tensor, cache: KVCache | None = None) -> Tensor:
+        z = z + self.attn(self.ln1(z), cache)
         h = self.fc(self.ln2(z))
         h = torch.complex(F.gelu(h.real), F.gelu(h.imag))
         return z + self.proj(h)
@@ -161,12 +178,20 @@ class ComplexTransformerLM(nn.Module):
         self.ln_f = ComplexLayerNorm(dim)
         self.head = nn.Linear(2 * dim, vocab_size, bias=False)
 
-    def forward(self, tokens: Tensor, pos: Tensor | None = None) -> Tensor:
+    def init_cache(self, batch_size: int, max_len: int) -> ModelCache:
+        """An empty KV cache (complex keys and values) for ``batch_size`` sequences of up to ``max_len`` tokens."""
+        return ModelCache([b.attn.init_cache(batch_size, max_len) for b in self.blocks])
+
+    def forward(self, tokens: Tensor, pos: Tensor | None = None, cache: ModelCache | None = None) -> Tensor:
+        """Logits; with ``cache``, append to it (positions continue from the cached tokens)."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape (B, L), got {tuple(tokens.shape)}")
-        pos = as_positions(pos, tokens.shape[1], device=tokens.device, batch=tokens.shape[0])  # (B|1, L)
+        if cache is not None and len(cache.layers) != len(self.blocks):
+            raise ValueError(f"cache has {len(cache.layers)} layers, model has {len(self.blocks)}")
+        offset = cache.length if cache is not None else 0
+        pos = as_positions(pos, tokens.shape[1], offset=offset, device=tokens.device, batch=tokens.shape[0])
         z = self.embedding.complex_embedding(tokens, pos)  # (B, L, D) complex64
-        for block in self.blocks:
-            z = block(z)
+        for i, block in enumerate(self.blocks):
+            z = block(z, cache.layers[i] if cache is not None else None)
         z = self.ln_f(z)
         return self.head(torch.cat((z.real, z.imag), dim=-1))

@@ -1,0 +1,337 @@
+"""Attention backends: public functions with one signature, in one registry.
+
+API reference (what :class:`posenc.Attention` calls, and what other code may call)::
+
+    posenc.scores(enc, q, k, q_pos, k_pos, *, qk_proj=None, parts=False)
+        # the pre-softmax score sum  s = scale·(q̃·k̃ + score_terms) + bias, float32 (B, H, Lq, Lk);
+        # parts=True: {"qk": scale·q̃·k̃, "terms": scale·score_terms, "bias": bias}, the stages it has
+    posenc.BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask, *, qk_proj=None, options=None) -> (B, H, Lq, Dh)
+        # q (B, H, Lq, Dh), k, v (B, H, Lk, Dh): after the q/k stage (Attention.project);
+        # q_pos (B|1, Lq), k_pos (B|1, Lk) int64; mask: a posenc.AttentionMask;
+        # qk_proj: the layer's (W_Q, W_K) for encodings with uses_layer_projections;
+        # options: a BlockOptions (query block sizes, recompute budget)
+    posenc.supported_backends(enc) -> list[str]     # every one of them equals "eager"
+    posenc.select_backend(enc, device_type) -> str  # what backend="auto" runs
+
+============  ======================================  =====================================
+backend       runs                                    how
+============  ======================================  =====================================
+``sdpa``      input and q/k stages only               ``F.scaled_dot_product_attention``
+                                                      (flash / memory-efficient kernels)
+``flex``      + scalar ``bias`` with a ``score_mod``   FlexAttention, no L×L tensor
+                                                      (compiled on CUDA; CPU: forward only)
+``blockwise`` terms given per distance               :mod:`posenc.kernels` (CPU): fused
+              (``distance_terms``)                    calls on far fields and linear
+                                                      biases, explicit bands near the
+                                                      diagonal, recomputed in backward
+``dense``     + scalar ``bias``                       SDPA with the bias as a float mask,
+                                                      in query blocks
+``chunked``   every stage                             :func:`scores` in query blocks:
+                                                      per-distance logits gathered into
+                                                      place (memory O(chunk·Lk + L·Dh),
+                                                      never L²·Dh)
+``eager``     every stage                             :func:`scores` over all queries at
+                                                      once, in float32: the oracle
+============  ======================================  =====================================
+
+``chunked`` was called ``relative`` before; that name is still accepted
+(:data:`BACKEND_ALIASES`). Every backend takes its masking from the
+:class:`~posenc.AttentionMask` alone, and gives a query row that sees no key a zero
+output (never NaN, in forward or backward).
+
+A new backend is one function with this signature added to :data:`BACKENDS` and a
+clause in :func:`supported_backends`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from .base import PositionEncoding, Stage
+from .kernels.backend import blockwise
+from .mask import AttentionMask
+
+__all__ = [
+    "AttendFn",
+    "BACKENDS",
+    "BACKEND_ALIASES",
+    "BlockOptions",
+    "backend_names",
+    "canonical_backend",
+    "scores",
+    "select_backend",
+    "supported_backends",
+]
+
+# (W_Q, W_K) of the layer, for encodings that project their own tables with them
+QKProj = tuple[nn.Module, nn.Module]
+
+
+@dataclass(frozen=True)
+class BlockOptions:
+    """How the blocked backends cut the work.
+
+    Attributes:
+        chunk_size: query block of ``chunked``.
+        dense_chunk: query block of ``dense`` (at most ``chunk_size``): small blocks let
+            causal attention skip most masked keys while the fused kernel still sees long rows.
+        checkpoint_bytes: saved-score budget of one call above which ``dense``/``chunked``
+            recompute their blocks in backward.
+    """
+
+    chunk_size: int = 1024
+    dense_chunk: int = 256
+    checkpoint_bytes: int = 2 * 2**30
+
+    def __post_init__(self) -> None:
+        for name in ("chunk_size", "dense_chunk"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+
+
+AttendFn = Callable[..., Tensor]  # (enc, q, k, v, q_pos, k_pos, mask, *, qk_proj=None, options=None)
+
+
+# ============================================================================ the score sum
+def scores(
+    enc: PositionEncoding,
+    q: Tensor,
+    k: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    *,
+    qk_proj: QKProj | None = None,
+    parts: bool = False,
+) -> Tensor | dict[str, Tensor]:
+    """Pre-softmax scores ``s = scale·(q̃·k̃ + score_terms) + bias``: float32 ``(B, H, Lq, Lk)``.
+
+    ``q``/``k`` are after the q/k stage; the encoding's ``score_terms`` and ``bias`` run if
+    it declares them, and its ``qk_scores`` replaces ``q̃·k̃`` if it declares ``Stage.SCORES``. With ``parts=True`` the separate terms come back as a dict
+    (``"qk"``, and ``"terms"``/``"bias"`` where the encoding has them), each float32
+    ``(B, H, Lq, Lk)``; they sum to the scores.
+    """
+    st = enc.stages
+    extra = {"qk_proj": qk_proj} if enc.uses_layer_projections else {}
+    if parts:
+        out = {"qk": _qk(enc, q, k, q_pos, k_pos).float() * enc.scale}  # (B, H, Lq, Lk)
+        if st & Stage.TERMS:
+            out["terms"] = enc.score_terms(q, k, q_pos, k_pos, **extra).float() * enc.scale
+        if st & Stage.BIAS:
+            out["bias"] = enc.bias(q_pos, k_pos).float().expand_as(out["qk"])
+        return out
+    # in place from the matmul on: none of these intermediates is saved for backward,
+    # and each L×L pass that allocates costs as much as the arithmetic on CPU
+    s = _qk(enc, q, k, q_pos, k_pos)  # (B, H, Lq, Lk)
+    if st & Stage.TERMS:
+        s.add_(enc.score_terms(q, k, q_pos, k_pos, **extra))
+    s = s.float().mul_(enc.scale)
+    if st & Stage.BIAS:
+        s.add_(enc.bias(q_pos, k_pos))
+    return s
+
+
+def _qk(enc: PositionEncoding, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """The ``q̃·k̃`` term ``(B, H, Lq, Lk)``: the encoding's own ``qk_scores`` where it has them."""
+    if enc.stages & Stage.SCORES:
+        return enc.qk_scores(q, k, q_pos, k_pos)
+    return q @ k.transpose(-1, -2)
+
+
+def _materialized(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, qk_proj=None) -> Tensor:
+    """Scores, mask, softmax and output for a block of queries against the keys given."""
+    Lq, Lk = q.shape[2], k.shape[2]
+    s = scores(enc, q, k, q_pos, k_pos, qk_proj=qk_proj)
+    dense = mask.dense(Lq, Lk, q.device)
+    blind = None  # query rows that see no key at all (a fully padded row)
+    if dense is not None:
+        s.masked_fill_(~dense, float("-inf"))
+        if mask.may_hide_rows:
+            blind = ~dense.any(-1, keepdim=True)  # (B|1, 1, Lq, 1)
+            s.masked_fill_(blind, 0.0)  # a finite row: no NaN in forward or backward
+    attn = torch.softmax(s, dim=-1)
+    if blind is not None:
+        attn = attn.masked_fill(blind, 0.0)  # output 0, as SDPA and FlexAttention give
+    attn = attn.to(v.dtype)
+    out = attn @ v  # (B, H, Lq, Dh)
+    if enc.stages & Stage.VALUE:
+        out = out + enc.value_term(attn, q_pos, k_pos).to(out.dtype)
+    return out
+
+
+def _saved_score_bytes(q: Tensor, k: Tensor, mask: AttentionMask) -> int:
+    """Bytes autograd keeps for the math kernel: ~3 float32 score-sized tensors."""
+    B, H, Lq, _ = q.shape
+    return B * H * Lq * k.shape[2] * 4 * 3 // (2 if mask.causal else 1)
+
+
+def _needs_grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _in_query_blocks(block, c: int, recompute: bool, q, k, v, q_pos, k_pos, mask: AttentionMask) -> Tensor:
+    """Run ``block`` on query rows ``[s, s + c)`` against only the keys the mask lets them see.
+
+    ``block`` has a backend's signature; ``recompute``: checkpoint each block (its scores
+    are rebuilt in backward).
+    """
+    Lq, Lk = q.shape[2], k.shape[2]
+    if Lq <= c:
+        return block(q, k, v, q_pos, k_pos, mask)
+    outs = []
+    for s in range(0, Lq, c):
+        e = min(s + c, Lq)
+        ks, ke = mask.key_range(s, e, Lk)
+        args = (q[:, :, s:e], k[:, :, ks:ke], v[:, :, ks:ke], q_pos[:, s:e], k_pos[:, ks:ke], mask.narrow(s, ks, ke))
+        outs.append(checkpoint(block, *args, use_reentrant=False) if recompute else block(*args))
+    return torch.cat(outs, dim=2)  # (B, H, Lq, Dh)
+
+
+# ============================================================================ backends
+def sdpa(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None) -> Tensor:
+    """``F.scaled_dot_product_attention``: input and q/k stages only."""
+    Lq, Lk = q.shape[2], k.shape[2]
+    if mask.is_causal_square(Lq, Lk):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=enc.scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense(Lq, Lk, q.device), scale=enc.scale)
+
+
+def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None) -> Tensor:
+    """SDPA with the bias as a float mask, in query blocks of ``options.dense_chunk`` rows.
+
+    Blocking bounds the bias at ``(B|1, H, chunk, Lk)`` and drops the keys a block cannot
+    see (about half the work when causal). A 4-D bias that needs no gradient runs the
+    fused (flash) kernel; a learned bias (T5) needs ``dS`` per (i, j), which only the math
+    kernel returns: its blocks are recomputed in backward when their saved scores would
+    exceed ``options.checkpoint_bytes``.
+    """
+    o = options or BlockOptions()
+    scale = enc.scale
+
+    def block(qb, kb, vb, qp, kp, m: AttentionMask):
+        bias = enc.bias(qp, kp)  # (B|1, H, Lq_b, Lk_b) float32
+        keep = m.dense(qb.shape[2], kb.shape[2], qb.device)
+        if keep is not None:
+            bias = bias.masked_fill(~keep, float("-inf"))
+        return F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bias.to(qb.dtype), scale=scale)
+
+    learned_bias = _needs_grad(q, k, v) and any(p.requires_grad for p in enc.parameters())
+    recompute = learned_bias and _saved_score_bytes(q, k, mask) > o.checkpoint_bytes
+    return _in_query_blocks(block, min(o.chunk_size, o.dense_chunk), recompute, q, k, v, q_pos, k_pos, mask)
+
+
+def chunked(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None) -> Tensor:
+    """:func:`scores`, softmax and values in query blocks of ``options.chunk_size`` rows.
+
+    Each block sees only the keys the mask lets it see. With gradients, the blocks are
+    recomputed in backward when the saved scores of the whole call would exceed
+    ``options.checkpoint_bytes``.
+    """
+    o = options or BlockOptions()
+    recompute = _needs_grad(q, k, v) and _saved_score_bytes(q, k, mask) > o.checkpoint_bytes
+
+    def block(qb, kb, vb, qp, kp, m):
+        return _materialized(enc, qb, kb, vb, qp, kp, m, qk_proj)
+
+    return _in_query_blocks(block, o.chunk_size, recompute, q, k, v, q_pos, k_pos, mask)
+
+
+def eager(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None) -> Tensor:
+    """The oracle: every term materialised at once, float32 throughout."""
+    out = _materialized(enc, q.float(), k.float(), v.float(), q_pos, k_pos, mask, qk_proj)
+    return out.to(q.dtype)
+
+
+_compiled_flex = None
+
+
+def _flex_attention(device_type: str):
+    """FlexAttention: compiled on CUDA (fused kernel); the eager reference elsewhere."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    global _compiled_flex
+    if device_type != "cuda":
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def flex(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None) -> Tensor:
+    """FlexAttention with the encoding's ``score_mod`` and the mask's ``mask_mod``."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, _, Lq, _ = q.shape
+    Lk = k.shape[2]
+    score_mod = enc.score_mod(q_pos.expand(B, Lq), k_pos.expand(B, Lk))
+    mask_mod = mask.mask_mod()
+    block_mask = None
+    if mask_mod is not None:
+        block_mask = create_block_mask(mask_mod, B if mask.batched else None, None, Lq, Lk, device=q.device.type)
+    with warnings.catch_warnings():
+        # off CUDA the unfused reference runs on purpose (FlexAttention has no CPU backward)
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return _flex_attention(q.device.type)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=enc.scale)
+
+
+BACKENDS: dict[str, AttendFn] = {
+    "sdpa": sdpa,
+    "flex": flex,
+    "blockwise": blockwise,
+    "dense": dense,
+    "chunked": chunked,
+    "eager": eager,
+}
+BACKEND_ALIASES: dict[str, str] = {"relative": "chunked"}  # old name -> current name
+
+
+def backend_names() -> tuple[str, ...]:
+    """Every name ``backend=`` accepts: ``"auto"``, the registered backends, their aliases."""
+    return ("auto", *BACKENDS, *BACKEND_ALIASES)
+
+
+def canonical_backend(name: str) -> str:
+    """``name`` with aliases resolved; ``ValueError`` for an unknown name."""
+    if not isinstance(name, str) or name not in backend_names():
+        raise ValueError(f"backend must be one of {backend_names()}, got {name!r}")
+    return BACKEND_ALIASES.get(name, name)
+
+
+def supported_backends(enc: PositionEncoding) -> list[str]:
+    """Backends able to run ``enc`` (every one of them equals ``eager``)."""
+    st = enc.stages
+    vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES)) or enc.rotates_value
+    out = []
+    if not st & Stage.BIAS and not vector:
+        out.append("sdpa")
+    if type(enc).distance_terms is not PositionEncoding.distance_terms and not enc.rotates_value:
+        out.append("blockwise")
+    if st & Stage.BIAS and not vector:
+        out += ["flex", "dense"]
+    return out + ["chunked", "eager"]
+
+
+def select_backend(enc: PositionEncoding, device_type: str) -> str:
+    """The backend ``"auto"`` runs for ``enc`` on ``device_type`` (``"cpu"``, ``"cuda"``, ...).
+
+    FlexAttention is chosen on CUDA only: on CPU it has no backward, and its compiled
+    forward costs a long compile for each new shape. ``blockwise`` is chosen on CPU only
+    (its fused calls are CPU SDPA's flash kernel).
+    """
+    ok = supported_backends(enc)
+    if "sdpa" in ok:
+        return "sdpa"
+    if "flex" in ok and enc.has_score_mod and device_type == "cuda":
+        return "flex"
+    if "blockwise" in ok and device_type == "cpu":
+        return "blockwise"
+    if "dense" in ok:
+        return "dense"
+    return "chunked"

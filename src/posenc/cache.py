@@ -1,0 +1,181 @@
+"""What a model keeps between calls: KV caches, input-stage history, segment memory.
+
+* :class:`KVCache` — keys, values and key positions of one attention layer, written by
+  index (decoding: each call with ``cache=`` appends and advances).
+* :class:`InputHistory` — the last inputs of an input stage that reads preceding tokens
+  (an encoding's ``input_context``, e.g. a causal convolution's ``k - 1``), so that
+  decoding token by token equals the full forward.
+* :class:`ModelCache` — one :class:`KVCache` per layer, plus the history of input stages
+  the model runs outside the layers.
+* :class:`SegmentMemory` — Transformer-XL's recurrence: each layer's inputs of the last
+  ``memory_len`` tokens of earlier segments, detached.
+
+Which keys the cache stores (rotated, or raw for encodings with ``cache_raw_keys``) and
+how long the input history and the memory are, the encodings declare (see
+:class:`posenc.PositionEncoding`); nothing here knows an encoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from .base import PositionEncoding
+
+__all__ = ["KVCache", "InputHistory", "ModelCache", "SegmentMemory", "cat_positions"]
+
+
+def cat_positions(a: Tensor, b: Tensor) -> Tensor:
+    """``(B|1, La[, A])`` and ``(B|1, Lb[, A])`` -> ``(B|1, La + Lb[, A])``, broadcasting the batch."""
+    n = max(a.shape[0], b.shape[0])
+    return torch.cat((a.expand(n, *a.shape[1:]), b.expand(n, *b.shape[1:])), dim=1)
+
+
+class InputHistory:
+    """The last ``size`` inputs ``(B, ≤size, D)`` of an input stage and their positions."""
+
+    def __init__(self, size: int):
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be an int >= 1, got {size!r}")
+        self.size = size
+        self.x: Tensor | None = None
+        self.pos: Tensor | None = None
+
+    def reset(self) -> None:
+        self.x = self.pos = None
+
+    def embed(self, enc: PositionEncoding, x: Tensor, pos: Tensor) -> Tensor:
+        """``enc.embed`` over the kept inputs followed by ``x``; the rows of ``x`` come back.
+
+        ``x`` ``(B, L, D)``, ``pos`` ``(B|1, L)``. Keeps the last ``size`` inputs for the next call.
+        """
+        if self.x is None:
+            xa, pa, n = x, pos, 0
+        else:
+            if self.x.shape[0] != x.shape[0]:
+                raise ValueError(f"input history was made for batch size {self.x.shape[0]}, got {x.shape[0]}")
+            n = self.x.shape[1]
+            xa, pa = torch.cat((self.x.to(x.dtype), x), dim=1), cat_positions(self.pos, pos)  # (B, n + L, D)
+        out = enc.embed(xa, pa)[:, n:]
+        self.x, self.pos = xa[:, -self.size :].detach(), pa[:, -self.size :]
+        return out
+
+
+def run_input_stage(enc: PositionEncoding, x: Tensor, pos: Tensor, history: InputHistory | None) -> Tensor:
+    """``enc.embed(x, pos)``, through ``history`` when decoding with a cache."""
+    return enc.embed(x, pos) if history is None else history.embed(enc, x, pos)
+
+
+def input_history(enc: PositionEncoding) -> InputHistory | None:
+    """A fresh history for ``enc``'s input stage; None when it reads no preceding inputs."""
+    return InputHistory(enc.input_context) if enc.input_context > 0 else None
+
+
+class KVCache(nn.Module):
+    """Keys, values and key positions of past tokens for one attention layer.
+
+    Shapes: ``k, v``: ``(B, H, Lmax, Dh)``; ``pos``: ``(B, Lmax)``, or ``(B, Lmax, A)`` for an
+    encoding that reads ``axes = A > 1`` coordinates per position. The keys are stored
+    after ``rotate`` unless the encoding sets ``cache_raw_keys`` (then before, and the
+    whole cache is rotated again at each step). ``inputs`` is the history of the layer's
+    own input stage, if it reads preceding inputs.
+    """
+
+    def __init__(
+        self, batch_size: int, max_len: int, heads: int, head_dim: int, *, dtype=None, device=None, axes: int = 1
+    ):
+        super().__init__()
+        if batch_size < 1 or max_len < 1:
+            raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
+        shape = (batch_size, heads, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        pos_shape = (batch_size, max_len) if axes == 1 else (batch_size, max_len, axes)
+        self.register_buffer("pos", torch.zeros(pos_shape, dtype=torch.long, device=device), persistent=False)
+        self.length = 0
+        self.inputs: InputHistory | None = None
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    def reset(self) -> None:
+        self.length = 0
+        if self.inputs is not None:
+            self.inputs.reset()
+
+    def update(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Append ``k, v`` ``(B, H, L, Dh)`` at ``pos`` ``(B|1, L[, A])``; return all cached so far."""
+        B, _, L, _ = k.shape
+        start, end = self.length, self.length + L
+        if B != self.k.shape[0]:
+            raise ValueError(f"cache was made for batch size {self.k.shape[0]}, got {B}")
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: {start} cached + {L} new > max_len={self.max_len}")
+        self.k[:, :, start:end] = k.to(self.k.dtype)
+        self.v[:, :, start:end] = v.to(self.v.dtype)
+        self.pos[:, start:end] = pos.expand(B, *pos.shape[1:])
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end], self.pos[:, :end]
+
+
+@dataclass
+class ModelCache:
+    """One :class:`KVCache` per layer; ``length`` tokens are cached so far.
+
+    ``inputs[i]``: the history of the input stage the model runs before block ``i`` (or
+    on the token ids, ``i = 0``), for stages that read preceding inputs.
+    """
+
+    layers: list[KVCache]
+    inputs: dict[int, InputHistory] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    @property
+    def max_len(self) -> int:
+        return self.layers[0].max_len
+
+    def reset(self) -> None:
+        for c in self.layers:
+            c.reset()
+        for h in self.inputs.values():
+            h.reset()
+
+
+@dataclass
+class SegmentMemory:
+    """Transformer-XL memory: the last ``memory_len`` inputs of each layer, detached.
+
+    ``layers[l]`` is ``(B, M, D)`` (None before the first segment), ``pos`` their
+    positions ``(B|1, M)``; ``seen`` counts the tokens passed so far, which is where the
+    next segment's default positions start.
+    """
+
+    memory_len: int
+    layers: list[Tensor | None]
+    pos: Tensor | None = None
+    seen: int = 0
+
+    @property
+    def length(self) -> int:
+        return 0 if self.pos is None else self.pos.shape[-1]
+
+    def reset(self) -> None:
+        self.layers = [None] * len(self.layers)
+        self.pos, self.seen = None, 0
+
+    def remember(self, layer: int, x: Tensor) -> None:
+        """Keep the last ``memory_len`` of (memory, ``x``) as layer ``layer``'s memory (detached)."""
+        mem = self.layers[layer]
+        self.layers[layer] = (x if mem is None else torch.cat((mem, x), 1))[:, -self.memory_len :].detach()
+
+    def advance(self, pos: Tensor) -> None:
+        """After every layer remembered a segment at positions ``pos`` ``(B|1, L)``."""
+        mpos = pos if self.pos is None else cat_positions(self.pos, pos)  # (B|1, M + L)
+        self.pos = mpos[:, -self.memory_len :]
+        self.seen += pos.shape[-1]

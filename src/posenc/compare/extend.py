@@ -1,0 +1,197 @@
+"""``posenc compare --extend``: trained RoPE models run past their training length by
+changing only how positions enter attention (issue 14 item 6), without retraining.
+
+For every trained model whose encoding takes the options a method needs (``rope``: all of
+them; ``xpos``: ``none`` and ``ntk``), the model is rebuilt with the method's options
+(:func:`with_options`: the same weights), and evaluated at every evaluation length as the
+comparison evaluates (perplexity, or accuracy for ``--task``). One setting per method,
+chosen for the longest evaluation length ``L_max`` from the training length ``L`` (both in
+tokens), ``s = L_max / L``, ``w = L / 2``:
+
+============  ==================================================  ============================
+method        options                                             after
+============  ==================================================  ============================
+none          the trained model as it is
+linear        ``rope_scaling`` linear, factor ``s``                Chen et al. 2023 (PI)
+ntk           ``base · s^(Dr/(Dr-2))``                             bloc97 2023 ("NTK-aware")
+dynamic       ``rope_scaling`` dynamic, factor 1: NTK with         Peng et al. 2024, §3.3
+              ``s' = max(1, l'/L)`` of the current length ``l'``
+yarn          ``rope_scaling`` yarn, factor ``s``, original ``L``  Peng et al. 2024 (HF defaults)
+rerope        window ``w``, log-n with base ``L``                  Su 2023 (bojone/rerope)
+leaky-rerope  window ``w``, factor ``k = ⌈(L_max - w)/(L - w)⌉``  bojone/rerope
+self-extend   window ``W = w``, group ``G = ⌈(L_max - W)/(L - W)⌉`` Jin et al. 2024: the largest
+                                                                  distance ``W + (L_max - W)/G``
+                                                                  stays within ``L``
+============  ==================================================  ============================
+
+(``k`` and ``G`` are at least 2.) The table and ``extend.png`` have one row / line per
+(encoding, method); ``results.json`` gets an ``"extend"`` list with the options used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+from ..base import get_class, options_of
+from ..checkpoint import load_checkpoint
+from ..model import TransformerLM
+from ..output import Column, Table, length_axis, pyplot, readable_log_axis, save_figure, write_csv
+from .evaluate import EvalSettings, evaluate
+
+__all__ = ["EXTEND_METHODS", "method_options", "with_options", "run_extend", "extend_table", "write_extend"]
+
+EXTEND_METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "rerope", "leaky-rerope", "self-extend")
+_NEEDS = {"ntk": "base", "linear": "rope_scaling", "dynamic": "rope_scaling", "yarn": "rope_scaling"}
+
+
+def method_options(method: str, *, train_tokens: int, longest_tokens: int, base: float, rotary_dim: int) -> dict:
+    """The encoding options that apply ``method`` to a RoPE model trained at ``train_tokens``
+    for lengths up to ``longest_tokens`` (see the module docstring)."""
+    if method not in EXTEND_METHODS:
+        raise ValueError(f"extension method must be one of {EXTEND_METHODS}, got {method!r}")
+    L, s = train_tokens, max(1.0, longest_tokens / train_tokens)
+    w = max(1, L // 2)
+    far = max(2, math.ceil((longest_tokens - w) / (L - w))) if L > w else 2
+    return {
+        "none": {},
+        "linear": {"rope_scaling": {"rope_type": "linear", "factor": s}},
+        "ntk": {"base": base * s ** (rotary_dim / (rotary_dim - 2))},
+        "dynamic": {"rope_scaling": {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}},
+        "yarn": {"rope_scaling": {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L}},
+        "rerope": {"rope_extension": {"type": "rerope", "window": w, "scale_base": L}},
+        "leaky-rerope": {"rope_extension": {"type": "leaky-rerope", "window": w, "factor": far, "scale_base": L}},
+        "self-extend": {"rope_extension": {"type": "self-extend", "window": w, "group_size": far}},
+    }[method]
+
+
+def applies(method: str, encoding: str) -> bool:
+    """``encoding`` takes the options ``method`` sets."""
+    opts = options_of(get_class(encoding))
+    if method == "none":
+        return "base" in opts  # a rotary model: its row is the baseline of the others
+    return _NEEDS.get(method, "rope_extension") in opts
+
+
+def with_options(model: TransformerLM, **options) -> TransformerLM:
+    """A copy of ``model`` (same weights, same device, eval mode) whose encodings take ``options``
+    on top of their own, e.g. ``with_options(lm, rope_extension={"type": "rerope", "window": 32})``."""
+    cfg = model.config
+    if cfg.layers is not None:
+        layers = [dataclasses.replace(s, options={**s.options, **options}) for s in cfg.layers]
+        cfg = dataclasses.replace(cfg, layers=layers)
+    else:
+        cfg = dataclasses.replace(cfg, options={**cfg.options, **options})
+    p = next(model.parameters())
+    new = TransformerLM(config=cfg).to(device=p.device, dtype=p.dtype)
+    new.load_state_dict(model.state_dict())
+    return new.eval()
+
+
+def _describe(opts: dict) -> str:
+    if not opts:
+        return "as trained"
+    if "base" in opts:
+        return f"base {opts['base']:.4g}"
+    d = dict(opts.get("rope_scaling") or opts.get("rope_extension"))
+    kind = d.pop("rope_type", None) or d.pop("type")
+    return ", ".join(f"{k.replace('original_max_position_embeddings', 'original')} {v:g}" for k, v in d.items()) or kind
+
+
+def run_extend(cfg, source, ckpt_dir: Path, runs: list[dict[str, Any]], *, device, log=print) -> list[dict[str, Any]]:
+    """Evaluate every trained model of ``runs`` that a method of ``cfg.extend`` applies to, once per
+    method and evaluation length; the model is read from its checkpoint in ``ckpt_dir``."""
+    settings = EvalSettings.from_config(cfg)
+    lens = cfg.eval_lens_sorted
+    train_tokens, longest = source.seq_len(cfg.train_len), source.seq_len(max(lens))
+    out = []
+    for run in runs:
+        name = run["encoding"]
+        methods = [m for m in cfg.extend if applies(m, name)]
+        if not methods:
+            continue
+        trained, _ = load_checkpoint(ckpt_dir / f"{name}.pt", map_location=device)
+        enc = trained.encodings[0]
+        for m in methods:
+            opts = method_options(
+                m, train_tokens=train_tokens, longest_tokens=longest, base=enc.base, rotary_dim=enc.rotary_dim
+            )
+            try:
+                model = with_options(trained, **opts)
+            except ValueError as e:  # e.g. rope_extension on axial RoPE (positions with axes)
+                log(f"extend {name} / {m}: not applicable ({e})")
+                continue
+            log(f"extend {name} / {m} ({_describe(opts)}): evaluating at {', '.join(map(str, lens))}")
+            evals = [evaluate(model, source, n, device=device, settings=settings) for n in lens]
+            out.append({"encoding": name, "method": m, "options": opts, "setting": _describe(opts), "eval": evals})
+    skipped = sorted({r["encoding"] for r in runs} - {e["encoding"] for e in out})
+    if skipped:
+        log(f"extend: no method applies to {', '.join(skipped)} (rotary encodings only)")
+    return out
+
+
+def _metric(cfg: dict) -> str:
+    return "accuracy" if cfg.get("task") else "ppl"
+
+
+def _cell(e: dict, metric: str) -> str:
+    if not e.get("applicable", True) or e.get(metric) is None:
+        return "n/a"
+    v = e[metric]
+    return f"{100 * v:.1f}%" if metric == "accuracy" else (f"{v:.2f}" if v < 1000 else f"{v:.3g}")
+
+
+def extend_table(results: dict[str, Any]) -> Table:
+    """One row per (encoding, method), one column per evaluation length."""
+    cfg, rows_in = results["config"], results["extend"]
+    metric = _metric(cfg)
+    lens = sorted({e["length"] for r in rows_in for e in r["eval"]})
+    unit = "n" if cfg.get("task") else "L"
+    heads = [f"{unit}={n}" + (" (train)" if n == cfg["train_len"] else "") for n in lens]
+    cols = [Column("encoding", code=True), Column("method", code=True), Column("setting"),
+            *(Column(h, "right") for h in heads)]  # fmt: skip
+    rows = []
+    for r in rows_in:
+        by_len = {e["length"]: e for e in r["eval"]}
+        rows.append([r["encoding"], r["method"], r["setting"], *(_cell(by_len[n], metric) for n in lens)])
+    title = f"{metric} by evaluation length, trained at {unit}={cfg['train_len']}, extended at inference only"
+    return Table(cols, rows, title=title)
+
+
+def write_extend(out: Path, results: dict[str, Any], subtitle: str | None = None) -> Table:
+    """``extend.md``, ``extend.csv`` and ``extend.png`` (one panel per encoding, a line per method)."""
+    table = extend_table(results)
+    (out / "extend.md").write_text(table.markdown())
+    cols = ("encoding", "method", "setting", "length", "applicable", "loss", "ppl", "bpb", "accuracy", "tokens")
+    rows = [{**{k: r[k] for k in ("encoding", "method", "setting")}, **e} for r in results["extend"] for e in r["eval"]]
+    write_csv(out / "extend.csv", rows, cols)
+    cfg, metric = results["config"], _metric(results["config"])
+    names = list(dict.fromkeys(r["encoding"] for r in results["extend"]))
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(names), figsize=(6.5 * len(names), 4.8), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        plotted: list[float] = []
+        for r in (x for x in results["extend"] if x["encoding"] == name):
+            pts = [
+                (e["length"], e[metric]) for e in r["eval"] if e.get("applicable", True) and e.get(metric) is not None
+            ]
+            if pts:
+                xs, ys = zip(*pts)
+                plotted += list(ys)
+                ax.plot(xs, ys, marker="o", color=f"C{EXTEND_METHODS.index(r['method'])}", label=r["method"])
+        ax.axvline(cfg["train_len"], color="gray", ls="--", lw=1, label="train length")
+        length_axis(ax, [e["length"] for r in results["extend"] for e in r["eval"]])
+        if metric == "ppl":
+            readable_log_axis(ax, plotted)
+            ax.set_ylabel("validation perplexity (bytes)")
+        else:
+            ax.set_ylabel("exact-match accuracy")
+            ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("evaluation length" + (" (problem size n)" if cfg.get("task") else " (tokens)"))
+        ax.set_title(name)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    save_figure(fig, out / "extend.png", title="Context extension at inference (no retraining)", subtitle=subtitle)
+    return table

@@ -1,0 +1,142 @@
+"""The model's configuration: one typed, serialisable dataclass, with a per-layer spec.
+
+::
+
+    cfg = posenc.ModelConfig(vocab_size=256, dim=128, depth=4, heads=4, encoding="t5", max_len=128,
+                             options={"num_buckets": 16})
+    lm = posenc.TransformerLM.from_config(cfg)      # == posenc.TransformerLM(256, 128, 4, 4, "t5", 128, num_buckets=16)
+    lm.config.to_dict()                             # JSON-ready; ModelConfig.from_dict reads it back
+
+``layers`` gives each block its own :class:`LayerSpec`; left out, every block gets
+``LayerSpec(encoding, options)``. What varies per layer is a field of the spec, never
+another model argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from .backends import canonical_backend
+
+__all__ = ["LayerSpec", "ModelConfig"]
+
+
+@dataclass
+class LayerSpec:
+    """What one block's attention runs.
+
+    Attributes:
+        encoding: a registered encoding name.
+        options: its options (``base``, ``num_buckets``, ...).
+    """
+
+    encoding: str = "rope"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.encoding, str):
+            raise TypeError(f"LayerSpec.encoding must be a registered name (str), got {self.encoding!r}")
+        if not isinstance(self.options, dict):
+            raise TypeError(f"LayerSpec.options must be a dict, got {type(self.options).__name__}")
+        self.options = dict(self.options)
+
+    def key(self) -> tuple:
+        """Layers with equal keys may share one encoding instance."""
+        return (self.encoding, repr(sorted(self.options.items())))
+
+
+@dataclass
+class ModelConfig:
+    """Everything :class:`posenc.TransformerLM` needs.
+
+    Attributes:
+        vocab_size: number of token ids.
+        dim: model width ``D``.
+        depth: number of blocks.
+        heads: attention heads ``H``.
+        encoding: the encoding of every block (unless ``layers`` says otherwise).
+        max_len: training length, passed to the encodings (``learned`` needs it).
+        head_dim: ``Dh``; ``dim // heads`` when None (filled in).
+        causal: causal LM (True) or a bidirectional encoder stack (False).
+        mlp_ratio: MLP hidden width over ``D``.
+        dropout: residual and MLP dropout.
+        backend: attention backend of every layer (``"auto"`` or a :data:`posenc.BACKENDS` name).
+        share_encoding: one encoding instance for all layers with the same spec; None
+            follows the encoding (T5 shares its table, as the paper does).
+        tie_embeddings: share the token embedding with the output layer.
+        embed_std: std of the token embedding init (GPT-2's 0.02; ~1, untied, for
+            encodings that add unit-amplitude vectors such as ``sinusoidal``).
+        options: encoding options of every block (unless ``layers`` is given).
+        layers: one :class:`LayerSpec` per block; None = ``LayerSpec(encoding, options)`` each.
+    """
+
+    vocab_size: int
+    dim: int
+    depth: int
+    heads: int
+    encoding: str = "rope"
+    max_len: int | None = None
+    head_dim: int | None = None
+    causal: bool = True
+    mlp_ratio: float = 4.0
+    dropout: float = 0.0
+    backend: str = "auto"
+    share_encoding: bool | None = None
+    tie_embeddings: bool = True
+    embed_std: float = 0.02
+    options: dict[str, Any] = field(default_factory=dict)
+    layers: list[LayerSpec] | None = None
+
+    def __post_init__(self) -> None:
+        for arg in ("vocab_size", "dim", "depth", "heads"):
+            val = getattr(self, arg)
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                raise ValueError(f"{arg} must be a positive int, got {val!r}")
+        if self.head_dim is None:
+            if self.dim % self.heads:
+                raise ValueError(f"dim={self.dim} is not divisible by heads={self.heads}; pass head_dim explicitly")
+            self.head_dim = self.dim // self.heads
+        if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 1):
+            raise ValueError(f"max_len must be a positive int or None, got {self.max_len!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        canonical_backend(self.backend)
+        self.options = dict(self.options)
+        if self.layers is not None:
+            self.layers = [s if isinstance(s, LayerSpec) else LayerSpec(**s) for s in self.layers]
+            if len(self.layers) != self.depth:
+                raise ValueError(f"layers has {len(self.layers)} specs for depth={self.depth}")
+
+    def layer_specs(self) -> list[LayerSpec]:
+        """The spec of every block: ``layers``, or ``LayerSpec(encoding, options)`` repeated."""
+        if self.layers is not None:
+            return list(self.layers)
+        return [LayerSpec(self.encoding, self.options) for _ in range(self.depth)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only (JSON-ready when the options are)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """Read :meth:`to_dict`'s output, or a flat dict with the encoding options at the top level."""
+        d = dict(d)
+        names = {f.name for f in fields(cls)}
+        options = dict(d.pop("options", None) or {})
+        options.update({k: d.pop(k) for k in list(d) if k not in names})
+        return cls(**d, options=options)
+
+    @classmethod
+    def from_kwargs(cls, *args, **kwargs) -> ModelConfig:
+        """``TransformerLM``'s keyword form: config fields by name, any other keyword an encoding option."""
+        names = [f.name for f in fields(cls)]
+        if len(args) > 6:
+            raise TypeError(f"at most 6 positional arguments ({', '.join(names[:6])}), got {len(args)}")
+        given = dict(zip(names, args, strict=False))
+        clash = sorted(set(given) & set(kwargs))
+        if clash:
+            raise TypeError(f"got multiple values for {clash}")
+        options = dict(kwargs.pop("options", None) or {})
+        options.update({k: kwargs.pop(k) for k in list(kwargs) if k not in names})
+        return cls(**given, **kwargs, options=options)

@@ -1,0 +1,126 @@
+"""Inference-time context extension of RoPE by changing the attention pattern: ReRoPE,
+Leaky ReRoPE and Self-Extend (the ``rope_extension`` option of ``rope``).
+
+A model trained at length ``L`` never saw relative distances ``>= L``. These methods keep
+every distance the model sees inside the trained range by giving each (query, key) pair
+one of two score maps, chosen by the distance ``d = i - j`` of their positions:
+
+* ``rerope`` — Su, "ReRoPE: Rectified Rotary Position Embeddings", 2023 (kexue.fm/archives/9708;
+  bojone/rerope ``rerope_patch.py``): ``d < w``: RoPE at distance ``d``; ``d >= w``: RoPE at
+  distance ``w`` (the query rotated to position ``w``, the key not rotated).
+* ``leaky-rerope`` — the same post (``leaky_rerope_patch.py``): beyond ``w`` the distance
+  grows with slope ``1/k``: ``w + (d - w)/k`` (both sides rotated with frequencies ``θ/k``,
+  the query moved to ``i + w(k - 1)``).
+* ``self-extend`` — Jin et al., "LLM Maybe LongLM: Self-Extend LLM Context Window Without
+  Tuning", ICML 2024 (datamllab/LongLM ``self_extend_patch/Llama.py``): ``d < W`` (the
+  neighbour window): RoPE at distance ``d``; beyond, grouped positions: keys at
+  ``floor(j/G)``, queries at ``floor(i/G) + W - W/G``, the shift that makes the two maps meet
+  at ``d = W``.
+
+Both reference patches optionally multiply each query by ``max(1, log(i + 1)/log(scale_base))``
+(log-n scaling; bojone's ReRoPE applies it with ``scale_base`` = the training length,
+LongLM's is off by default): the ``scale_base`` key.
+
+The two maps are computed from *unrotated* queries and keys, so with an extension ``rope``
+declares the ``SCORES`` stage instead of ``QK``: its q/k stage is the identity (the KV cache
+holds raw keys and their positions, as both references' caches do) and it supplies the whole
+``q·k`` term through :meth:`~posenc.PositionEncoding.qk_scores`, which every backend that
+materialises scores (``chunked``, ``eager``) runs; the fused ones (``sdpa``, ``flex``,
+``dense``) cannot. Every pair's score depends on its two positions only, so cached decoding
+equals the full forward exactly (bojone's decoding path rotates the raw cached keys by the
+clipped distance; LongLM's by the grouped one: the same numbers). Causal (decoder) models
+only, as in both references; one position per token (no ``axes``).
+
+Checked against a transcription of each reference's attention (prefill and one-token
+decoding) built on HF Llama's rotary functions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["EXTENSION_TYPES", "check_extension", "extended_qk_scores"]
+
+EXTENSION_TYPES = ("rerope", "leaky-rerope", "self-extend")
+_KEYS = {
+    "rerope": {"window", "scale_base"},
+    "leaky-rerope": {"window", "factor", "scale_base"},
+    "self-extend": {"window", "group_size", "scale_base"},
+}
+_REQUIRED = {"rerope": ("window",), "leaky-rerope": ("window", "factor"), "self-extend": ("window", "group_size")}
+
+
+def check_extension(ext: dict | None, *, causal: bool, max_len: int | None) -> dict | None:
+    """Validate ``rope_extension`` and return a normalised copy (``scale_base`` filled in).
+
+    ``{"type": "rerope", "window": w}``, ``{"type": "leaky-rerope", "window": w, "factor": k}``,
+    ``{"type": "self-extend", "window": W, "group_size": G}``; each optionally with
+    ``"scale_base"`` (``None``: no log-n query scaling).
+    """
+    if ext is None:
+        return None
+    if not isinstance(ext, dict):
+        raise TypeError(f"rope_extension must be a dict or None, got {type(ext).__name__}")
+    e = dict(ext)
+    kind = e.pop("type", None)
+    if kind not in EXTENSION_TYPES:
+        raise ValueError(f"rope_extension type must be one of {EXTENSION_TYPES}, got {kind!r}")
+    unknown = sorted(set(e) - _KEYS[kind])
+    if unknown:
+        raise ValueError(f"unknown rope_extension key(s) {unknown} for type {kind!r}; valid: {sorted(_KEYS[kind])}")
+    missing = [key for key in _REQUIRED[kind] if key not in e]
+    if missing:
+        raise ValueError(f"rope_extension of type {kind!r} needs {missing}")
+    if not causal:
+        raise ValueError(f"rope_extension {kind!r} is defined for causal (decoder) attention; build with causal=True")
+    for key in ("window", "group_size"):
+        if key in e and (not isinstance(e[key], int) or isinstance(e[key], bool) or e[key] < 1):
+            raise ValueError(f"rope_extension {key} must be a positive int, got {e[key]!r}")
+    if kind == "leaky-rerope":
+        f = e["factor"]
+        if not isinstance(f, (int, float)) or isinstance(f, bool) or f <= 1:
+            raise ValueError(f"leaky-rerope factor (the k of slope 1/k beyond the window) must be > 1, got {f!r}")
+    # bojone's ReRoPE scales queries by log n with the training length; LongLM's default is off
+    default_base = max_len if kind != "self-extend" else None
+    base = e.get("scale_base", default_base)
+    if base is not None and (not isinstance(base, (int, float)) or isinstance(base, bool) or base <= 1):
+        raise ValueError(f"rope_extension scale_base must be a number > 1 or None (no log-n scaling), got {base!r}")
+    e["scale_base"] = base
+    e["type"] = kind
+    return e
+
+
+def _at(rope, x: Tensor, pos: Tensor, inv_freq: Tensor) -> Tensor:
+    """``x`` ``(B, H, L, Dh)`` rotated to positions ``pos`` ``(B|1, L)`` (int or float)."""
+    return rope._rotate_one(x, pos, rope._cos_sin(pos, inv_freq))
+
+
+def extended_qk_scores(rope, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """The ``q·k`` term of ``rope`` under its ``rope_extension``: float32 ``(B, H, Lq, Lk)``.
+
+    ``q``, ``k``: unrotated ``(B, H, Lq|Lk, Dh)``; ``q_pos``, ``k_pos``: ``(B|1, L)`` int64.
+    """
+    ext = rope.rope_extension
+    kind, w = ext["type"], ext["window"]
+    inv = rope.inv_freq
+    q = q.float()
+    k = k.float()
+    if ext["scale_base"] is not None:  # log-n: max(1, log(i + 1)/log(base)) per query
+        gain = (torch.log(q_pos.double() + 1) / math.log(ext["scale_base"])).clamp(min=1).float()
+        q = q * gain.unsqueeze(1).unsqueeze(-1)  # (B|1, 1, Lq, 1)
+    near = _at(rope, q, q_pos, inv) @ _at(rope, k, k_pos, inv).transpose(-1, -2)  # RoPE at d = i - j
+    if kind == "rerope":  # d >= w: the query at position w, the key at 0
+        far = _at(rope, q, torch.full_like(q_pos, w), inv) @ k.transpose(-1, -2)
+    elif kind == "leaky-rerope":  # d >= w: w + (d - w)/k, frequencies θ/k
+        f = ext["factor"]
+        far = _at(rope, q, q_pos + w * (f - 1), inv / f) @ _at(rope, k, k_pos, inv / f).transpose(-1, -2)
+    else:  # self-extend: grouped positions, shifted to meet the neighbours at d = W
+        g = ext["group_size"]
+        gq = torch.div(q_pos, g, rounding_mode="floor").double() + (w - w / g)  # float when g ∤ W
+        far = _at(rope, q, gq, inv) @ _at(rope, k, torch.div(k_pos, g, rounding_mode="floor"), inv).transpose(-1, -2)
+    d = q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)  # (B|1, Lq, Lk)
+    inside = (d.abs() < w) if kind != "self-extend" else (d < w)
+    return torch.where(inside.unsqueeze(1), near, far)  # (B, H, Lq, Lk)

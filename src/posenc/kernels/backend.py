@@ -1,0 +1,106 @@
+"""The ``blockwise`` backend's kernel call: an encoding's distance terms through
+:func:`~posenc.kernels.distance_attention`, when the call allows it.
+
+It applies when the tensors are on the CPU, the encoding gives its terms per distance
+(:meth:`posenc.PositionEncoding.distance_terms`), the mask is causal and/or key padding
+with an offset (no other :class:`~posenc.AttentionMask` field set), and the positions
+are consecutive in every batch row with one distance between the first key and the
+first query for all rows (the default positions, a KV cache, left padding with shifted
+positions). Otherwise :func:`blockwise_attention` returns None and
+:func:`posenc.backends.blockwise` runs the general backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+from .relative import distance_attention
+
+__all__ = ["blockwise", "blockwise_attention", "consecutive_delta", "kernel_mask", "BLOCK"]
+
+# query rows per block, by kind of terms: strips are cheap per row, bands pay per row
+# for their rectangle, linear terms pay per block for one more pair of fused calls
+BLOCK = {"clamp": 64, "linear": 512, "none": 128}
+
+_KERNEL_MASK_FIELDS = ("causal", "offset", "key_padding")  # what distance_attention understands
+
+
+def kernel_mask(mask) -> bool:
+    """True when ``mask`` (a :class:`posenc.AttentionMask`) sets no field beyond causal,
+    offset and key padding: later kinds of masks (windows, documents, ...) fall back."""
+    for f in dataclasses.fields(mask):
+        if f.name in _KERNEL_MASK_FIELDS:
+            continue
+        value = getattr(mask, f.name)
+        if isinstance(value, Tensor) or f.default is dataclasses.MISSING or value != f.default:
+            return False
+    return True
+
+
+def consecutive_delta(q_pos: Tensor, k_pos: Tensor) -> int | None:
+    """``k_pos[:, 0] - q_pos[:, 0]`` when both are consecutive in every row and that difference
+    is the same for every row; else None. ``q_pos`` ``(B|1, Lq)``, ``k_pos`` ``(B|1, Lk)``."""
+    if q_pos.dim() != 2 or k_pos.dim() != 2:
+        return None  # positions with several axes
+    for p in (q_pos, k_pos):
+        if p.shape[-1] > 1 and not bool((p[:, 1:] - p[:, :-1] == 1).all()):
+            return None
+    delta = k_pos[:, :1] - q_pos[:, :1]  # (B|1, 1)
+    if delta.numel() > 1 and not bool((delta == delta[0]).all()):
+        return None
+    return int(delta[0, 0])
+
+
+def blockwise_attention(
+    enc, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, mask, *, qk_proj=None, max_block=None
+) -> Tensor | None:
+    """``(B, H, Lq, Dh)``, or None when the kernel does not apply (see the module docstring).
+
+    ``mask``: a :class:`posenc.AttentionMask`; ``qk_proj``: the layer's ``(W_Q, W_K)`` for
+    encodings with ``uses_layer_projections``; ``max_block``: at most this many query rows
+    per block (default :data:`BLOCK`)."""
+    if q.device.type != "cpu" or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return None
+    if not kernel_mask(mask):
+        return None
+    delta = consecutive_delta(q_pos, k_pos)
+    if delta is None:
+        return None
+    extra = {"qk_proj": qk_proj} if enc.uses_layer_projections else {}
+    terms = enc.distance_terms(q, k, **extra)
+    if terms is None:
+        return None
+    kpm = mask.key_padding
+    if kpm is not None and kpm.shape[0] != q.shape[0]:
+        kpm = kpm.expand(q.shape[0], -1)
+    block = BLOCK[terms.kind] if max_block is None else min(BLOCK[terms.kind], max_block)
+    return distance_attention(
+        q,
+        k,
+        v,
+        terms,
+        scale=enc.scale,
+        causal=mask.causal,
+        offset=mask.offset,
+        delta=delta,
+        key_padding_mask=kpm,
+        block=block,
+    )
+
+
+def blockwise(enc, q, k, v, q_pos, k_pos, mask, *, qk_proj=None, options=None) -> Tensor:
+    """The ``blockwise`` backend (signature of :data:`posenc.BACKENDS`): :mod:`posenc.kernels`
+    for encodings with ``distance_terms``, no ``L×L`` tensor, the fused kernel wherever the
+    terms fold into ``q``/``k``/``v``. Where :func:`blockwise_attention` does not apply, the
+    general backend runs (``dense`` for a scalar bias, else ``chunked``)."""
+    from ..backends import BlockOptions, chunked, dense, supported_backends  # the registry imports this module
+
+    o = options or BlockOptions()
+    out = blockwise_attention(enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj, max_block=o.chunk_size)
+    if out is not None:
+        return out
+    general = dense if "dense" in supported_backends(enc) else chunked
+    return general(enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj, options=options)

@@ -1,0 +1,100 @@
+"""PyTorch's CPU flash-attention kernel, called with its log-sum-exp.
+
+``F.scaled_dot_product_attention`` hides the row log-sum-exp that the fused kernel
+computes; these wrappers call the kernel itself so that several calls over different
+key ranges can be merged exactly (:func:`merge_into`) and differentiated with the
+merged output (FlashAttention-2's split-KV backward: each part's backward needs only the
+*global* output and log-sum-exp, because ``P_ij = exp(s_ij - lse_i)`` and
+``D_i = Σ_d dO_id·O_id`` are row quantities of the whole softmax).
+
+Shapes: ``q`` ``(B, H, Lq, Dh)``, ``k, v`` ``(B, H, Lk, Dh)`` (one head size for all
+three: the kernel requires it), ``lse`` ``(B, H, Lq)`` float32. ``causal`` is the
+kernel's top-left alignment: row ``t`` of the call sees keys ``0..t`` of the call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import Tensor
+
+__all__ = ["flash_forward", "flash_backward", "flush_denormals", "merge_into", "safe_lse"]
+
+_FWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def flash_forward(
+    q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Fused attention of one call: ``(out (B, H, Lq, Dh), lse (B, H, Lq) float32)``.
+
+    ``mask``: additive, the dtype of ``q``, broadcastable to ``(B, H, Lq, Lk)``. A row whose
+    keys are all masked comes back as ``out = 0, lse = 0``: callers fix its ``lse``.
+    """
+    return _FWD(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+
+
+def flash_backward(
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    *,
+    scale: float,
+    causal: bool,
+    mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of one call, given the output and log-sum-exp of the whole softmax."""
+    return _BWD(grad_out, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scale)
+
+
+def _flushing() -> bool:
+    """Whether this thread already flushes denormal floats (then a denormal product is 0)."""
+    return float(torch.tensor(torch.finfo(torch.float32).tiny) * 0.5) == 0.0
+
+
+@contextlib.contextmanager
+def flush_denormals():
+    """Flush denormal floats to zero on this thread for the duration (state restored after).
+
+    A softmax weight ``exp(s - lse)`` of ``2^-149 .. 2^-126`` is a denormal; x86 handles
+    each in microcode, ~100x slower than a normal float. Biases that grow with distance
+    (ALiBi, a long key range) make a large share of the weights denormal, and the fused
+    kernel's backward slows down several times for values that are 0 to float32 precision
+    of the output. ``torch.set_flush_denormal`` sets the calling thread only: with several
+    OpenMP threads, the others keep the slow path.
+    """
+    if _flushing():
+        yield
+        return
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def safe_lse(lse: Tensor) -> Tensor:
+    """``lse`` with ``-inf`` (a row that sees no key) replaced by 0, so ``exp(s - lse) = 0``."""
+    return lse.masked_fill(lse == float("-inf"), 0.0)
+
+
+def merge_into(out: Tensor, lse: Tensor, rows: slice, part_out: Tensor, part_lse: Tensor) -> None:
+    """Merge one partial softmax over a key subset into the running ``(out, lse)`` of ``rows``.
+
+    ``out`` ``(B, H, Lq, Dh)`` float32 and ``lse`` ``(B, H, Lq)`` float32 are updated in
+    place; ``part_out`` is the part's normalised output, ``part_lse`` its log-sum-exp
+    (``-inf`` for rows the part gives nothing).
+    """
+    old = lse[:, :, rows]
+    new = torch.logaddexp(old, part_lse)
+    ref = safe_lse(new)
+    keep = torch.exp(old - ref).unsqueeze(-1)
+    add = torch.exp(part_lse - ref).unsqueeze(-1)
+    o = out[:, :, rows]
+    o.mul_(keep).add_(part_out.float() * add)
+    lse[:, :, rows] = new

@@ -1,0 +1,134 @@
+"""Which keys each query may see: one mask description for every backend.
+
+Masks are by *index*, not by position: query ``t`` of a call is key ``offset + t``
+(``offset`` keys — cached tokens or a Transformer-XL memory — come before the first
+query). Positions only feed the encoding, so left padding, shifted or randomized
+positions change nothing here.
+
+An :class:`AttentionMask` is the only place a backend learns what is masked. It
+answers the three questions the backends ask:
+
+* :meth:`AttentionMask.dense` — a bool tensor for a block of queries and keys
+  (``sdpa``'s ``attn_mask``, the materialising backends' ``masked_fill``);
+* :meth:`AttentionMask.key_range` and :meth:`AttentionMask.narrow` — the keys a block of
+  queries can see, and the mask of that block (block skipping on the CPU backends);
+* :meth:`AttentionMask.mask_mod` — the same rule as a FlexAttention ``mask_mod``.
+
+A new kind of mask (a sliding window, chunks, packed documents, sinks) is one field
+here and one clause in each of those methods; no backend changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+__all__ = ["AttentionMask", "MaskMod"]
+
+# FlexAttention's mask_mod signature: (b, h, q_idx, kv_idx) -> bool tensor
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class AttentionMask:
+    """What a call's queries may attend to.
+
+    Attributes:
+        causal: query ``t`` sees keys ``0 .. offset + t`` only.
+        offset: index of the first query among the keys (``Lk - Lq`` when the keys are
+            earlier tokens followed by this call's tokens).
+        key_padding: ``(B, Lk)`` bool, True = a real key; None = every key is real.
+
+    A query row that sees no key at all (a fully padded row) gets a zero output on every
+    backend; :attr:`may_hide_rows` says when that can happen.
+    """
+
+    causal: bool = True
+    offset: int = 0
+    key_padding: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.offset, int) or self.offset < 0:
+            raise ValueError(f"offset must be an int >= 0, got {self.offset!r}")
+        kpm = self.key_padding
+        if kpm is not None and (not isinstance(kpm, Tensor) or kpm.dtype != torch.bool or kpm.dim() != 2):
+            raise ValueError(
+                f"key_padding_mask must be a bool tensor of shape (B, Lk), got "
+                f"{getattr(kpm, 'dtype', type(kpm).__name__)} {tuple(getattr(kpm, 'shape', ()))}"
+            )
+
+    def check(self, batch: int, q_len: int, k_len: int) -> None:
+        """Raise ``ValueError`` if this mask does not fit a call of ``batch`` rows, ``q_len`` queries, ``k_len`` keys."""
+        kpm = self.key_padding
+        if kpm is not None and (kpm.shape[-1] != k_len or kpm.shape[0] not in (1, batch)):
+            raise ValueError(
+                f"key_padding_mask must be bool of shape (B, {k_len}) (B = {batch}), got {kpm.dtype} {tuple(kpm.shape)}"
+            )
+        if self.causal and self.offset + q_len > k_len:
+            raise ValueError(f"causal mask: offset {self.offset} + {q_len} queries > {k_len} keys")
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def batched(self) -> bool:
+        """The mask differs between batch rows."""
+        return self.key_padding is not None
+
+    @property
+    def may_hide_rows(self) -> bool:
+        """Some query row may see no key at all (its output is then 0)."""
+        return self.key_padding is not None
+
+    def is_causal_square(self, q_len: int, k_len: int) -> bool:
+        """Exactly the lower triangle of a square score matrix (SDPA's ``is_causal=True``)."""
+        return self.causal and self.key_padding is None and self.offset == 0 and q_len == k_len
+
+    def hides_nothing(self, q_len: int, k_len: int) -> bool:
+        """Every query sees every key."""
+        causal_free = not self.causal or (self.offset + q_len == k_len and q_len == 1)
+        return causal_free and self.key_padding is None
+
+    # ------------------------------------------------------------------ blocks
+    def key_range(self, q_start: int, q_end: int, k_len: int) -> tuple[int, int]:
+        """``(k_start, k_end)``: the keys queries ``[q_start, q_end)`` can see lie in this range."""
+        if self.causal:
+            return 0, min(k_len, self.offset + q_end)
+        return 0, k_len
+
+    def narrow(self, q_start: int, k_start: int, k_end: int) -> AttentionMask:
+        """The mask of the block of queries from ``q_start`` against keys ``[k_start, k_end)``."""
+        kpm = self.key_padding
+        return replace(
+            self,
+            offset=self.offset + q_start - k_start,
+            key_padding=None if kpm is None else kpm[:, k_start:k_end],
+        )
+
+    def dense(self, q_len: int, k_len: int, device=None) -> Tensor | None:
+        """``(B|1, 1, Lq, Lk)`` bool, True = attend; None when nothing is hidden."""
+        if self.hides_nothing(q_len, k_len):
+            return None
+        mask = None
+        if self.causal:
+            i = torch.arange(q_len, device=device).unsqueeze(-1) + self.offset
+            mask = (torch.arange(k_len, device=device) <= i)[None, None]  # (1, 1, Lq, Lk)
+        if self.key_padding is not None:
+            pad = self.key_padding[:, None, None, :]  # (B, 1, 1, Lk)
+            mask = pad if mask is None else mask & pad
+        return mask
+
+    def mask_mod(self) -> MaskMod | None:
+        """The rule as a FlexAttention ``mask_mod`` ``(b, h, q_idx, kv_idx) -> bool``; None when nothing is hidden."""
+        if not self.causal and self.key_padding is None:
+            return None
+        causal, offset, kpm = self.causal, self.offset, self.key_padding
+
+        def mod(b, h, q_idx, kv_idx):
+            keep = (kv_idx <= q_idx + offset) if causal else (kv_idx >= 0)
+            if kpm is not None:
+                keep = keep & kpm[b, kv_idx]
+            return keep
+
+        return mod

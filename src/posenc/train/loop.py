@@ -1,0 +1,228 @@
+"""The training loop: :class:`Trainer` (one optimizer step, and ``fit`` over steps), the
+language-model loss, the learning-rate schedule and the hooks the loop calls."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .runtime import Runtime
+
+LossFn = Callable[[nn.Module, Any], Tensor]
+
+
+# ------------------------------------------------------------------ losses and schedules
+def masked_loss(logits: Tensor, targets: Tensor, mask: Tensor | None) -> Tensor:
+    """Per-token cross-entropy ``(B, L)`` in float32 from logits ``(B, L, V)``; masked-out tokens are 0."""
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+    return loss if mask is None else loss * mask
+
+
+def lm_loss(net: nn.Module, batch) -> Tensor:
+    """Mean next-token loss of a causal LM over the scored tokens of ``batch``.
+
+    ``batch``: a :class:`posenc.data.Batch` (``tokens``, ``targets`` ``(B, L)``, ``mask``
+    ``(B, L)`` or None for all, ``pos`` ``(B, L)`` or None for ``arange``). ``net(tokens)``
+    returns logits ``(B, L, V)``; it gets ``pos=`` only when the batch has positions, so any
+    LM with that call works (x-transformers' in the benchmarks).
+    """
+    pos = getattr(batch, "pos", None)
+    logits = net(batch.tokens) if pos is None else net(batch.tokens, pos=pos)
+    per_tok = masked_loss(logits, batch.targets, batch.mask)
+    return per_tok.sum() / (batch.mask.sum() if batch.mask is not None else per_tok.numel())
+
+
+def cosine_schedule(lr: float, steps: int, warmup: int = 0, min_lr_ratio: float = 0.1) -> Callable[[int], float]:
+    """Linear warmup over ``min(warmup, steps)`` steps, then cosine decay to ``lr * min_lr_ratio``.
+
+    Returns ``lr_at(step)``, a function of the step only (so a resumed run gets the same rates).
+    """
+    warmup = min(warmup, steps)
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        t = (step - warmup) / max(1, steps - warmup)
+        return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+    return lr_at
+
+
+def adamw(model: nn.Module, *, lr: float, weight_decay: float = 0.01, betas=(0.9, 0.95), **kw) -> torch.optim.AdamW:
+    """AdamW over every parameter of ``model`` (``kw``: e.g. ``fused=True`` or ``foreach=True``)."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay, **kw)
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """``torch.autocast`` to ``dtype`` on ``device``; a no-op context for None (float32)."""
+    return torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
+# ------------------------------------------------------------------ state and hooks
+@dataclass
+class TrainState:
+    """What the loop has done: with the weights and the optimizer state, what a checkpoint holds."""
+
+    step: int = 0  # optimizer steps done
+    losses: list[float] = field(default_factory=list)  # loss of every step, mean over processes
+    seconds: float = 0.0  # time in steps (batch, forward, backward, update), hooks excluded
+    tokens: int = 0  # input tokens of the global batches since this process started or resumed
+
+
+class Callback:
+    """Hooks of :meth:`Trainer.fit`: after every step and once at the end (both do nothing here)."""
+
+    def on_step(self, state: TrainState) -> None:
+        pass
+
+    def on_end(self, state: TrainState) -> None:
+        pass
+
+
+class Every(Callback):
+    """``fn(state)`` after every ``n`` steps, before step ``until`` (None: to the end)."""
+
+    def __init__(self, n: int, fn: Callable[[TrainState], None], *, until: int | None = None) -> None:
+        if n < 1:
+            raise ValueError(f"Every(n) needs n >= 1, got {n}")
+        self.n, self.fn, self.until = n, fn, until
+
+    def on_step(self, state: TrainState) -> None:
+        if state.step % self.n == 0 and (self.until is None or state.step < self.until):
+            self.fn(state)
+
+
+# ------------------------------------------------------------------ the trainer
+class Trainer:
+    """Optimizer steps of ``model`` on batches, on one process or many (DDP).
+
+    Args:
+        model: the module trained (wrapped in ``DistributedDataParallel`` when the
+            runtime has several processes; :attr:`model` stays the bare module).
+        optimizer: built by the caller over ``model``'s parameters (:func:`adamw`).
+        runtime: device and processes (:func:`~posenc.train.setup`); default one CPU process.
+        loss: ``loss(net, batch) -> scalar``; default :func:`lm_loss`.
+        schedule: ``lr_at(step)`` set on every parameter group before each step; None keeps
+            the optimizer's rate.
+        grad_clip: clip the global gradient norm to this; 0 = no clipping.
+        autocast_dtype: None (float32) or ``torch.bfloat16`` (autocast around the loss).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        runtime: Runtime | None = None,
+        loss: LossFn = lm_loss,
+        schedule: Callable[[int], float] | None = None,
+        grad_clip: float = 0.0,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.runtime = runtime or Runtime()
+        self.loss_fn, self.schedule, self.grad_clip = loss, schedule, grad_clip
+        self.autocast_dtype = autocast_dtype
+        self.net = model
+        if self.runtime.distributed:
+            dev = self.runtime.device
+            self.net = nn.parallel.DistributedDataParallel(
+                model, device_ids=[dev.index] if dev.type == "cuda" else None
+            )
+
+    def step(self, batch, step: int | None = None) -> Tensor:
+        """One optimizer step on ``batch`` (already this process's rows on the device).
+
+        Returns the detached loss of this process (no host sync).
+        """
+        if self.schedule is not None and step is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.schedule(step)
+        with autocast(self.runtime.device, self.autocast_dtype):
+            loss = self.loss_fn(self.net, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.grad_clip > 0:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        return loss.detach()
+
+    def fit(
+        self,
+        batch_at: Callable[[int], Any],
+        steps: int,
+        *,
+        state: TrainState | None = None,
+        callbacks: Iterable[Callback] = (),
+    ) -> TrainState:
+        """Train from ``state.step`` (0 for a new ``state``) up to ``steps``.
+
+        ``batch_at(step)``: the global batch of ``step`` (every process draws the same one and
+        keeps its rows); a function of the step, so a resumed run sees the same data.
+        """
+        state = state or TrainState()
+        callbacks = list(callbacks)
+        self.model.train()
+        for step in range(state.step, steps):
+            t0 = time.perf_counter()
+            batch = batch_at(step)
+            state.tokens += _numel(batch)
+            value = self.runtime.mean(self.step(self.runtime.shard(batch), step))
+            state.losses.append(float(value))
+            state.step = step + 1
+            state.seconds += time.perf_counter() - t0
+            for cb in callbacks:
+                cb.on_step(state)
+        for cb in callbacks:
+            cb.on_end(state)
+        return state
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self, state: TrainState) -> dict[str, Any]:
+        """The checkpoint entries besides the weights: step, losses, time, optimizer, RNG."""
+        d = {
+            "step": state.step,
+            "losses": list(state.losses),
+            "train_seconds": state.seconds,
+            "optimizer": self.optimizer.state_dict(),
+            "rng_state": torch.get_rng_state(),
+        }
+        if self.runtime.device.type == "cuda":
+            d["cuda_rng_state"] = torch.cuda.get_rng_state(self.runtime.device)
+        return d
+
+    def load_state_dict(self, d: dict[str, Any]) -> TrainState:
+        """Restore the optimizer and RNG from :meth:`state_dict` output; returns the state to resume."""
+        self.optimizer.load_state_dict(d["optimizer"])
+        torch.set_rng_state(d["rng_state"])
+        if "cuda_rng_state" in d and self.runtime.device.type == "cuda":
+            torch.cuda.set_rng_state(d["cuda_rng_state"], self.runtime.device)
+        return TrainState(step=d["step"], losses=list(d["losses"]), seconds=d["train_seconds"])
+
+    def save(self, path: str | Path, state: TrainState, **extra: Any) -> None:
+        """Write ``model`` + :meth:`state_dict` + ``extra`` to ``path`` atomically (rank 0 only).
+
+        A kill mid-write leaves the previous file intact.
+        """
+        from ..checkpoint import save_checkpoint
+
+        if not self.runtime.main:
+            return
+        path = Path(path)
+        tmp = path.with_suffix(".tmp")
+        save_checkpoint(tmp, self.model, **self.state_dict(state), **extra)
+        os.replace(tmp, path)
+
+
+def _numel(batch) -> int:
+    t = batch if isinstance(batch, Tensor) else getattr(batch, "tokens", batch[0])
+    return t.numel()

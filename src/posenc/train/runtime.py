@@ -1,0 +1,114 @@
+"""Where training runs: the device and, under ``torchrun``, the process group.
+
+:func:`setup` is the first thing a tool calls; everything after it receives the
+:class:`Runtime` it returns instead of reading environment variables again.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = ["Runtime", "resolve_device", "setup"]
+
+
+def resolve_device(name: str) -> torch.device:
+    """``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"`` (this process's ``LOCAL_RANK`` GPU).
+
+    Raises:
+        ValueError: ``"cuda"`` without a usable GPU, or another name.
+    """
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' requested but torch.cuda.is_available() is False")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if name != "cpu":
+        raise ValueError(f"device must be auto, cpu or cuda, got {name!r}")
+    return torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The device and this process's place among ``world`` processes (1 without torchrun).
+
+    Every process draws the same global batch; :meth:`shard` keeps this process's rows.
+    Rank 0 (:attr:`main`) evaluates and writes files.
+    """
+
+    device: torch.device = torch.device("cpu")
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def shard(self, batch: Any) -> Any:
+        """This process's rows of ``batch`` (a tensor, or a tuple/NamedTuple of tensors and None),
+        moved to the device.
+
+        Raises:
+            ValueError: the batch size is not divisible by the number of processes.
+        """
+
+        def rows(t: Tensor) -> Tensor:
+            B = t.shape[0]
+            if B % self.world:
+                raise ValueError(f"batch_size={B} must be divisible by the number of processes ({self.world})")
+            n = B // self.world
+            return t[self.rank * n : (self.rank + 1) * n].to(self.device)
+
+        return map_tensors(batch, rows)
+
+    def mean(self, value: Tensor) -> Tensor:
+        """``value`` averaged over the processes (itself with one process)."""
+        if self.distributed:
+            dist.all_reduce(value)
+            value = value / self.world
+        return value
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every process (a picklable Python object)."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def map_tensors(batch: Any, fn) -> Any:
+    """``fn`` applied to a tensor, or to each tensor field of a tuple/NamedTuple (None kept)."""
+    if isinstance(batch, Tensor):
+        return fn(batch)
+    if isinstance(batch, tuple):
+        items = [fn(t) if isinstance(t, Tensor) else t for t in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else tuple(items)
+    raise TypeError(f"a batch must be a tensor or a tuple of tensors, got {type(batch).__name__}")
+
+
+def setup(device: str = "auto") -> Runtime:
+    """The runtime of this process: join the process group when launched by ``torchrun``
+    (``WORLD_SIZE > 1``; gloo on CPU, nccl on CUDA), else one process on ``device``."""
+    dev = resolve_device(device)
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return Runtime(dev)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    return Runtime(dev, dist.get_rank(), dist.get_world_size())

@@ -1,0 +1,91 @@
+"""posenc compare --extend: inference-time extension of trained rotary models (issue 14 item 6)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from tests.conftest import assert_close, lm_n
+from tests.test_compare import TINY, run_cli
+
+import posenc
+from posenc.compare import preset_config
+from posenc.compare.extend import EXTEND_METHODS, method_options, with_options
+
+
+def test_method_options_follow_the_papers_rules():
+    o = {m: method_options(m, train_tokens=64, longest_tokens=512, base=10000.0, rotary_dim=16) for m in EXTEND_METHODS}
+    assert o["none"] == {}
+    assert o["linear"]["rope_scaling"] == {"rope_type": "linear", "factor": 8.0}
+    assert math.isclose(o["ntk"]["base"], 10000.0 * 8 ** (16 / 14))
+    assert (
+        o["yarn"]["rope_scaling"]["factor"] == 8.0
+        and o["yarn"]["rope_scaling"]["original_max_position_embeddings"] == 64
+    )
+    re = o["rerope"]["rope_extension"]
+    assert re == {"type": "rerope", "window": 32, "scale_base": 64}
+    se = o["self-extend"]["rope_extension"]
+    W, G = se["window"], se["group_size"]
+    # Jin et al. 2024: (L - W)·G + W >= L_max, with the smallest such G
+    assert (64 - W) * G + W >= 512 > (64 - W) * (G - 1) + W
+    lk = o["leaky-rerope"]["rope_extension"]
+    assert lk["window"] + (512 - lk["window"]) / lk["factor"] <= 64  # the longest distance maps inside L
+    # not past the training length: no scaling, the smallest groups
+    assert (
+        method_options("linear", train_tokens=64, longest_tokens=64, base=1e4, rotary_dim=16)["rope_scaling"]["factor"]
+        == 1.0
+    )
+    with pytest.raises(ValueError, match="extension method must be one of"):
+        method_options("pi", train_tokens=64, longest_tokens=512, base=1e4, rotary_dim=16)
+
+
+def test_with_options_keeps_the_weights():
+    torch.manual_seed(0)
+    lm = posenc.TransformerLM(32, 16, 2, 2, encoding="rope", max_len=8).eval()
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    t = torch.randint(0, 32, (2, 12))
+    n = lm_n(dim=16, depth=2, length=12)
+    with torch.no_grad():
+        ref = lm(t)
+        assert_close(with_options(lm)(t), ref, n=n)
+        # a window past every distance: exactly RoPE, so the weights came along
+        wide = with_options(lm, rope_extension={"type": "self-extend", "window": 12, "group_size": 2})
+        assert wide.blocks[0].attn.encoding.rope_extension is not None
+        assert_close(wide(t), ref, n=n)
+        assert not torch.allclose(with_options(lm, rope_extension={"type": "rerope", "window": 2})(t), ref, atol=1e-3)
+
+
+def test_extend_run(tmp_path):
+    out = tmp_path / "run"
+    methods = "none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend"
+    assert run_cli(*TINY, "--steps", "3", "--encodings", "rope,xpos,alibi", "--extend", methods, "--out", str(out)) == 0
+    res = json.loads((out / "results.json").read_text())
+    got = [(e["encoding"], e["method"]) for e in res["extend"]]
+    assert got == [("rope", m) for m in EXTEND_METHODS] + [("xpos", "none"), ("xpos", "ntk")]  # alibi: none applies
+    runs = {r["encoding"]: r for r in res["runs"]}
+    for e in res["extend"]:
+        assert [x["length"] for x in e["eval"]] == [16, 32]
+        if e["method"] == "none":  # the trained model as it is: the run's own numbers
+            assert [x["loss"] for x in e["eval"]] == [x["loss"] for x in runs[e["encoding"]]["eval"]]
+    by = {e["method"]: e for e in res["extend"] if e["encoding"] == "rope"}
+    assert by["rerope"]["options"]["rope_extension"]["window"] == 8  # half the training length
+    assert by["linear"]["eval"][1]["loss"] != by["none"]["eval"][1]["loss"]
+    for f in ("extend.md", "extend.csv", "extend.png"):
+        assert (out / f).stat().st_size > 0
+    assert "`leaky-rerope`" in (out / "extend.md").read_text()
+
+
+def test_extend_config():
+    assert preset_config("quick").fingerprint() == preset_config("quick", extend=["none", "yarn"]).fingerprint()
+    for bad in (["pi"], [], "yarn"):
+        with pytest.raises(ValueError, match="extend must list methods of none, linear"):
+            preset_config("quick", extend=bad)
+
+
+def test_extend_bad_method_is_exit_2(tmp_path, capsys):
+    assert run_cli(*TINY, "--extend", "none,pi", "--out", str(tmp_path / "x")) == 2
+    assert "extend must list methods" in capsys.readouterr().err
