@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import posenc
-from posenc.layers import PRESETS, LayerSpec, expand, layers, parse_pattern
+from posenc.patterns import PRESETS, LayerSpec, expand, layers, parse_pattern
 
 
 def _d(specs):

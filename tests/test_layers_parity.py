@@ -13,13 +13,22 @@ from tests.conftest import assert_close, attention_n
 from tests.hf_layer_oracles import copy_projections, gemma3_layer, llama4_layer, sink_softmax_attention
 
 import posenc
-from posenc.layers import LayerSpec, layers
+from posenc.patterns import LayerSpec, layers
 
 DIM, HEADS, HEAD_DIM, L = 32, 4, 8, 13
 
 
 def _attention(spec: LayerSpec, **kw) -> posenc.Attention:
-    return posenc.Attention(DIM, HEADS, spec.encoding, head_dim=HEAD_DIM, causal=True, **spec.options, **kw)
+    return posenc.Attention(
+        DIM, HEADS, spec.encoding, head_dim=HEAD_DIM, causal=True, window=spec.window, chunk=spec.chunk, **spec.options, **kw
+    )
+
+
+def _check_every_backend(attn: posenc.Attention, ref: torch.Tensor, x: torch.Tensor) -> None:
+    attn.chunk_size = attn.dense_chunk = 4  # several query blocks: key ranges are exercised
+    with torch.no_grad():
+        for backend in [*posenc.supported_backends(attn.encoding), "auto"]:
+            assert_close(attn(x, backend=backend), ref, n=_n(), msg=backend)
 
 
 def _x(seed: int = 1) -> torch.Tensor:
@@ -58,7 +67,43 @@ def test_irope_temperature_matters():
         assert (plain(_x()) - hf.run(_x())).abs().max() > 1e-3
 
 
+def test_irope_chunked_rope_layer_matches_hf_llama4():
+    """Layer 0 of 4: interleaved RoPE inside aligned chunks of 5 (L = 13: three chunks)."""
+    torch.manual_seed(0)
+    hf = llama4_layer(0, chunk=5, floor_scale=4, attn_scale=0.1, theta=500000.0)
+    assert hf.uses_rope and hf.layer_type == "chunked_attention"
+    spec = layers("irope", chunk=5, floor_scale=4)[0]
+    assert spec.chunk == 5 and spec.options["layout"] == "interleaved"
+    attn = _attention(spec)
+    copy_projections(hf.module, attn)
+    x = _x()
+    with torch.no_grad():
+        ref = hf.run(x)
+    _check_every_backend(attn, ref, x)
+    attn.chunk = None  # the chunks matter
+    with torch.no_grad():
+        assert (attn(x) - ref).abs().max() > 1e-3
+
+
 # ------------------------------------------------------------------ Gemma 3
+def test_gemma3_local_layer_matches_hf():
+    """Layer 0 of 6: sliding window of 4 keys, θ = 1e4."""
+    torch.manual_seed(0)
+    hf = gemma3_layer(0, window=4)
+    assert hf.layer_type == "sliding_attention"
+    spec = layers("gemma3", window=4)[0]
+    assert spec.window == 4 and spec.options["base"] == 10000
+    attn = _attention(spec)
+    copy_projections(hf.module, attn)
+    x = _x()
+    with torch.no_grad():
+        ref = hf.run(x)
+    _check_every_backend(attn, ref, x)
+    attn.window = None  # the window matters
+    with torch.no_grad():
+        assert (attn(x) - ref).abs().max() > 1e-3
+
+
 def test_gemma3_global_layer_matches_hf():
     """Layer 5 of 6: global attention with θ = 1e6."""
     torch.manual_seed(0)

@@ -1,7 +1,7 @@
 """Per-layer designs: patterns of layer specs and the named presets of 2025 LLMs.
 
 A model's layers need not share one encoding. Each block is described by a
-:class:`LayerSpec` (encoding, options, attention window, chunk, learned sinks), and
+:class:`posenc.LayerSpec` (encoding, options, attention window, chunk, learned sinks), and
 :func:`layers` builds the list from a short pattern::
 
     posenc.layers("rope*3,nope")                                  # SmolLM3-style
@@ -30,52 +30,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .base import get_class, options_of
+from .config import SPEC_FIELDS, LayerSpec
 
-__all__ = ["LayerSpec", "Preset", "PRESETS", "layers", "parse_pattern", "expand"]
-
-SPEC_FIELDS = ("window", "chunk", "sinks")
-
-
-@dataclass
-class LayerSpec:
-    """What one block's attention does with positions.
-
-    Args:
-        encoding: a registered encoding name.
-        options: its options (``{"base": 1e4}``).
-        window: sliding window of ``W`` keys, the query included (``j > i - W``); None: no window.
-        chunk: attend only within aligned chunks of ``C`` tokens (``i // C == j // C``, Llama 4).
-        sinks: one learned sink logit per head in the softmax (gpt-oss).
-    """
-
-    encoding: str = "rope"
-    options: dict[str, Any] = field(default_factory=dict)
-    window: int | None = None
-    chunk: int | None = None
-    sinks: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.encoding, str):
-            raise TypeError(f"LayerSpec.encoding must be an encoding name (str), got {type(self.encoding).__name__}")
-        if not isinstance(self.options, dict):
-            raise TypeError(f"LayerSpec.options must be a dict, got {type(self.options).__name__}")
-        for name in ("window", "chunk"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise ValueError(f"LayerSpec.{name} must be a positive int or None, got {v!r}")
-        if not isinstance(self.sinks, bool):
-            raise TypeError(f"LayerSpec.sinks must be a bool, got {self.sinks!r}")
-
-    def describe(self) -> str:
-        """The spec in pattern syntax (round-trips through :func:`parse_pattern`)."""
-        args = [f"{k}={_fmt(v)}" for k, v in self.options.items()]
-        args += [f"{k}={_fmt(getattr(self, k))}" for k in SPEC_FIELDS if getattr(self, k) not in (None, False)]
-        return self.encoding + (f"({','.join(args)})" if args else "")
-
+__all__ = ["Preset", "PRESETS", "layers", "parse_pattern", "expand", "is_pattern"]
 
 @dataclass(frozen=True)
 class Preset:
@@ -222,16 +183,6 @@ class _Parser:
             except ValueError:
                 pass
         return word
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "none"
-    if isinstance(v, (dict, list)):
-        return json.dumps(v, separators=(",", ":"))
-    return str(v)
 
 
 def _spec(encoding: str, options: dict, spec: dict) -> LayerSpec:
