@@ -114,3 +114,21 @@ def test_bad_types_raise_type_error():
         layers([])
     with pytest.raises(TypeError, match="encoding must be an encoding name"):
         LayerSpec(posenc.build("rope", heads=1, head_dim=2))
+
+
+def test_model_takes_patterns_presets_and_specs():
+    lm = posenc.TransformerLM(50, 16, 8, 2, "rope*3,nope", max_len=32)
+    assert [b.attn.encoding.name for b in lm.blocks] == ["rope", "rope", "rope", "nope"] * 2
+    g = posenc.TransformerLM(50, 16, 6, 2, "gemma3", max_len=32, window=4)
+    assert [b.attn.window for b in g.blocks] == [4] * 5 + [None]
+    assert [b.attn.encoding.base for b in g.blocks] == [10000] * 5 + [1000000]
+    cfg = posenc.ModelConfig(50, 16, 4, 2, layers=posenc.layers("irope", depth=4, chunk=8))
+    lm = posenc.TransformerLM(config=cfg)
+    assert [b.attn.chunk for b in lm.blocks] == [8, 8, 8, None]
+    # the config round-trips through JSON-ready dicts
+    again = posenc.ModelConfig.from_dict(cfg.to_dict())
+    assert again.layers == cfg.layers
+    with pytest.raises(ValueError, match="more than depth=4"):
+        posenc.TransformerLM(50, 16, 4, 2, "gemma3", max_len=32)
+    with pytest.raises(ValueError, match="applies to no layer"):
+        posenc.TransformerLM(50, 16, 4, 2, "rope*3,nope", max_len=32, window=3)

@@ -20,7 +20,15 @@ DIM, HEADS, HEAD_DIM, L = 32, 4, 8, 13
 
 def _attention(spec: LayerSpec, **kw) -> posenc.Attention:
     return posenc.Attention(
-        DIM, HEADS, spec.encoding, head_dim=HEAD_DIM, causal=True, window=spec.window, chunk=spec.chunk, **spec.options, **kw
+        DIM,
+        HEADS,
+        spec.encoding,
+        head_dim=HEAD_DIM,
+        causal=True,
+        window=spec.window,
+        chunk=spec.chunk,
+        **spec.options,
+        **kw,
     )
 
 

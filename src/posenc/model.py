@@ -121,6 +121,10 @@ class TransformerLM(nn.Module):
         )
         blocks, groups = [], {}  # spec key -> the first instance built for it
         for spec in cfg.layer_specs():
+            if spec.sinks:
+                raise ValueError(
+                    f"learned sink logits (LayerSpec.sinks=True, layer {spec.describe()}) are not built yet"
+                )
             enc = self._encoding_for(spec, groups)
             attn = Attention(
                 cfg.dim,

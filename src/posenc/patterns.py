@@ -38,6 +38,7 @@ from .config import SPEC_FIELDS, LayerSpec
 
 __all__ = ["Preset", "PRESETS", "layers", "parse_pattern", "expand", "is_pattern"]
 
+
 @dataclass(frozen=True)
 class Preset:
     """A named pattern: the layer design of a published model."""
