@@ -6,7 +6,7 @@ The layer is a pipeline of public steps; each can be called on its own::
     attn.embed_input(x, pos, cache)          # the input stage (through the cache's input history)
     attn.project(x, pos, cache=, memory=)    # q, k, v after the q/k stage (and the cache update)
     attn.attend(x, pos, cache, ...)          # project -> backend -> o_proj, positions already checked
-    attn.mask_for(q_len, k_len, key_padding_mask)   # the posenc.AttentionMask of a call
+    attn.mask_for(q_len, k_len, key_padding_mask, document_ids)   # the posenc.AttentionMask of a call
 
 The backend is a function of :data:`posenc.BACKENDS` (see :mod:`posenc.backends`):
 ``backend="auto"`` picks the fastest that can run the encoding's stages
@@ -66,7 +66,9 @@ class Attention(nn.Module):
 
     Shape notation: ``x``: ``(B, L, D)`` -> ``(B, L, D)``; ``pos``: ``(L,)`` or ``(B, L)``
     int64, or ``(L, A)`` / ``(B, L, A)`` for an encoding with ``axes = A > 1`` (see
-    :func:`posenc.positions.grid`); ``key_padding_mask``: ``(B, Lk)`` bool, True = attend.
+    :func:`posenc.positions.grid`); ``key_padding_mask``: ``(B, Lk)`` bool, True = attend;
+    ``document_ids``: ``(B|1, L)`` int, packed sequences: a token attends only to tokens
+    with its id (each run of equal ids is one document; no cache or memory with them).
     """
 
     dense_chunk = 256  # see posenc.BlockOptions
@@ -159,6 +161,7 @@ class Attention(nn.Module):
         backend: str | None = None,
         memory: Tensor | None = None,
         memory_pos: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """Attend. See the class docstring for shapes and :meth:`attend` for ``memory``.
 
@@ -183,20 +186,30 @@ class Attention(nn.Module):
         pos = as_positions(pos, L, offset=offset, device=x.device, batch=B, axes=axes)  # (B|1, L[, A])
         check_lengths([self.encoding], pos)
         if self.runs_input_stage:
-            x = self.embed_input(x, pos, cache)
+            x = self.embed_input(x, pos, cache, document_ids=document_ids)
         return self.attend(
-            x, pos, cache, key_padding_mask=key_padding_mask, backend=backend, memory=memory, memory_pos=memory_pos
+            x,
+            pos,
+            cache,
+            key_padding_mask=key_padding_mask,
+            backend=backend,
+            memory=memory,
+            memory_pos=memory_pos,
+            document_ids=document_ids,
         )
 
-    def embed_input(self, x: Tensor, pos: Tensor, cache: KVCache | None = None) -> Tensor:
-        """The encoding's input stage on ``x`` ``(B, L, D)``; with a cache, over its input history too."""
+    def embed_input(
+        self, x: Tensor, pos: Tensor, cache: KVCache | None = None, *, document_ids: Tensor | None = None
+    ) -> Tensor:
+        """The encoding's input stage on ``x`` ``(B, L, D)``; with a cache, over its input history
+        too; with ``document_ids``, on each document alone."""
         enc = self.encoding
         history = None
         if cache is not None and enc.input_context > 0:
             if cache.inputs is None:
                 cache.inputs = InputHistory(enc.input_context)
             history = cache.inputs
-        return run_input_stage(enc, x, pos, history)
+        return run_input_stage(enc, x, pos, history, document_ids)
 
     def project(
         self,
@@ -238,10 +251,27 @@ class Attention(nn.Module):
             k, v, k_pos = cache.update(k, v, pos)
         return Projection(q, k.to(q.dtype), v.to(q.dtype), q_pos, k_pos)
 
-    def mask_for(self, q_len: int, k_len: int, key_padding_mask: Tensor | None = None) -> AttentionMask:
-        """The :class:`~posenc.AttentionMask` of a call with ``q_len`` queries, the last of ``k_len`` keys."""
+    def mask_for(
+        self, q_len: int, k_len: int, key_padding_mask: Tensor | None = None, document_ids: Tensor | None = None
+    ) -> AttentionMask:
+        """The :class:`~posenc.AttentionMask` of a call with ``q_len`` queries, the last of ``k_len`` keys.
+
+        Raises:
+            ValueError: ``document_ids`` with cached or memory keys (``k_len != q_len``), or
+                not an integer ``(B|1, q_len)`` tensor.
+        """
+        if document_ids is not None and k_len != q_len:
+            raise ValueError(
+                f"document_ids (packed sequences) need every key in this call: got {k_len - q_len} cached or memory "
+                "keys; pack documents without a cache or memory"
+            )
         return AttentionMask(
-            causal=self.causal, offset=k_len - q_len, key_padding=key_padding_mask, window=self.window, chunk=self.chunk
+            causal=self.causal,
+            offset=k_len - q_len,
+            key_padding=key_padding_mask,
+            documents=document_ids,
+            window=self.window,
+            chunk=self.chunk,
         )
 
     def attend(
@@ -254,6 +284,7 @@ class Attention(nn.Module):
         backend: str | None = None,
         memory: Tensor | None = None,
         memory_pos: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """:meth:`project`, the backend, the output projection: ``(B, L, D)``.
 
@@ -262,7 +293,7 @@ class Attention(nn.Module):
         """
         B, L, _ = x.shape
         p = self.project(x, pos, cache=cache, memory=memory, memory_pos=memory_pos)
-        mask = self.mask_for(L, p.k.shape[2], key_padding_mask)
+        mask = self.mask_for(L, p.k.shape[2], key_padding_mask, document_ids)
         mask.check(B, L, p.k.shape[2])
         name = self.resolve_backend(backend, x.device.type)
         qk_proj = (self.q_proj, self.k_proj)

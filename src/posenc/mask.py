@@ -60,6 +60,13 @@ class AttentionMask:
         sink_tokens: the first ``S`` tokens of the stream stay visible through a window
             or chunk (StreamingLLM); 0: none.
         key_start: stream index of key slot 0 (keys a rolling cache dropped come before it).
+        documents: ``(B|1, Lk)`` int64, the document of every key (packed sequences):
+            query ``t`` is key ``offset + t`` and sees only keys of its own document.
+            None = one document per row. Ids need only differ between neighbouring
+            documents (:func:`posenc.positions.document_ids` numbers them 0, 1, ...).
+        query_documents: ``(B|1, ≥Lq)`` int64, the documents of the queries when they are
+            not keys of this mask (a block cut by :meth:`narrow`); None = read them from
+            ``documents`` at ``offset``.
 
     A query row that sees no key at all (a fully padded row) gets a zero output on every
     backend; :attr:`may_hide_rows` says when that can happen.
@@ -72,6 +79,8 @@ class AttentionMask:
     chunk: int | None = None
     sink_tokens: int = 0
     key_start: int = 0
+    documents: Tensor | None = None
+    query_documents: Tensor | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.offset, int) or self.offset < 0:
@@ -90,6 +99,15 @@ class AttentionMask:
                 f"key_padding_mask must be a bool tensor of shape (B, Lk), got "
                 f"{getattr(kpm, 'dtype', type(kpm).__name__)} {tuple(getattr(kpm, 'shape', ()))}"
             )
+        for name in ("documents", "query_documents"):
+            ids = getattr(self, name)
+            if ids is not None and (
+                not isinstance(ids, Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dim() != 2
+            ):
+                raise ValueError(
+                    f"{name} must be an integer tensor of shape (B, Lk) (a document id per token), got "
+                    f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}"
+                )
 
     def check(self, batch: int, q_len: int, k_len: int) -> None:
         """Raise ``ValueError`` if this mask does not fit a call of ``batch`` rows, ``q_len`` queries, ``k_len`` keys."""
@@ -100,12 +118,18 @@ class AttentionMask:
             )
         if self.causal and self.offset + q_len > k_len:
             raise ValueError(f"causal mask: offset {self.offset} + {q_len} queries > {k_len} keys")
+        doc = self.documents
+        if doc is not None:
+            if doc.shape[-1] != k_len or doc.shape[0] not in (1, batch):
+                raise ValueError(f"document_ids must have shape (B, {k_len}) (B = {batch}), got {tuple(doc.shape)}")
+            if self.query_documents is None and self.offset + q_len > k_len:
+                raise ValueError(f"document_ids: offset {self.offset} + {q_len} queries > {k_len} keys")
 
     # ------------------------------------------------------------------ properties
     @property
     def batched(self) -> bool:
         """The mask differs between batch rows."""
-        return self.key_padding is not None
+        return self.key_padding is not None or self.documents is not None
 
     @property
     def may_hide_rows(self) -> bool:
@@ -119,12 +143,19 @@ class AttentionMask:
 
     def is_causal_square(self, q_len: int, k_len: int) -> bool:
         """Exactly the lower triangle of a square score matrix (SDPA's ``is_causal=True``)."""
-        return self.causal and self.key_padding is None and not self.limited and self.offset == 0 and q_len == k_len
+        return (
+            self.causal
+            and self.key_padding is None
+            and self.documents is None
+            and not self.limited
+            and self.offset == 0
+            and q_len == k_len
+        )
 
     def hides_nothing(self, q_len: int, k_len: int) -> bool:
         """Every query sees every key."""
         causal_free = not self.causal or (self.offset + q_len == k_len and q_len == 1)
-        return causal_free and self.key_padding is None and not self.limited
+        return causal_free and self.key_padding is None and self.documents is None and not self.limited
 
     def visible(self, i: Tensor, j: Tensor) -> Tensor:
         """True where stream index ``i`` (a query) sees stream index ``j`` (a key), padding aside.
@@ -145,6 +176,12 @@ class AttentionMask:
                 near = near | (j < self.sink_tokens)
             keep = keep & near
         return keep
+
+    def _query_docs(self) -> Tensor:
+        """``(B|1, ≥Lq)``: the document of each query (``documents`` must be set)."""
+        if self.query_documents is not None:
+            return self.query_documents
+        return self.documents[:, self.offset :]
 
     # ------------------------------------------------------------------ blocks
     def key_range(self, q_start: int, q_end: int, k_len: int) -> tuple[int, int]:
@@ -167,12 +204,14 @@ class AttentionMask:
 
     def narrow(self, q_start: int, k_start: int, k_end: int) -> AttentionMask:
         """The mask of the block of queries from ``q_start`` against keys ``[k_start, k_end)``."""
-        kpm = self.key_padding
+        kpm, doc = self.key_padding, self.documents
         return replace(
             self,
             offset=self.offset + q_start - k_start,
             key_padding=None if kpm is None else kpm[:, k_start:k_end],
             key_start=self.key_start + k_start,
+            documents=None if doc is None else doc[:, k_start:k_end],
+            query_documents=None if doc is None else self._query_docs()[:, q_start:],
         )
 
     def dense(self, q_len: int, k_len: int, device=None) -> Tensor | None:
@@ -187,18 +226,25 @@ class AttentionMask:
         if self.key_padding is not None:
             pad = self.key_padding[:, None, None, :]  # (B, 1, 1, Lk)
             mask = pad if mask is None else mask & pad
+        if self.documents is not None:
+            qd = self._query_docs()[:, None, :q_len, None]  # (B|1, 1, Lq, 1)
+            same = qd == self.documents[:, None, None, :k_len]  # (B|1, 1, Lq, Lk)
+            mask = same if mask is None else mask & same
         return mask
 
     def mask_mod(self) -> MaskMod | None:
         """The rule as a FlexAttention ``mask_mod`` ``(b, h, q_idx, kv_idx) -> bool``; None when nothing is hidden."""
-        if not self.causal and self.key_padding is None and not self.limited:
+        if not self.causal and self.key_padding is None and self.documents is None and not self.limited:
             return None
-        q0, k0, kpm = self.key_start + self.offset, self.key_start, self.key_padding
+        q0, k0, kpm, doc = self.key_start + self.offset, self.key_start, self.key_padding, self.documents
+        qdoc = None if doc is None else self._query_docs()
 
         def mod(b, h, q_idx, kv_idx):
             keep = self.visible(q_idx + q0, kv_idx + k0)
             if kpm is not None:
-                keep = keep & kpm[b, kv_idx]
+                keep = keep & kpm[b if kpm.shape[0] > 1 else 0, kv_idx]
+            if doc is not None:
+                keep = keep & (qdoc[b if qdoc.shape[0] > 1 else 0, q_idx] == doc[b if doc.shape[0] > 1 else 0, kv_idx])
             return keep
 
         return mod

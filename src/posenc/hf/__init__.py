@@ -17,7 +17,8 @@ model types ``posenc_llama`` / ``posenc_gpt2`` with ``AutoConfig`` and
 :func:`convert` returns a new model and leaves the one it was given as it was.
 
 Covered: ``LlamaForCausalLM`` (rotary embedding switched off) and ``GPT2LMHeadModel``
-(learned ``wpe`` switched off), every registered encoding but ``complex-order``.
+(learned ``wpe`` switched off), every registered encoding (``complex-order`` without a
+vocabulary; one that builds the token embedding from ids is refused).
 """
 
 from __future__ import annotations

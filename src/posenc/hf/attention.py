@@ -23,7 +23,8 @@ What the attention interface does not carry, and how it is rebuilt here:
   found the way HF finds them: from ``cu_seq_lens_q`` when the collator returns
   flash-attention kwargs, else where ``position_ids`` restart
   (``masking_utils.find_packed_sequence_indices``), whenever no token is cached and
-  nothing is padded. Each document then attends only within itself.
+  nothing is padded. Each document then attends only within itself (posenc's
+  ``AttentionMask.documents``, honoured by every backend).
 * **Rotated keys in the cache.** The model's cache stores keys before posenc's rotation,
   so each decoding step rotates all cached keys at their positions again (as posenc's own
   ``cache_raw_keys`` encodings do): ``O(L·Dh)`` more per layer and step, exact.
@@ -178,28 +179,14 @@ def attend(
 ) -> Tensor:
     """posenc's score and value stages on rotated ``q, k, v`` ``(B, H, L, Dh)`` -> ``(B, H, Lq, Dh)``.
 
-    The backend is the one :func:`posenc.select_backend` picks for ``enc`` on this device.
-    ``documents`` ``(B, L)`` (no cache): each run of equal ids attends only within itself,
-    computed one document at a time, so a packed row equals its documents run alone.
-    ``qk_proj``: the layer's ``(W_Q, W_K)`` for encodings with ``uses_layer_projections``.
+    The backend is the one :func:`posenc.select_backend` picks for ``enc`` on this device;
+    the mask a :class:`posenc.AttentionMask`. ``documents`` ``(B, L)`` (no cache): each run
+    of equal ids attends only within itself (the mask's ``documents``), so a packed row
+    equals its documents run alone. ``qk_proj``: the layer's ``(W_Q, W_K)`` for encodings
+    with ``uses_layer_projections``.
     """
-    run = BACKENDS[select_backend(enc, q.device.type)]
-    if documents is None:
-        mask = AttentionMask(causal=causal, offset=offset, key_padding=key_padding)
-        return run(enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj)
-    out = []
-    whole = AttentionMask(causal=causal)
-    for b in range(q.shape[0]):
-        starts = torch.nonzero(torch.diff(documents[b], prepend=documents[b, :1] - 1)).flatten().tolist()
-        ends = [*starts[1:], q.shape[2]]
-        pb = min(b, q_pos.shape[0] - 1)
-        rows = [
-            run(enc, q[b : b + 1, :, s:e], k[b : b + 1, :, s:e], v[b : b + 1, :, s:e], q_pos[pb : pb + 1, s:e],
-                k_pos[pb : pb + 1, s:e], whole, qk_proj=qk_proj)
-            for s, e in zip(starts, ends)
-        ]  # fmt: skip
-        out.append(torch.cat(rows, dim=2))
-    return torch.cat(out, dim=0)
+    mask = AttentionMask(causal=causal, offset=offset, key_padding=key_padding, documents=documents)
+    return BACKENDS[select_backend(enc, q.device.type)](enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj)
 
 
 def attention_forward(

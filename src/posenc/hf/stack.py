@@ -220,8 +220,8 @@ class PosencStack(nn.Module):
         q_pos, _, documents = mask.positions(kwargs.get("position_ids"), B, kwargs)
         for index in which:
             enc = self.encodings[index]
-            if documents is not None:  # packed: an input stage that reads neighbours must not cross documents
-                y = _per_document(enc, y, q_pos, documents)
+            if documents is not None:  # packed (no cache): each document on its own
+                y = run_input_stage(enc, y, q_pos, None, documents)
                 continue
             history = self._history(enc, (index, layer), cache, cached, L) if cache is not None else None
             y = run_input_stage(enc, y, q_pos, history)
@@ -249,14 +249,3 @@ class PosencStack(nn.Module):
             )
         entry[1] = cached + new
         return entry[0]
-
-
-def _per_document(enc: PositionEncoding, x: Tensor, q_pos: Tensor, documents: Tensor) -> Tensor:
-    """``enc.embed`` on each run of equal document ids of each row of ``x`` ``(B, L, D)`` on its own."""
-    rows = []
-    for b in range(x.shape[0]):
-        starts = torch.nonzero(torch.diff(documents[b], prepend=documents[b, :1] - 1)).flatten().tolist()
-        pb = min(b, q_pos.shape[0] - 1)
-        ends = [*starts[1:], x.shape[1]]
-        rows.append(torch.cat([enc.embed(x[b : b + 1, s:e], q_pos[pb : pb + 1, s:e]) for s, e in zip(starts, ends)], 1))
-    return torch.cat(rows, dim=0)
