@@ -59,6 +59,9 @@ class Attention(nn.Module):
         qkv_bias: bias terms on the q/k/v/o projections.
         chunk_size: query block of the ``chunked`` backend (``dense`` uses at most
             ``dense_chunk`` of it).
+        window: attend to the last ``window`` keys only, the query included (sliding
+            window; :class:`~posenc.AttentionMask`); None: no window.
+        chunk: attend only within aligned chunks of ``chunk`` tokens (Llama 4); None: no chunks.
         **options: encoding options (``base``, ``num_buckets``, ...).
 
     Shape notation: ``x``: ``(B, L, D)`` -> ``(B, L, D)``; ``pos``: ``(L,)`` or ``(B, L)``
@@ -83,6 +86,8 @@ class Attention(nn.Module):
         backend: str = "auto",
         qkv_bias: bool = False,
         chunk_size: int = 1024,
+        window: int | None = None,
+        chunk: int | None = None,
         **options,
     ) -> None:
         super().__init__()
@@ -98,6 +103,8 @@ class Attention(nn.Module):
         self.dim, self.heads, self.head_dim, self.causal = dim, heads, head_dim, causal
         self.backend = backend
         self.chunk_size = chunk_size
+        AttentionMask(window=window, chunk=chunk)  # validates them
+        self.window, self.chunk = window, chunk
         if isinstance(encoding, PositionEncoding):
             if options:
                 raise ValueError(f"options {sorted(options)} given with an already built encoding")
@@ -123,7 +130,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(inner, dim, bias=qkv_bias)
 
     def extra_repr(self) -> str:
-        return f"backend={self.backend!r}, causal={self.causal}"
+        extra = "".join(f", {k}={getattr(self, k)}" for k in ("window", "chunk") if getattr(self, k) is not None)
+        return f"backend={self.backend!r}, causal={self.causal}{extra}"
 
     @property
     def block_options(self) -> BlockOptions:
@@ -258,7 +266,12 @@ class Attention(nn.Module):
                 "keys; pack documents without a cache or memory"
             )
         return AttentionMask(
-            causal=self.causal, offset=k_len - q_len, key_padding=key_padding_mask, documents=document_ids
+            causal=self.causal,
+            offset=k_len - q_len,
+            key_padding=key_padding_mask,
+            documents=document_ids,
+            window=self.window,
+            chunk=self.chunk,
         )
 
     def attend(
