@@ -30,7 +30,8 @@ for enc in ["rope", "alibi", "t5", "shaw"]:
             lm_loss(lm, batch).backward()
             opt.step()
             opt.zero_grad()
-            if step >= 3: t[k].append(time.perf_counter() - t0)
+            if step >= 3:
+                t[k].append(time.perf_counter() - t0)
     p, q = statistics.median(t["plain"]), statistics.median(t["packed"])
-    print(f"{enc}: plain {1000*p:.1f} ms, packed {1000*q:.1f} ms, ratio {q/p:.2f}")
+    print(f"{enc}: plain {1000 * p:.1f} ms, packed {1000 * q:.1f} ms, ratio {q / p:.2f}")
 print("documents per window (mean):", float((b.documents.max(1).values + 1).float().mean()))
