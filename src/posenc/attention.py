@@ -62,6 +62,8 @@ class Attention(nn.Module):
         window: attend to the last ``window`` keys only, the query included (sliding
             window; :class:`~posenc.AttentionMask`); None: no window.
         chunk: attend only within aligned chunks of ``chunk`` tokens (Llama 4); None: no chunks.
+        sinks: learn one sink logit per head (gpt-oss, :mod:`posenc.sinks`; ``.sinks``
+            ``(H,)``, initialised to 0); every backend runs it.
         **options: encoding options (``base``, ``num_buckets``, ...).
 
     Shape notation: ``x``: ``(B, L, D)`` -> ``(B, L, D)``; ``pos``: ``(L,)`` or ``(B, L)``
@@ -88,6 +90,7 @@ class Attention(nn.Module):
         chunk_size: int = 1024,
         window: int | None = None,
         chunk: int | None = None,
+        sinks: bool = False,
         **options,
     ) -> None:
         super().__init__()
@@ -105,6 +108,9 @@ class Attention(nn.Module):
         self.chunk_size = chunk_size
         AttentionMask(window=window, chunk=chunk)  # validates them
         self.window, self.chunk = window, chunk
+        if not isinstance(sinks, bool):
+            raise TypeError(f"sinks must be a bool, got {sinks!r}")
+        self.sinks = nn.Parameter(torch.zeros(heads)) if sinks else None
         if isinstance(encoding, PositionEncoding):
             if options:
                 raise ValueError(f"options {sorted(options)} given with an already built encoding")
@@ -131,6 +137,7 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         extra = "".join(f", {k}={getattr(self, k)}" for k in ("window", "chunk") if getattr(self, k) is not None)
+        extra += ", sinks=True" if self.sinks is not None else ""
         return f"backend={self.backend!r}, causal={self.causal}{extra}"
 
     @property
@@ -297,7 +304,8 @@ class Attention(nn.Module):
         mask.check(B, L, p.k.shape[2])
         name = self.resolve_backend(backend, x.device.type)
         qk_proj = (self.q_proj, self.k_proj)
-        out = BACKENDS[name](self.encoding, *p, mask, qk_proj=qk_proj, options=self.block_options)  # (B, H, L, Dh)
+        opts = self.block_options
+        out = BACKENDS[name](self.encoding, *p, mask, qk_proj=qk_proj, options=opts, sinks=self.sinks)  # (B, H, L, Dh)
         return self.o_proj(out.transpose(1, 2).reshape(B, L, self.heads * self.head_dim))
 
     def resolve_backend(self, backend: str | None, device_type: str) -> str:

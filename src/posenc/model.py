@@ -126,10 +126,6 @@ class TransformerLM(nn.Module):
         )
         blocks, groups = [], {}  # spec key -> the first instance built for it
         for spec in cfg.layer_specs():
-            if spec.sinks:
-                raise ValueError(
-                    f"learned sink logits (LayerSpec.sinks=True, layer {spec.describe()}) are not built yet"
-                )
             enc = self._encoding_for(spec, groups)
             attn = Attention(
                 cfg.dim,
@@ -140,6 +136,7 @@ class TransformerLM(nn.Module):
                 backend=cfg.backend,
                 window=spec.window,
                 chunk=spec.chunk,
+                sinks=spec.sinks,
             )
             blocks.append(Block(cfg.dim, attn, cfg.mlp_ratio, cfg.dropout))
         # input stages the model runs on the residual stream: block index -> encodings
