@@ -217,9 +217,15 @@ class TransformerLM(nn.Module):
             seen.setdefault(id(b.attn.encoding), b.attn.encoding)
         return list(seen.values())
 
-    def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> ModelCache:
-        """An empty KV cache for ``batch_size`` sequences of up to ``max_len`` tokens."""
-        return ModelCache([b.attn.init_cache(batch_size, max_len, dtype=dtype, device=device) for b in self.blocks])
+    def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None, policy=None) -> ModelCache:
+        """An empty KV cache for ``batch_size`` sequences of up to ``max_len`` tokens.
+
+        Windowed and chunked layers get rolling caches (``O(W)`` memory); ``policy`` a
+        :class:`~posenc.SinkWindow` gives every layer StreamingLLM's cache (see
+        :meth:`posenc.Attention.init_cache`).
+        """
+        kw = {"dtype": dtype, "device": device, "policy": policy}
+        return ModelCache([b.attn.init_cache(batch_size, max_len, **kw) for b in self.blocks])
 
     def init_memory(self, memory_len: int | None = None) -> SegmentMemory:
         """An empty Transformer-XL memory: ``memory_len`` tokens per layer, by default the
