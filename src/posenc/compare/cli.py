@@ -65,6 +65,9 @@ _HELP = {
     "dtype": "float32 or bfloat16 (autocast)",
     "randomized_positions": "train with sorted random positions from [0, max-pos) (Ruoss et al. 2023)",
     "max_pos": "L_max of randomized positions (default: the longest eval length)",
+    "packed": "train on packed documents: attention stops at document boundaries, positions restart "
+    "per document, the first byte of a document is not scored (documents: paragraphs, ending at "
+    "blank lines); evaluation windows stay contiguous",
     "eval_lens": "comma-separated evaluation lengths",
     "eval_tokens": "scored tokens per evaluation length (text)",
     "eval_samples": "problems per evaluation length (tasks)",

@@ -69,6 +69,7 @@ class CompareConfig:
     dtype: str = "float32"  # float32 | bfloat16 (autocast)
     randomized_positions: bool = False  # Ruoss et al. 2023
     max_pos: int | None = None  # L_max for randomized positions; None: the longest eval length
+    packed: bool = False  # train on packed documents (document_ids; positions restart per document)
     # evaluation
     eval_lens: list[int] = field(default_factory=lambda: [64, 128, 256, 512])
     eval_tokens: int = 16384  # scored tokens per evaluation length (text)
@@ -99,6 +100,11 @@ class CompareConfig:
             raise ValueError(f"task must be one of {TASK_NAMES}, got {self.task!r}")
         if self.task == "grid" and self.randomized_positions:
             raise ValueError("randomized_positions draws 1-D positions; the grid task has 2-D ones")
+        if self.packed and (self.task is not None or self.randomized_positions):
+            raise ValueError(
+                "packed needs a text source and positions that restart per document; got "
+                + ("task=" + repr(self.task) if self.task is not None else "randomized_positions=True")
+            )
         for name in ("dim", "depth", "heads", "train_len", "steps", "batch_size", "eval_batch_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:

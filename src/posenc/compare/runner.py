@@ -42,7 +42,7 @@ def make_source(cfg: CompareConfig):
     return load_source(
         task=cfg.task, text=cfg.text, dataset=cfg.dataset, dataset_config=cfg.dataset_config,
         dataset_split=cfg.dataset_split, dataset_field=cfg.dataset_field, val_fraction=cfg.val_fraction,
-        seed=cfg.seed, longest=max(cfg.train_len, *cfg.eval_lens),
+        seed=cfg.seed, longest=max(cfg.train_len, *cfg.eval_lens), packed=cfg.packed,
     )  # fmt: skip
 
 
