@@ -218,12 +218,8 @@ class TransformerLM(nn.Module):
         return list(seen.values())
 
     def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None, policy=None) -> ModelCache:
-        """An empty KV cache for ``batch_size`` sequences of up to ``max_len`` tokens.
-
-        Windowed and chunked layers get rolling caches (``O(W)`` memory); ``policy`` a
-        :class:`~posenc.SinkWindow` gives every layer StreamingLLM's cache (see
-        :meth:`posenc.Attention.init_cache`).
-        """
+        """An empty KV cache for ``batch_size`` sequences of up to ``max_len`` tokens (windowed layers:
+        rolling, ``O(W)``; ``policy=SinkWindow(...)``: StreamingLLM's; :meth:`posenc.Attention.init_cache`)."""
         kw = {"dtype": dtype, "device": device, "policy": policy}
         return ModelCache([b.attn.init_cache(batch_size, max_len, **kw) for b in self.blocks])
 
