@@ -4,8 +4,8 @@ Each row of the result is one (case, length, mode, mask) with the median time, t
 memory, and both as ratios to the baseline (plain SDPA, no position) measured at the
 same length, in the same masking mode, in the same run. At ``memory_lengths`` the
 posenc cases and the baseline run one profiled forward+backward each (peak memory, not
-timed: ``kind="memory"``); with ``profile``, each posenc case at each timed length also
-gets the operators that bound its step (``Row.profile``, from one profiled run).
+timed: ``kind="memory"``); with ``profile``, each posenc case at the longest timed length
+also gets the operators that bound its step (``Row.profile``, from one profiled run).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class BenchConfig:
     chunk_size: int = 1024
     max_seconds: float = 60.0  # a case that takes longer per run skips its longer lengths
     memory_lengths: list[int] = field(default_factory=list)  # peak memory only (one profiled fwd+bwd)
-    profile: bool = False  # the top operators of each posenc case (one profiled run per length and mode)
+    profile: bool = False  # the top operators of each posenc case (one profiled run per mode at the longest L)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -220,7 +220,7 @@ def _run_length(cfg, cases, causal, L, device, dtype, D, too_slow, progress) -> 
                     row.peak_bytes = peak_memory(run, device=device)
                 except Exception as e:
                     row.status = f"error: {type(e).__name__}: {str(e)[:200]}"
-            if cfg.profile and case.impl == "posenc":
+            if cfg.profile and case.impl == "posenc" and L == max(cfg.lengths):
                 module.zero_grad(set_to_none=True)
                 row.profile = top_operators(run, device=device)
         if base is not None and base[3].peak_bytes:
