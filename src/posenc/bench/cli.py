@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from ..base import available
+from .compile import graph_breaks
 from .measure import machine_record
 from .report import markdown_report, print_tables, write_outputs
-from .compile import graph_breaks
 from .runner import MASKS, MODES, BenchConfig, run_layers
 from .throughput import ThroughputConfig, run_throughput
 
@@ -74,7 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-references", action="store_true", help="skip HF / x-transformers layers")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory run")
     p.add_argument("--profile", action="store_true", help="top operators of each posenc layer (one profiled step)")
-    p.add_argument("--graph-breaks", action="store_true", help="torch.compile graph breaks of a TransformerLM per encoding")
+    p.add_argument(
+        "--graph-breaks", action="store_true", help="torch.compile graph breaks of a TransformerLM per encoding"
+    )
     p.add_argument("--max-seconds", type=float, default=60.0, help="skip longer L for a case slower than this per run")
     p.add_argument("--throughput", action=argparse.BooleanOptionalAction, default=True, help="training tokens/s")
     p.add_argument("--train-len", type=int, default=256, help="sequence length of the throughput runs")
@@ -162,7 +164,9 @@ def run(args: argparse.Namespace) -> int:
         command = "posenc bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else ""
         plot_src = args.out / "time_vs_length.png"
         plot_rel = os.path.relpath(plot_src, args.markdown.parent) if plot_src.exists() else None
-        text = markdown_report(rows, trows, machine, command, config, notes=args.notes, plot_path=plot_rel, breaks=breaks)
+        text = markdown_report(
+            rows, trows, machine, command, config, notes=args.notes, plot_path=plot_rel, breaks=breaks
+        )
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(text)
         if not args.quiet:

@@ -26,7 +26,13 @@ def explain_breaks(name: str) -> dict:
     try:
         ex = torch._dynamo.explain(lm)(tokens)
     except Exception as e:  # noqa: BLE001 (reported, not hidden)
-        return {"encoding": name, "graphs": None, "breaks": None, "reasons": [], "error": f"{type(e).__name__}: {e}"[:200]}
+        return {
+            "encoding": name,
+            "graphs": None,
+            "breaks": None,
+            "reasons": [],
+            "error": f"{type(e).__name__}: {e}"[:200],
+        }
     reasons: list[str] = []
     for b in ex.break_reasons:
         where = b.user_stack[-1] if b.user_stack else None

@@ -105,7 +105,14 @@ def _cases(cfg: BenchConfig, device, dtype, causal: bool, encodings: list[str]) 
     for e in encodings:
         for b in cfg.backends:
             cases.append(
-                posenc_case(e, causal=causal, max_len=max([*cfg.lengths, *cfg.memory_lengths]), backend=b, chunk_size=cfg.chunk_size, **kw)
+                posenc_case(
+                    e,
+                    causal=causal,
+                    max_len=max([*cfg.lengths, *cfg.memory_lengths]),
+                    backend=b,
+                    chunk_size=cfg.chunk_size,
+                    **kw,
+                )
             )
     if cfg.references:
         cases += [c for c in reference_cases(encodings, **kw) if c.causal == causal]
@@ -228,7 +235,6 @@ def _run_length(cfg, cases, causal, L, device, dtype, D, too_slow, progress) -> 
                 if row.peak_bytes is not None:
                     row.peak_ratio = row.peak_bytes / base[3].peak_bytes
     return rows
-
 
 
 def _memory_length(cfg, cases, causal, L, device, dtype, D, progress) -> list[Row]:
