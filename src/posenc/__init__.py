@@ -28,6 +28,8 @@ Public names::
     posenc.Attention(dim, heads, encoding="rope", causal=True, **options)
     posenc.TransformerLM(vocab_size, dim, depth, heads, encoding="alibi", max_len=128)
     posenc.ModelConfig, posenc.LayerSpec          # TransformerLM.from_config(cfg)
+    posenc.layers("rope*3,nope", depth=8)         # per-layer specs from a pattern / preset
+    posenc.PRESETS                                # irope, smollm3, gemma3, gpt-oss
     posenc.AttentionMask                          # what each query may see
     posenc.scores(enc, q, k, q_pos, k_pos)        # the pre-softmax score sum
     posenc.BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask)   # see posenc.backends
@@ -45,6 +47,7 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .config import LayerSpec, ModelConfig
 from .mask import AttentionMask
 from .model import TransformerLM
+from .patterns import PRESETS, layers
 
 __version__ = "0.1.0"
 
@@ -57,6 +60,7 @@ __all__ = [
     "LayerSpec",
     "ModelCache",
     "ModelConfig",
+    "PRESETS",
     "PositionEncoding",
     "Projection",
     "SegmentMemory",
@@ -65,6 +69,7 @@ __all__ = [
     "available",
     "build",
     "get_class",
+    "layers",
     "positions",
     "load_checkpoint",
     "save_checkpoint",

@@ -6,7 +6,7 @@ The layer is a pipeline of public steps; each can be called on its own::
     attn.embed_input(x, pos, cache)          # the input stage (through the cache's input history)
     attn.project(x, pos, cache=, memory=)    # q, k, v after the q/k stage (and the cache update)
     attn.attend(x, pos, cache, ...)          # project -> backend -> o_proj, positions already checked
-    attn.mask_for(q_len, k_len, key_padding_mask)   # the posenc.AttentionMask of a call
+    attn.mask_for(q_len, k_len, key_padding_mask, document_ids)   # the posenc.AttentionMask of a call
 
 The backend is a function of :data:`posenc.BACKENDS` (see :mod:`posenc.backends`):
 ``backend="auto"`` picks the fastest that can run the encoding's stages
@@ -59,11 +59,16 @@ class Attention(nn.Module):
         qkv_bias: bias terms on the q/k/v/o projections.
         chunk_size: query block of the ``chunked`` backend (``dense`` uses at most
             ``dense_chunk`` of it).
+        window: attend to the last ``window`` keys only, the query included (sliding
+            window; :class:`~posenc.AttentionMask`); None: no window.
+        chunk: attend only within aligned chunks of ``chunk`` tokens (Llama 4); None: no chunks.
         **options: encoding options (``base``, ``num_buckets``, ...).
 
     Shape notation: ``x``: ``(B, L, D)`` -> ``(B, L, D)``; ``pos``: ``(L,)`` or ``(B, L)``
     int64, or ``(L, A)`` / ``(B, L, A)`` for an encoding with ``axes = A > 1`` (see
-    :func:`posenc.positions.grid`); ``key_padding_mask``: ``(B, Lk)`` bool, True = attend.
+    :func:`posenc.positions.grid`); ``key_padding_mask``: ``(B, Lk)`` bool, True = attend;
+    ``document_ids``: ``(B|1, L)`` int, packed sequences: a token attends only to tokens
+    with its id (each run of equal ids is one document; no cache or memory with them).
     """
 
     dense_chunk = 256  # see posenc.BlockOptions
@@ -81,6 +86,8 @@ class Attention(nn.Module):
         backend: str = "auto",
         qkv_bias: bool = False,
         chunk_size: int = 1024,
+        window: int | None = None,
+        chunk: int | None = None,
         **options,
     ) -> None:
         super().__init__()
@@ -96,6 +103,8 @@ class Attention(nn.Module):
         self.dim, self.heads, self.head_dim, self.causal = dim, heads, head_dim, causal
         self.backend = backend
         self.chunk_size = chunk_size
+        AttentionMask(window=window, chunk=chunk)  # validates them
+        self.window, self.chunk = window, chunk
         if isinstance(encoding, PositionEncoding):
             if options:
                 raise ValueError(f"options {sorted(options)} given with an already built encoding")
@@ -121,7 +130,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(inner, dim, bias=qkv_bias)
 
     def extra_repr(self) -> str:
-        return f"backend={self.backend!r}, causal={self.causal}"
+        extra = "".join(f", {k}={getattr(self, k)}" for k in ("window", "chunk") if getattr(self, k) is not None)
+        return f"backend={self.backend!r}, causal={self.causal}{extra}"
 
     @property
     def block_options(self) -> BlockOptions:
@@ -151,6 +161,7 @@ class Attention(nn.Module):
         backend: str | None = None,
         memory: Tensor | None = None,
         memory_pos: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """Attend. See the class docstring for shapes and :meth:`attend` for ``memory``.
 
@@ -175,20 +186,30 @@ class Attention(nn.Module):
         pos = as_positions(pos, L, offset=offset, device=x.device, batch=B, axes=axes)  # (B|1, L[, A])
         check_lengths([self.encoding], pos)
         if self.runs_input_stage:
-            x = self.embed_input(x, pos, cache)
+            x = self.embed_input(x, pos, cache, document_ids=document_ids)
         return self.attend(
-            x, pos, cache, key_padding_mask=key_padding_mask, backend=backend, memory=memory, memory_pos=memory_pos
+            x,
+            pos,
+            cache,
+            key_padding_mask=key_padding_mask,
+            backend=backend,
+            memory=memory,
+            memory_pos=memory_pos,
+            document_ids=document_ids,
         )
 
-    def embed_input(self, x: Tensor, pos: Tensor, cache: KVCache | None = None) -> Tensor:
-        """The encoding's input stage on ``x`` ``(B, L, D)``; with a cache, over its input history too."""
+    def embed_input(
+        self, x: Tensor, pos: Tensor, cache: KVCache | None = None, *, document_ids: Tensor | None = None
+    ) -> Tensor:
+        """The encoding's input stage on ``x`` ``(B, L, D)``; with a cache, over its input history
+        too; with ``document_ids``, on each document alone."""
         enc = self.encoding
         history = None
         if cache is not None and enc.input_context > 0:
             if cache.inputs is None:
                 cache.inputs = InputHistory(enc.input_context)
             history = cache.inputs
-        return run_input_stage(enc, x, pos, history)
+        return run_input_stage(enc, x, pos, history, document_ids)
 
     def project(
         self,
@@ -230,9 +251,28 @@ class Attention(nn.Module):
             k, v, k_pos = cache.update(k, v, pos)
         return Projection(q, k.to(q.dtype), v.to(q.dtype), q_pos, k_pos)
 
-    def mask_for(self, q_len: int, k_len: int, key_padding_mask: Tensor | None = None) -> AttentionMask:
-        """The :class:`~posenc.AttentionMask` of a call with ``q_len`` queries, the last of ``k_len`` keys."""
-        return AttentionMask(causal=self.causal, offset=k_len - q_len, key_padding=key_padding_mask)
+    def mask_for(
+        self, q_len: int, k_len: int, key_padding_mask: Tensor | None = None, document_ids: Tensor | None = None
+    ) -> AttentionMask:
+        """The :class:`~posenc.AttentionMask` of a call with ``q_len`` queries, the last of ``k_len`` keys.
+
+        Raises:
+            ValueError: ``document_ids`` with cached or memory keys (``k_len != q_len``), or
+                not an integer ``(B|1, q_len)`` tensor.
+        """
+        if document_ids is not None and k_len != q_len:
+            raise ValueError(
+                f"document_ids (packed sequences) need every key in this call: got {k_len - q_len} cached or memory "
+                "keys; pack documents without a cache or memory"
+            )
+        return AttentionMask(
+            causal=self.causal,
+            offset=k_len - q_len,
+            key_padding=key_padding_mask,
+            documents=document_ids,
+            window=self.window,
+            chunk=self.chunk,
+        )
 
     def attend(
         self,
@@ -244,6 +284,7 @@ class Attention(nn.Module):
         backend: str | None = None,
         memory: Tensor | None = None,
         memory_pos: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """:meth:`project`, the backend, the output projection: ``(B, L, D)``.
 
@@ -252,7 +293,7 @@ class Attention(nn.Module):
         """
         B, L, _ = x.shape
         p = self.project(x, pos, cache=cache, memory=memory, memory_pos=memory_pos)
-        mask = self.mask_for(L, p.k.shape[2], key_padding_mask)
+        mask = self.mask_for(L, p.k.shape[2], key_padding_mask, document_ids)
         mask.check(B, L, p.k.shape[2])
         name = self.resolve_backend(backend, x.device.type)
         qk_proj = (self.q_proj, self.k_proj)

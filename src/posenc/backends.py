@@ -110,16 +110,20 @@ def scores(
     *,
     qk_proj: QKProj | None = None,
     parts: bool = False,
+    mask: Tensor | None = None,
 ) -> Tensor | dict[str, Tensor]:
     """Pre-softmax scores ``s = scale·(q̃·k̃ + score_terms) + bias``: float32 ``(B, H, Lq, Lk)``.
 
     ``q``/``k`` are after the q/k stage; the encoding's ``score_terms`` and ``bias`` run if
     it declares them, and its ``qk_scores`` replaces ``q̃·k̃`` if it declares ``Stage.SCORES``. With ``parts=True`` the separate terms come back as a dict
     (``"qk"``, and ``"terms"``/``"bias"`` where the encoding has them), each float32
-    ``(B, H, Lq, Lk)``; they sum to the scores.
+    ``(B, H, Lq, Lk)``; they sum to the scores. ``mask``: the call's bool ``(B|1, 1, Lq, Lk)``
+    (True = attend) or None, given to ``score_terms`` of an encoding with ``terms_read_mask``.
     """
     st = enc.stages
     extra = {"qk_proj": qk_proj} if enc.uses_layer_projections else {}
+    if enc.terms_read_mask:
+        extra["mask"] = mask
     if parts:
         out = {"qk": _qk(enc, q, k, q_pos, k_pos).float() * enc.scale}  # (B, H, Lq, Lk)
         if st & Stage.TERMS:
@@ -148,8 +152,8 @@ def _qk(enc: PositionEncoding, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tenso
 def _materialized(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, qk_proj=None) -> Tensor:
     """Scores, mask, softmax and output for a block of queries against the keys given."""
     Lq, Lk = q.shape[2], k.shape[2]
-    s = scores(enc, q, k, q_pos, k_pos, qk_proj=qk_proj)
     dense = mask.dense(Lq, Lk, q.device)
+    s = scores(enc, q, k, q_pos, k_pos, qk_proj=qk_proj, mask=dense)
     blind = None  # query rows that see no key at all (a fully padded row)
     if dense is not None:
         s.masked_fill_(~dense, float("-inf"))

@@ -97,6 +97,9 @@ class PositionEncoding(nn.Module):
         uses_layer_projections: ``score_terms`` projects the encoding's own table with the
             layer's ``W_Q``/``W_K``, passed as ``qk_proj=(q_proj, k_proj)`` (DeBERTa's
             ``share_att_key``).
+        terms_read_mask: the ``score_terms`` of a pair depend on which other keys the
+            query sees (CoPE's gate sums): they also take ``mask=``, the call's bool
+            ``(B|1, 1, Lq, Lk)`` (True = attend) or None (nothing hidden).
         axes: coordinates per position the encoding reads, ``A``: 1 for a sequence, 2 or 3
             for image rows/columns or video time/rows/columns (set per instance by the
             encodings that take an ``axes`` option). With ``A > 1`` every stage receives
@@ -116,6 +119,7 @@ class PositionEncoding(nn.Module):
     cache_raw_keys: bool = False
     memory_len: int = 0
     uses_layer_projections: bool = False
+    terms_read_mask: bool = False
     axes: int = 1
 
     def __init__(self, *, heads: int, head_dim: int, max_len: int | None = None, causal: bool = True) -> None:

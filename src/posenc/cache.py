@@ -24,7 +24,15 @@ from torch import Tensor, nn
 
 from .base import PositionEncoding
 
-__all__ = ["KVCache", "InputHistory", "ModelCache", "SegmentMemory", "cat_positions"]
+__all__ = [
+    "KVCache",
+    "InputHistory",
+    "ModelCache",
+    "SegmentMemory",
+    "cat_positions",
+    "document_spans",
+    "run_input_stage",
+]
 
 
 def cat_positions(a: Tensor, b: Tensor) -> Tensor:
@@ -63,9 +71,35 @@ class InputHistory:
         return out
 
 
-def run_input_stage(enc: PositionEncoding, x: Tensor, pos: Tensor, history: InputHistory | None) -> Tensor:
-    """``enc.embed(x, pos)``, through ``history`` when decoding with a cache."""
+def run_input_stage(
+    enc: PositionEncoding, x: Tensor, pos: Tensor, history: InputHistory | None, documents: Tensor | None = None
+) -> Tensor:
+    """``enc.embed(x, pos)``, through ``history`` when decoding with a cache.
+
+    ``documents`` ``(B|1, L)`` (packed sequences, no cache): the stage runs on each run of
+    equal ids of each row on its own, so a stage that reads neighbouring inputs (a
+    convolution) never reads across a document boundary.
+    """
+    if documents is not None:
+        if history is not None:
+            raise ValueError("packed documents (document_ids) cannot be used with a cache")
+        return _per_document(enc, x, pos, documents)
     return enc.embed(x, pos) if history is None else history.embed(enc, x, pos)
+
+
+def document_spans(ids: Tensor) -> list[tuple[int, int]]:
+    """``[(start, end), ...]``: the runs of equal values of the 1-D ``ids``, in order."""
+    starts = torch.nonzero(torch.diff(ids, prepend=ids[:1] - 1)).flatten().tolist()
+    return list(zip(starts, [*starts[1:], ids.shape[0]]))
+
+
+def _per_document(enc: PositionEncoding, x: Tensor, pos: Tensor, documents: Tensor) -> Tensor:
+    rows = []
+    for b in range(x.shape[0]):
+        pb, db = min(b, pos.shape[0] - 1), min(b, documents.shape[0] - 1)
+        spans = document_spans(documents[db])
+        rows.append(torch.cat([enc.embed(x[b : b + 1, s:e], pos[pb : pb + 1, s:e]) for s, e in spans], dim=1))
+    return torch.cat(rows, dim=0)  # (B, L, D)
 
 
 def input_history(enc: PositionEncoding) -> InputHistory | None:

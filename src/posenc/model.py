@@ -25,6 +25,7 @@ from .attention import Attention
 from .base import PositionEncoding, Stage, as_positions, build, check_lengths, get_class, options_of
 from .cache import InputHistory, KVCache, ModelCache, SegmentMemory, run_input_stage
 from .config import ModelConfig
+from .positions import document_positions
 
 __all__ = ["TransformerLM", "Block"]
 
@@ -53,10 +54,12 @@ class Block(nn.Module):
         enc = attn.encoding
         self.layer_input = bool(enc.stages & Stage.INPUT) and enc.input_at == "layer"
 
-    def attention_input(self, x: Tensor, pos: Tensor, cache: KVCache | None = None) -> Tensor:
+    def attention_input(
+        self, x: Tensor, pos: Tensor, cache: KVCache | None = None, document_ids: Tensor | None = None
+    ) -> Tensor:
         """What the attention projects: ``LN(x)``, plus the encoding's input stage if it acts per layer."""
         h = self.ln1(x)
-        return self.attn.embed_input(h, pos, cache) if self.layer_input else h
+        return self.attn.embed_input(h, pos, cache, document_ids=document_ids) if self.layer_input else h
 
     def forward(
         self,
@@ -67,15 +70,17 @@ class Block(nn.Module):
         key_padding_mask: Tensor | None = None,
         memory: Tensor | None = None,
         memory_pos: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         memory = None if memory is None else self.ln1(memory)  # memory holds block inputs
         h = self.attn.attend(
-            self.attention_input(x, pos, cache),
+            self.attention_input(x, pos, cache, document_ids),
             pos,
             cache,
             key_padding_mask=key_padding_mask,
             memory=memory,
             memory_pos=memory_pos,
+            document_ids=document_ids,
         )
         x = x + self.drop(h)
         return x + self.mlp(self.ln2(x))
@@ -121,8 +126,21 @@ class TransformerLM(nn.Module):
         )
         blocks, groups = [], {}  # spec key -> the first instance built for it
         for spec in cfg.layer_specs():
+            if spec.sinks:
+                raise ValueError(
+                    f"learned sink logits (LayerSpec.sinks=True, layer {spec.describe()}) are not built yet"
+                )
             enc = self._encoding_for(spec, groups)
-            attn = Attention(cfg.dim, cfg.heads, enc, head_dim=cfg.head_dim, causal=cfg.causal, backend=cfg.backend)
+            attn = Attention(
+                cfg.dim,
+                cfg.heads,
+                enc,
+                head_dim=cfg.head_dim,
+                causal=cfg.causal,
+                backend=cfg.backend,
+                window=spec.window,
+                chunk=spec.chunk,
+            )
             blocks.append(Block(cfg.dim, attn, cfg.mlp_ratio, cfg.dropout))
         # input stages the model runs on the residual stream: block index -> encodings
         self.stages_before: dict[int, list[PositionEncoding]] = {}
@@ -217,18 +235,22 @@ class TransformerLM(nn.Module):
             )
         return SegmentMemory(m, [None] * self.depth)
 
-    def _run_stages(self, at: int, x: Tensor, pos: Tensor, cache: ModelCache | None) -> Tensor:
+    def _run_stages(
+        self, at: int, x: Tensor, pos: Tensor, cache: ModelCache | None, documents: Tensor | None = None
+    ) -> Tensor:
         for enc in self.stages_before.get(at, ()):
             history = None
             if cache is not None and enc.input_context > 0:
                 history = cache.inputs.setdefault(at, InputHistory(enc.input_context))
-            x = run_input_stage(enc, x, pos, history)
+            x = run_input_stage(enc, x, pos, history, documents)
         return x
 
-    def embed(self, tokens: Tensor, pos: Tensor, cache: ModelCache | None = None) -> Tensor:
+    def embed(
+        self, tokens: Tensor, pos: Tensor, cache: ModelCache | None = None, document_ids: Tensor | None = None
+    ) -> Tensor:
         """Token embeddings plus the input stages at the embeddings: ``(B, L)`` -> ``(B, L, D)``."""
         x = tokens if self.tok_emb is None else self.tok_emb(tokens)
-        return self._run_stages(0, x, pos, cache)
+        return self._run_stages(0, x, pos, cache, document_ids)
 
     def forward(
         self,
@@ -238,6 +260,7 @@ class TransformerLM(nn.Module):
         memory: SegmentMemory | None = None,
         *,
         key_padding_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """Logits ``(B, L, vocab_size)``; with ``cache``, append to it and advance it.
 
@@ -245,6 +268,12 @@ class TransformerLM(nn.Module):
         attends to (with a cache: the cached tokens first, then these). A query row that
         sees no key (a padding token in a left-padded batch) gets a zero attention output
         in every layer, so no NaN reaches the real tokens.
+
+        ``document_ids``: ``(B, L)`` (or ``(L,)``) int, packed sequences: each run of equal
+        ids is one document, whose tokens attend only to each other in every layer (and
+        whose input stages see only its own tokens); with ``pos`` None the positions
+        restart at 0 in every document (:func:`posenc.positions.document_positions`), so
+        each document gets the logits it would get alone. Not with ``cache`` or ``memory``.
 
         With ``memory`` (:meth:`init_memory`, Transformer-XL), every layer also attends to
         the memorised inputs of earlier segments, and ``memory`` is updated in place with
@@ -267,12 +296,16 @@ class TransformerLM(nn.Module):
             raise ValueError("memory and cache cannot be used together")
         if memory is not None and key_padding_mask is not None:
             raise ValueError("key_padding_mask is not supported together with memory")
-        offset = cache.length if cache is not None else memory.seen if memory is not None else 0
         axes = self.blocks[0].attn.encoding.axes  # coordinates per position (1: a sequence)
+        if document_ids is not None:
+            document_ids = self._check_documents(document_ids, B, L, cache, memory)
+            if pos is None and axes == 1:
+                pos = document_positions(document_ids)  # (B|1, L)
+        offset = cache.length if cache is not None else memory.seen if memory is not None else 0
         pos = as_positions(pos, L, offset=offset, device=tokens.device, batch=B, axes=axes)  # (B|1, L[, A])
         check_lengths(self.encodings, pos)  # once, for every layer
         try:
-            x = self.drop(self.embed(tokens, pos, cache))
+            x = self.drop(self.embed(tokens, pos, cache, document_ids))
         except IndexError:  # checked only on failure: no host sync on the hot path
             bad = tokens[(tokens < 0) | (tokens >= self.vocab_size)]
             if bad.numel():
@@ -282,9 +315,10 @@ class TransformerLM(nn.Module):
             raise
         for i, block in enumerate(self.blocks):
             if i > 0:
-                x = self._run_stages(i, x, pos, cache)
+                x = self._run_stages(i, x, pos, cache, document_ids)
             if memory is None:
-                x = block(x, pos, cache.layers[i] if cache is not None else None, key_padding_mask=key_padding_mask)
+                layer_cache = cache.layers[i] if cache is not None else None
+                x = block(x, pos, layer_cache, key_padding_mask=key_padding_mask, document_ids=document_ids)
                 continue
             mem = memory.layers[i]
             if mem is not None and mem.shape[0] != B:
@@ -295,6 +329,19 @@ class TransformerLM(nn.Module):
         if memory is not None:
             memory.advance(pos)
         return self.head(self.ln_f(x))
+
+    @staticmethod
+    def _check_documents(ids, batch: int, length: int, cache, memory) -> Tensor:
+        """``document_ids`` as ``(B|1, L)``; ``ValueError``/``TypeError`` naming what is wrong."""
+        if not isinstance(ids, Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise TypeError(f"document_ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+        if ids.dim() == 1:
+            ids = ids.unsqueeze(0)
+        if ids.dim() != 2 or ids.shape[-1] != length or ids.shape[0] not in (1, batch):
+            raise ValueError(f"document_ids must have shape ({length},) or ({batch}, {length}), got {tuple(ids.shape)}")
+        if cache is not None or memory is not None:
+            raise ValueError("document_ids (packed sequences) cannot be used with a cache or memory")
+        return ids
 
     def num_params(self) -> int:
         """Distinct parameters, trainable or not (tied and shared tensors counted once)."""

@@ -7,6 +7,9 @@
   images/videos (Wang et al., "Qwen2-VL", 2024; HF ``Qwen2VLModel.get_rope_index``).
 * :func:`randomized_positions` — Ruoss et al. 2023, below.
 * :func:`pose_positions` — PoSE (Zhu et al., ICLR 2024): chunked skips inside the target window.
+* :func:`document_positions` / :func:`documents_from_positions` — packed sequences:
+  positions that restart at every document, and the documents of such positions (the
+  ``document_ids`` of :class:`posenc.TransformerLM`, :class:`posenc.AttentionMask`).
 
 Ruoss, Delétang, Genewein, Grau-Moya, Csordás, Bennani, Legg, Veness, "Randomized
 Positional Encodings Boost Length Generalization of Transformers", ACL 2023. During
@@ -29,7 +32,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["grid", "mrope_positions", "randomized_positions", "pose_positions"]
+__all__ = [
+    "grid",
+    "mrope_positions",
+    "randomized_positions",
+    "pose_positions",
+    "document_positions",
+    "documents_from_positions",
+]
 
 
 def _positive(**kw) -> None:
@@ -179,3 +189,40 @@ def pose_positions(
         skips[:, i] = lo + (torch.rand(batch, generator=generator) * (slack - lo + 1)).long().clamp(max=slack - lo)
     pos = torch.arange(length).unsqueeze(0) + skips.gather(1, chunk_of)  # (B, L)
     return pos.to(device) if device is not None else pos
+
+
+def _check_ids(ids, name: str) -> Tensor:
+    if not isinstance(ids, Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+    if ids.dim() not in (1, 2) or ids.shape[-1] < 1:
+        raise ValueError(f"{name} must have shape (L,) or (B, L) with L >= 1, got {tuple(ids.shape)}")
+    return ids
+
+
+def document_positions(document_ids: Tensor) -> Tensor:
+    """Positions that restart at 0 wherever the document id changes: ``(B, L)`` or ``(L,)`` int64.
+
+    ``document_ids`` ``(B, L)`` or ``(L,)``: equal ids in a run are one document, e.g.
+    ``[0, 0, 0, 1, 1]`` -> ``[0, 1, 2, 0, 1]``. Each document of a packed row then sees the
+    positions it would have alone.
+    """
+    ids = _check_ids(document_ids, "document_ids")
+    idx = torch.arange(ids.shape[-1], device=ids.device).expand_as(ids)  # (B, L)
+    new = torch.ones_like(ids, dtype=torch.bool)
+    new[..., 1:] = ids[..., 1:] != ids[..., :-1]
+    start = torch.where(new, idx, torch.zeros_like(idx)).cummax(dim=-1).values  # first token of each one's document
+    return idx - start
+
+
+def documents_from_positions(pos: Tensor) -> Tensor:
+    """Document ids ``0, 1, ...`` of packed positions: a document starts wherever a
+    position is not the previous one plus 1 (the rule of HF's ``DataCollatorWithFlattening``
+    output, ``transformers.masking_utils.find_packed_sequence_indices``).
+
+    ``pos`` ``(B, L)`` or ``(L,)`` int -> ``(B, L)`` or ``(L,)`` int64; e.g.
+    ``[0, 1, 2, 0, 1, 0]`` -> ``[0, 0, 0, 1, 1, 2]``.
+    """
+    pos = _check_ids(pos, "pos")
+    new = torch.zeros_like(pos, dtype=torch.long)
+    new[..., 1:] = (pos[..., 1:] != pos[..., :-1] + 1).long()
+    return new.cumsum(dim=-1)

@@ -39,6 +39,7 @@ __all__ = [
     "SyntheticTask",
     "TextData",
     "embedded_corpus",
+    "embedded_documents",
     "load_hf_dataset",
     "load_source",
     "read_text",
@@ -58,6 +59,18 @@ def embedded_corpus() -> bytes:
     except ImportError as e:  # stripped-down Python builds
         raise DataError("the embedded corpus needs the stdlib module pydoc_data.topics; use --text FILE") from e
     return "\n\n".join(topics[k] for k in sorted(topics)).encode("utf-8")
+
+
+def embedded_documents() -> list[bytes]:
+    """The embedded corpus as its documents (one per pydoc topic, sorted), UTF-8.
+
+    ``b"\\n\\n".join(embedded_documents()) == embedded_corpus()``.
+    """
+    try:
+        from pydoc_data.topics import topics
+    except ImportError as e:
+        raise DataError("the embedded corpus needs the stdlib module pydoc_data.topics; use --text FILE") from e
+    return [topics[k].encode("utf-8") for k in sorted(topics)]
 
 
 def read_text(path: str | Path) -> bytes:

@@ -14,10 +14,12 @@ in the paper's listing. The term depends on the content, so it is a ``TERMS`` st
 terms by ``scale``). Causal only. Checked against the formula above written out
 in the test, and against the paper's ``CoPE``/``SelfAttn`` listing.
 
-Causality of the gates comes from positions (``k_pos <= q_pos``), which equals the
-layer's index mask whenever positions increase along the sequence (the default,
-KV-cache decoding, shifted or sorted randomized positions). Keys hidden only by a
-``key_padding_mask`` still count in ``p``.
+The gates count only keys the query sees. The encoding declares ``terms_read_mask``,
+so every backend passes the call's mask (causal, key padding, packed documents) and
+gates of hidden keys are 0, as in the paper's listing (``attn_logits += mask.log()``
+before the sigmoid). Without a mask (a direct call) causality comes from positions
+(``k_pos <= q_pos``), which equals the causal mask whenever positions increase along
+the sequence.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class CoPE(PositionEncoding):
     year = 2024
     stages = Stage.TERMS
     causal_only = True
+    terms_read_mask = True
 
     def __init__(self, *, heads, head_dim, max_len=None, causal=True, npos_max: int = 64):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
@@ -53,15 +56,20 @@ class CoPE(PositionEncoding):
     def extra_repr(self) -> str:
         return super().extra_repr() + f", npos_max={self.npos_max}"
 
-    def positions(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """Contextual positions ``p``: float32 ``(B, H, Lq, Lk)``, clipped to ``npos_max - 1``."""
+    def positions(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Contextual positions ``p``: float32 ``(B, H, Lq, Lk)``, clipped to ``npos_max - 1``.
+
+        ``mask``: bool ``(B|1, 1, Lq, Lk)``, True = the query sees the key; hidden keys do not count.
+        """
         logits = (q @ k.transpose(-1, -2)).float() * self.scale  # (B, H, Lq, Lk)
-        visible = self.rel_distance(q_pos, k_pos) <= 0  # (B|1, Lq, Lk): key j at or before query i
-        gates = torch.sigmoid(logits) * visible.unsqueeze(-3)
+        visible = (self.rel_distance(q_pos, k_pos) <= 0).unsqueeze(-3)  # (B|1, 1, Lq, Lk): key j at or before query i
+        if mask is not None:
+            visible = visible & mask
+        gates = torch.sigmoid(logits) * visible
         pos = gates.flip(-1).cumsum(-1).flip(-1)  # Σ_{t >= j} g_it
         return pos.clamp(max=self.npos_max - 1)
 
-    def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, *, mask: Tensor | None = None) -> Tensor:
         if q.dim() != 4 or k.dim() != 4 or q.shape[-1] != self.head_dim:
             raise ValueError(f"q, k must be (B, H, L, {self.head_dim}), got {tuple(q.shape)}, {tuple(k.shape)}")
         if q_pos.shape[-1] != q.shape[-2] or k_pos.shape[-1] != k.shape[-2]:
@@ -69,7 +77,7 @@ class CoPE(PositionEncoding):
                 f"positions of lengths {q_pos.shape[-1]}, {k_pos.shape[-1]} for q, k of lengths "
                 f"{q.shape[-2]}, {k.shape[-2]}"
             )
-        pos = self.positions(q, k, q_pos, k_pos)
+        pos = self.positions(q, k, q_pos, k_pos, mask)
         lo, hi = pos.floor(), pos.ceil()
         w = pos - lo
         logits_int = q.float() @ self.pos_emb.float()  # (B, H, Lq, npos_max)

@@ -1,0 +1,72 @@
+"""Use any posenc encoding inside a Hugging Face model (``pip install 'posenc[hf]'``).
+
+::
+
+    import posenc.hf
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = posenc.hf.convert(LlamaForCausalLM(LlamaConfig(...)), encoding="alibi")
+    model.generate(ids, max_new_tokens=32)                  # HF caches, greedy or sampled
+    model.save_pretrained("out")                            # config.json records the encodings
+    model = AutoModelForCausalLM.from_pretrained("out")     # a PosencLlamaForCausalLM again
+
+Importing this module registers ``attn_implementation="posenc"`` with HF's
+``AttentionInterface`` and ``AttentionMaskInterface`` (:mod:`posenc.hf.attention`) and the
+model types ``posenc_llama`` / ``posenc_gpt2`` with ``AutoConfig`` and
+``AutoModelForCausalLM`` (:mod:`posenc.hf.models`). Nothing else global changes:
+:func:`convert` returns a new model and leaves the one it was given as it was.
+
+Covered: ``LlamaForCausalLM`` (rotary embedding switched off) and ``GPT2LMHeadModel``
+(learned ``wpe`` switched off), every registered encoding (``complex-order`` without a
+vocabulary; one that builds the token embedding from ids is refused).
+"""
+
+from __future__ import annotations
+
+TESTED = ">=5.23,<6"  # the transformers versions this adapter is tested with (posenc[hf])
+
+try:
+    import transformers
+except ImportError as e:  # pragma: no cover - exercised by a test that hides the package
+    raise ImportError(f"posenc.hf needs Hugging Face transformers{TESTED}: pip install 'posenc[hf]'") from e
+
+
+def _check_version() -> None:
+    major, minor = (int(p) for p in transformers.__version__.split(".")[:2])
+    if (major, minor) < (5, 23) or major >= 6:
+        raise ImportError(
+            f"posenc.hf is tested with transformers{TESTED}, found {transformers.__version__}: pip install 'posenc[hf]'"
+        )
+
+
+_check_version()
+
+from .attention import NAME, PosencMask, attention_forward, mask_interface, register  # noqa: E402
+from .convert import SUPPORTED, convert, layer_specs  # noqa: E402
+from .layout import rope_layout  # noqa: E402
+from .models import (  # noqa: E402
+    PosencGPT2Config,
+    PosencGPT2LMHeadModel,
+    PosencLlamaConfig,
+    PosencLlamaForCausalLM,
+    register_auto,
+)
+
+register()
+register_auto()
+
+__all__ = [
+    "NAME",
+    "PosencGPT2Config",
+    "PosencGPT2LMHeadModel",
+    "PosencLlamaConfig",
+    "PosencLlamaForCausalLM",
+    "PosencMask",
+    "SUPPORTED",
+    "attention_forward",
+    "convert",
+    "layer_specs",
+    "mask_interface",
+    "register",
+    "rope_layout",
+]

@@ -1,0 +1,251 @@
+"""The encodings of a converted Hugging Face model, and where they enter it.
+
+A :class:`PosencStack` sits in the base model (``model.model.posenc`` for Llama,
+``model.transformer.posenc`` for GPT-2) and owns one encoding per layer, or one shared by
+the layers whose paper shares it (T5's bucket table). It wires them in without touching
+anything global:
+
+* each attention module gets a (non-module) reference to its layer's encoding, which
+  :func:`posenc.hf.attention.attention_forward` runs;
+* the model's own encoding is switched off: Llama's rotary embedding returns the identity
+  rotation (``cos = 1``, ``sin = 0``), GPT-2's ``wpe`` returns 0;
+* an input stage (``learned``, ``sinusoidal``, ``conv``, ...) runs where the encoding
+  declares it (``input_at``), as in :class:`posenc.TransformerLM`: ``n`` in a forward
+  pre-hook of decoder layer ``n`` on the residual stream (0: the token embeddings), once
+  per distinct instance; ``"layer"`` (FLOATER) in a pre-hook of every attention module
+  using it, on that layer's attention input. The hooks read ``position_ids`` from the
+  layer's keyword arguments; with a cache, an input stage that reads preceding inputs
+  (``input_context``) keeps them in a :class:`posenc.cache.InputHistory` per cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..base import PositionEncoding, Stage, build, get_class
+from ..cache import InputHistory, run_input_stage
+from .attention import PosencMask
+
+__all__ = ["PosencStack", "RotaryOff", "PositionsOff", "Dims"]
+
+
+@dataclass(frozen=True)
+class Dims:
+    """What the encodings need to know about the model."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    max_len: int | None
+
+
+class RotaryOff(nn.Module):
+    """Stands in for a Llama rotary embedding: the identity rotation, ``cos = 1``, ``sin = 0``.
+
+    ``q·1 + rotate_half(q)·0`` is ``q`` exactly, so posenc rotates (or not) in the attention
+    function instead.
+    """
+
+    def __init__(self, head_dim: int) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+
+    def forward(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        shape = (*position_ids.shape, self.head_dim)  # (B|1, L, Dh)
+        return x.new_ones(shape), x.new_zeros(shape)
+
+
+class PositionsOff(nn.Module):
+    """Stands in for GPT-2's ``wpe``: adds nothing.
+
+    Returns a 0-d float32 zero, which adds to embeddings of any float dtype without
+    promoting them (and, holding no buffer, needs no initialisation when loaded).
+    """
+
+    def forward(self, position_ids: Tensor) -> Tensor:
+        return torch.zeros((), device=position_ids.device)
+
+
+class _FusedSlice:
+    """Columns ``[start, stop)`` of GPT-2's fused ``c_attn`` (a ``Conv1D``: ``x @ W + b``)."""
+
+    def __init__(self, conv: nn.Module, start: int, stop: int) -> None:
+        self.conv, self.start, self.stop = conv, start, stop
+        self.in_features = conv.weight.shape[0]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        w, b = self.conv.weight[:, self.start : self.stop], self.conv.bias[self.start : self.stop]
+        return x @ w.to(x.dtype) + b.to(x.dtype)
+
+
+def _find(kind, args: tuple, kwargs: dict):
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, kind):
+            return a
+    return None
+
+
+def build_encoding(spec: dict, dims: Dims) -> PositionEncoding:
+    """One encoding for a layer spec ``{"encoding": name, "options": {...}}``.
+
+    Input-stage encodings act on the hidden states: they are built for width ``hidden``.
+
+    Raises:
+        ValueError: an unknown name or option, or an encoding that builds the token
+            embedding from ids (``input_at="tokens"``: ``complex-order`` with a
+            ``vocab_size``; the embedding module sees no positions).
+    """
+    name, options = spec["encoding"], dict(spec.get("options") or {})
+    cls = get_class(name)
+    heads, head_dim = dims.heads, dims.head_dim
+    if cls.stages & Stage.INPUT and heads * head_dim != dims.hidden:
+        heads, head_dim = 1, dims.hidden
+    enc = build(name, heads=heads, head_dim=head_dim, max_len=dims.max_len, causal=True, **options)
+    if enc.input_at == "tokens":
+        raise ValueError(
+            f"encoding {name!r} with these options builds the token embedding from ids and positions together; "
+            "a Hugging Face model's embedding sees no positions, so posenc.hf cannot run it"
+        )
+    return enc
+
+
+class PosencStack(nn.Module):
+    """The distinct encodings of a converted model and the layer -> encoding map.
+
+    Args:
+        layers: one spec ``{"encoding": name, "options": {...}}`` per decoder layer.
+        dims: the model's sizes.
+        share: one instance for equal specs across layers; None follows each encoding
+            (``share_across_layers``), as :class:`posenc.TransformerLM` does.
+    """
+
+    def __init__(self, layers: list[dict], dims: Dims, share: bool | None = None) -> None:
+        super().__init__()
+        self.dims, self.specs = dims, [dict(s) for s in layers]
+        self.encodings = nn.ModuleList()
+        self.layer_index: list[int] = []
+        first: dict[str, int] = {}  # spec key -> index of the first instance built for it
+        for spec in layers:
+            key = repr((spec["encoding"], sorted((spec.get("options") or {}).items())))
+            cls = get_class(spec["encoding"])
+            if key in first:
+                head = self.encodings[first[key]]
+                # an input stage run once on the residual stream needs one instance, as in TransformerLM
+                only_input = head.stages == Stage.INPUT and head.input_at != "layer"
+                if (cls.share_across_layers if share is None else share) or only_input:
+                    self.layer_index.append(first[key])
+                    continue
+            enc = build_encoding(spec, dims)
+            if key in first:
+                for name in enc.shared_modules:  # e.g. DeBERTa's relative table
+                    setattr(enc, name, getattr(self.encodings[first[key]], name))
+            else:
+                first[key] = len(self.encodings)
+            self.layer_index.append(len(self.encodings))
+            self.encodings.append(enc)
+        self._handles: list = []
+        self._histories: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> {key: [history, seen]}
+
+    def encoding(self, layer: int) -> PositionEncoding:
+        return self.encodings[self.layer_index[layer]]
+
+    # ------------------------------------------------------------------ wiring
+    def unwire(self) -> None:
+        """Remove this stack's input-stage hooks (before another stack replaces it)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def wire(self, layers: list[nn.Module], attentions: list[nn.Module], gpt2_fused: bool = False) -> None:
+        """Attach each layer's encoding to its attention module and hook the input stages in.
+
+        Raises:
+            ValueError: an ``input_at`` block index outside the model, or DeBERTa's
+                ``share_att_key`` with grouped key heads.
+        """
+        self.unwire()
+        d = self.dims
+        before: dict[int, list[int]] = {}  # block -> indices of the encodings whose input stage runs there
+        for i, attn in enumerate(attentions):
+            enc = self.encoding(i)
+            attn.__dict__["posenc_encoding"] = enc  # a reference: the stack owns the module
+            if enc.stages & Stage.INPUT:
+                if enc.input_at == "layer":
+                    hook = functools.partial(self._input_hook, [self.layer_index[i]], i)
+                    self._handles.append(attn.register_forward_pre_hook(hook, with_kwargs=True))
+                else:
+                    at = enc.input_at
+                    if not isinstance(at, int) or not 0 <= at < len(layers):
+                        raise ValueError(
+                            f"encoding {enc.name!r}: input_at must be 'layer' or a block index in "
+                            f"[0, {len(layers) - 1}], got {at!r}"
+                        )
+                    runs = before.setdefault(at, [])
+                    if self.layer_index[i] not in runs:
+                        runs.append(self.layer_index[i])
+            if enc.uses_layer_projections:
+                if d.kv_heads != d.heads:
+                    raise ValueError("deberta with share_att_key=True needs as many key heads as query heads")
+                if gpt2_fused:
+                    D = d.hidden
+                    qk = (_FusedSlice(attn.c_attn, 0, D), _FusedSlice(attn.c_attn, D, 2 * D))
+                else:
+                    qk = (attn.q_proj, attn.k_proj)
+                attn.__dict__["posenc_qk_proj"] = qk
+        for at, which in before.items():
+            hook = functools.partial(self._input_hook, which, at)
+            self._handles.append(layers[at].register_forward_pre_hook(hook, with_kwargs=True))
+
+    def _input_hook(self, which: list[int], layer: int, module: nn.Module, args: tuple, kwargs: dict):
+        """Forward pre-hook of block (or attention module) ``layer``: run the input stages of
+        encodings ``which`` on the hidden states it receives."""
+        from transformers.cache_utils import Cache
+
+        in_args = bool(args)
+        y = args[0] if in_args else kwargs["hidden_states"]
+        mask = _find(PosencMask, args, kwargs)
+        B, L, _ = y.shape
+        cached = 0
+        cache = _find(Cache, args, kwargs)
+        if cache is not None:
+            cached = cache.get_seq_length(layer)
+        if mask is None:
+            mask = PosencMask(batch_size=B, q_length=L, kv_length=cached + L, q_offset=cached, padding=None)
+        q_pos, _, documents = mask.positions(kwargs.get("position_ids"), B, kwargs)
+        for index in which:
+            enc = self.encodings[index]
+            if documents is not None:  # packed (no cache): each document on its own
+                y = run_input_stage(enc, y, q_pos, None, documents)
+                continue
+            history = self._history(enc, (index, layer), cache, cached, L) if cache is not None else None
+            y = run_input_stage(enc, y, q_pos, history)
+        if in_args:
+            return (y, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": y}
+
+    def _history(self, enc: PositionEncoding, key, cache, cached: int, new: int) -> InputHistory | None:
+        """The input history of ``enc`` at hook ``key`` for this cache; None for a stage that reads no earlier inputs."""
+        if enc.input_context <= 0:
+            return None
+        per_cache = self._histories.setdefault(cache, {})
+        entry = per_cache.get(key)
+        if entry is None or cached == 0:
+            if cached:
+                raise ValueError(
+                    f"encoding {enc.name!r} reads the last inputs of earlier calls; this cache already holds "
+                    f"{cached} tokens it did not see (start decoding from an empty cache)"
+                )
+            entry = per_cache[key] = [InputHistory(enc.input_context), 0]
+        elif entry[1] != cached:
+            raise ValueError(
+                f"encoding {enc.name!r} saw {entry[1]} tokens but the cache holds {cached}: caches that are "
+                "cropped or reordered (beam search, assisted decoding) are not supported with it"
+            )
+        entry[1] = cached + new
+        return entry[0]

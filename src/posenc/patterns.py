@@ -1,0 +1,283 @@
+"""Per-layer designs: patterns of layer specs and the named presets of 2025 LLMs.
+
+A model's layers need not share one encoding. Each block is described by a
+:class:`posenc.LayerSpec` (encoding, options, attention window, chunk, learned sinks), and
+:func:`layers` builds the list from a short pattern::
+
+    posenc.layers("rope*3,nope")                                  # SmolLM3-style
+    posenc.layers("rope(base=1e4,window=1024)*5,rope(base=1e6)")  # Gemma 3
+    posenc.layers("irope", chunk=32)                              # a preset, scaled down
+    posenc.layers("(rope,nope)*2,alibi")                          # groups repeat too
+
+Grammar (whitespace is ignored)::
+
+    pattern := term ("," term)*
+    term    := atom ["*" N]
+    atom    := NAME ["(" key=value ("," key=value)* ")"]  |  "(" pattern ")"
+
+``NAME`` is a registered encoding or a preset (:data:`PRESETS`). Inside the parentheses
+``window``, ``chunk`` and ``sinks`` set the :class:`LayerSpec` fields; every other key is
+an encoding option. After a preset name they are overrides (see :func:`layers`). Values
+are numbers, ``true``/``false``/``none``, bare words (strings) or JSON objects/lists
+(``rope_scaling={"rope_type": "linear", "factor": 2}``).
+
+A model of ``depth`` blocks repeats a pattern cyclically (as HF's ``no_rope_layer_interval``
+and ``sliding_window_pattern`` do); a pattern longer than ``depth`` is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .base import get_class, options_of
+from .config import SPEC_FIELDS, LayerSpec
+
+__all__ = ["Preset", "PRESETS", "layers", "parse_pattern", "expand", "is_pattern"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named pattern: the layer design of a published model."""
+
+    name: str
+    pattern: str
+    model: str  # the model family it reproduces
+    year: int
+    source: str  # where the convention was read
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            "irope",
+            "rope(layout=interleaved,base=500000,chunk=8192)*3,nope(attn_scale=0.1,floor_scale=8192)",
+            "Llama 4 (iRoPE): NoPE every 4th layer with a log-length query temperature, chunked RoPE elsewhere",
+            2025,
+            "HF transformers models/llama4/modeling_llama4.py",
+        ),
+        Preset(
+            "smollm3",
+            "rope(base=5000000)*3,nope",
+            "SmolLM3: RoPE dropped in every 4th layer",
+            2025,
+            "HF transformers models/smollm3/configuration_smollm3.py",
+        ),
+        Preset(
+            "gemma3",
+            "rope(base=10000,window=1024)*5,rope(base=1000000)",
+            "Gemma 3: five local layers (window 1024, θ = 10k), then one global (θ = 1M)",
+            2025,
+            "HF transformers models/gemma3/configuration_gemma3.py",
+        ),
+        Preset(
+            "gpt-oss",
+            'rope(base=150000,rope_scaling={"rope_type":"yarn","factor":32.0,"beta_fast":32.0,"beta_slow":1.0,'
+            '"truncate":false,"original_max_position_embeddings":4096},window=128,sinks=true),'
+            'rope(base=150000,rope_scaling={"rope_type":"yarn","factor":32.0,"beta_fast":32.0,"beta_slow":1.0,'
+            '"truncate":false,"original_max_position_embeddings":4096},sinks=true)',
+            "gpt-oss: sliding-window (128) and full layers alternating, YaRN RoPE, learned sinks",
+            2025,
+            "HF transformers models/gpt_oss/modeling_gpt_oss.py",
+        ),
+    )
+}
+
+
+# ------------------------------------------------------------------ parsing
+_TOKEN = re.compile(r"\s*(?:(?P<punct>[(),*=])|(?P<word>[A-Za-z0-9_.+\-]+))")
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text, self.i = text, 0
+
+    def error(self, what: str) -> ValueError:
+        return ValueError(f"bad layer pattern {self.text!r} at offset {self.i}: {what}")
+
+    def peek(self) -> str | None:
+        m = _TOKEN.match(self.text, self.i)
+        if m is None:
+            rest = self.text[self.i :].strip()
+            if rest:
+                raise self.error(f"unexpected {rest[0]!r}")
+            return None
+        return m.group("punct") or m.group("word")
+
+    def take(self, expected: str | None = None, *, what: str = "a name") -> str:
+        """The next token: ``expected`` punctuation, or a word when ``expected`` is None."""
+        m = _TOKEN.match(self.text, self.i)
+        tok = None if m is None else (m.group("punct") or m.group("word"))
+        if tok is None or tok != (expected or m.group("word")):
+            raise self.error(f"expected {expected and repr(expected) or what}, got {tok and repr(tok) or 'the end'}")
+        self.i = m.end()
+        return tok
+
+    def pattern(self) -> list[LayerSpec]:
+        out = self.term()
+        while self.peek() == ",":
+            self.take(",")
+            out += self.term()
+        return out
+
+    def term(self) -> list[LayerSpec]:
+        specs = self.atom()
+        if self.peek() == "*":
+            self.take("*")
+            n = self.take(what="a repeat count")
+            if not n.isdigit() or int(n) < 1:
+                raise self.error(f"repeat count must be a positive int, got {n!r}")
+            specs = [replace(s, options=dict(s.options)) for _ in range(int(n)) for s in specs]
+        return specs
+
+    def atom(self) -> list[LayerSpec]:
+        if self.peek() == "(":
+            self.take("(")
+            specs = self.pattern()
+            self.take(")")
+            return specs
+        name = self.take(what="an encoding or preset name")
+        args = self.args() if self.peek() == "(" else {}
+        if name in PRESETS:
+            return _override(parse_pattern(PRESETS[name].pattern), args, where=name)
+        get_class(name)  # unknown names raise, listing the registered ones
+        spec = {k: args.pop(k) for k in SPEC_FIELDS if k in args}
+        return [_spec(name, args, spec)]
+
+    def args(self) -> dict[str, Any]:
+        self.take("(")
+        out: dict[str, Any] = {}
+        while True:
+            key = self.take(what="an option name")
+            self.take("=")
+            if key in out:
+                raise self.error(f"{key!r} given twice")
+            out[key] = self.value()
+            if self.peek() == ")":
+                self.take(")")
+                return out
+            self.take(",")
+
+    def value(self) -> Any:
+        rest = self.text[self.i :].lstrip()
+        if rest[:1] in ("{", "["):
+            self.i = len(self.text) - len(rest)
+            try:
+                val, end = json.JSONDecoder().raw_decode(rest)
+            except json.JSONDecodeError as e:
+                raise self.error(f"bad JSON value: {e.msg}") from None
+            self.i += end
+            return val
+        word = self.take(what="a value")
+        low = word.lower()
+        if low in ("true", "false"):
+            return low == "true"
+        if low == "none":
+            return None
+        for conv in (int, float):
+            try:
+                return conv(word)
+            except ValueError:
+                pass
+        return word
+
+
+def _spec(encoding: str, options: dict, spec: dict) -> LayerSpec:
+    valid = options_of(get_class(encoding))
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for encoding {encoding!r} in a layer pattern; valid options: "
+            f"{', '.join(valid) or '(none)'}, and the layer fields {', '.join(SPEC_FIELDS)}"
+        )
+    return LayerSpec(encoding, dict(options), **spec)
+
+
+def _override(specs: list[LayerSpec], args: dict[str, Any], *, where: str) -> list[LayerSpec]:
+    """Apply ``args`` to ``specs``: a layer field to the layers that set it (``window`` resizes
+    the windowed layers, ``sinks`` applies to all), an encoding option to the layers whose
+    encoding accepts it. An argument that applies to no layer is an error."""
+    out = [replace(s, options=dict(s.options)) for s in specs]
+    for key, val in args.items():
+        hit = False
+        for s in out:
+            if key in ("window", "chunk"):
+                if getattr(s, key) is not None:
+                    setattr(s, key, val)
+                    hit = True
+            elif key == "sinks":
+                s.sinks, hit = val, True
+            elif key in options_of(get_class(s.encoding)):
+                s.options[key], hit = val, True
+        if not hit:
+            raise ValueError(
+                f"{key}={val!r} applies to no layer of {where!r} ({', '.join(s.describe() for s in specs)})"
+            )
+    for s in out:
+        s.__post_init__()
+    return out
+
+
+def parse_pattern(pattern: str) -> list[LayerSpec]:
+    """The layer specs a pattern string describes (one per layer, not yet repeated to a depth)."""
+    if not isinstance(pattern, str):
+        raise TypeError(f"a layer pattern must be a str, got {type(pattern).__name__}")
+    p = _Parser(pattern)
+    specs = p.pattern()
+    if p.peek() is not None:
+        raise p.error(f"unexpected {p.peek()!r}")
+    return specs
+
+
+def layers(pattern: str | Sequence[str | LayerSpec], depth: int | None = None, **overrides) -> list[LayerSpec]:
+    """Layer specs from a pattern, a preset name, or a list of names / specs.
+
+    Args:
+        pattern: ``"rope*3,nope"``, a preset (``"irope"``, ``"gemma3"``, ...), or a sequence
+            of encoding names and :class:`LayerSpec`.
+        depth: repeat the pattern cyclically to ``depth`` layers (None: as written).
+        **overrides: as in ``preset(key=value)``: ``window``/``chunk`` resize the layers that
+            have one, ``sinks`` applies to every layer, an encoding option goes to every layer
+            whose encoding takes it (``posenc.layers("irope", chunk=32, floor_scale=16)``).
+
+    Raises:
+        ValueError: bad syntax, unknown names or options, an override that applies to no
+            layer, or a pattern longer than ``depth``.
+    """
+    if isinstance(pattern, str):
+        specs = parse_pattern(pattern)
+    elif isinstance(pattern, Sequence) and pattern:
+        specs = []
+        for item in pattern:
+            if isinstance(item, LayerSpec):
+                specs.append(replace(item, options=dict(item.options)))
+            elif isinstance(item, str):
+                specs += parse_pattern(item)
+            else:
+                raise TypeError(f"layer entries must be encoding names or LayerSpec, got {type(item).__name__}")
+    else:
+        raise TypeError(f"pattern must be a str or a non-empty sequence of names / LayerSpec, got {pattern!r}")
+    if overrides:
+        specs = _override(specs, overrides, where=pattern if isinstance(pattern, str) else "the pattern")
+    return specs if depth is None else expand(specs, depth)
+
+
+def expand(specs: Sequence[LayerSpec], depth: int) -> list[LayerSpec]:
+    """Repeat ``specs`` cyclically to ``depth`` layers."""
+    if not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth must be a positive int, got {depth!r}")
+    if len(specs) > depth:
+        raise ValueError(
+            f"the layer pattern has {len(specs)} layers, more than depth={depth}: "
+            f"{', '.join(s.describe() for s in specs)}"
+        )
+    return [replace(specs[i % len(specs)], options=dict(specs[i % len(specs)].options)) for i in range(depth)]
+
+
+def is_pattern(name: str) -> bool:
+    """True when ``name`` is a preset or pattern rather than one registered encoding."""
+    return name in PRESETS or any(c in name for c in ",*()")
