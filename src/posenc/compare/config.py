@@ -69,6 +69,7 @@ class CompareConfig:
     dtype: str = "float32"  # float32 | bfloat16 (autocast)
     randomized_positions: bool = False  # Ruoss et al. 2023
     max_pos: int | None = None  # L_max for randomized positions; None: the longest eval length
+    packed: bool = False  # train on packed documents (document_ids; positions restart per document)
     # evaluation
     eval_lens: list[int] = field(default_factory=lambda: [64, 128, 256, 512])
     eval_tokens: int = 16384  # scored tokens per evaluation length (text)
@@ -99,6 +100,11 @@ class CompareConfig:
             raise ValueError(f"task must be one of {TASK_NAMES}, got {self.task!r}")
         if self.task == "grid" and self.randomized_positions:
             raise ValueError("randomized_positions draws 1-D positions; the grid task has 2-D ones")
+        if self.packed and (self.task is not None or self.randomized_positions):
+            raise ValueError(
+                "packed needs a text source and positions that restart per document; got "
+                + ("task=" + repr(self.task) if self.task is not None else "randomized_positions=True")
+            )
         for name in ("dim", "depth", "heads", "train_len", "steps", "batch_size", "eval_batch_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -134,16 +140,35 @@ class CompareConfig:
             raise ValueError(f"encoding_options must map encoding names to dicts, got {self.encoding_options!r}")
         self._validate_encoding_options()
 
+    def named_patterns(self) -> dict[str, str]:
+        """``{name: layer pattern}`` of the ``NAME=PATTERN`` entries of :attr:`encodings`."""
+        out = {}
+        for entry in self.encodings:
+            name, sep, pattern = entry.partition("=")
+            if sep and "(" not in name:
+                if not name.strip() or not pattern.strip():
+                    raise ValueError(f"encodings entry {entry!r}: expected NAME=PATTERN (e.g. irope=rope*3,nope)")
+                out[name.strip()] = pattern.strip()
+        return out
+
+    def encoding_names(self) -> list[str]:
+        """The names of the compared models: encodings, presets, and the names of named patterns."""
+        named = self.named_patterns()
+        return [e.partition("=")[0].strip() if e.partition("=")[0].strip() in named else e for e in self.encodings]
+
     def _validate_encoding_options(self) -> None:
         """Options only for compared encodings, and only options those encodings take."""
         from ..base import available, get_class, options_of
+        from ..patterns import is_pattern
 
-        compared = set(available()) if self.encodings == ["all"] else set(self.encodings)
+        compared = set(available()) if self.encodings == ["all"] else set(self.encoding_names())
         for name, opts in self.encoding_options.items():
             if name not in compared:
                 raise ValueError(
                     f"encoding_options name {name!r}, which is not compared (encodings: {', '.join(sorted(compared))})"
                 )
+            if name in self.named_patterns() or is_pattern(name):
+                raise ValueError(f"encoding_options for {name!r}, a layer pattern: give its options inside the pattern")
             valid = options_of(get_class(name))
             unknown = sorted(set(opts) - set(valid))
             if unknown:

@@ -11,6 +11,7 @@ from typing import Any
 from ..base import available, get_class
 from ..data import load_source
 from ..output import write_json
+from ..patterns import is_pattern, layers
 from ..train import Runtime, setup
 from .config import CompareConfig, parse_shard
 from .report import run_subtitle, write_outputs
@@ -21,10 +22,15 @@ __all__ = ["compare", "make_source", "resolve_encodings"]
 
 
 def resolve_encodings(cfg: CompareConfig) -> list[str]:
-    """The config's encodings (``all`` expands to every registered one), cut to its shard."""
-    names = available() if cfg.encodings == ["all"] else list(dict.fromkeys(cfg.encodings))
+    """The config's model names (``all`` expands to every registered encoding; a
+    ``NAME=PATTERN`` entry gives ``NAME``; presets stay as they are), cut to its shard."""
+    names = available() if cfg.encodings == ["all"] else list(dict.fromkeys(cfg.encoding_names()))
+    patterns = cfg.named_patterns()
     for n in names:
-        get_class(n)  # ValueError listing the valid names
+        if n in patterns or is_pattern(n):
+            layers(patterns.get(n, n), cfg.depth)  # ValueError: a bad pattern, or longer than the depth
+        else:
+            get_class(n)  # ValueError listing the valid names
     if cfg.shard is not None:
         i, n = parse_shard(cfg.shard)
         names = names[i - 1 :: n]
@@ -36,7 +42,7 @@ def make_source(cfg: CompareConfig):
     return load_source(
         task=cfg.task, text=cfg.text, dataset=cfg.dataset, dataset_config=cfg.dataset_config,
         dataset_split=cfg.dataset_split, dataset_field=cfg.dataset_field, val_fraction=cfg.val_fraction,
-        seed=cfg.seed, longest=max(cfg.train_len, *cfg.eval_lens),
+        seed=cfg.seed, longest=max(cfg.train_len, *cfg.eval_lens), packed=cfg.packed,
     )  # fmt: skip
 
 

@@ -32,12 +32,15 @@ SEP = 0
 
 class Batch(NamedTuple):
     """``tokens``, ``targets`` ``(B, L)`` int64; ``mask`` ``(B, L)`` bool of scored targets or None (all);
-    ``pos`` ``(B, L)`` int64 positions, ``(B, L, A)`` with axes (the grid task), or None (``arange``)."""
+    ``pos`` ``(B, L)`` int64 positions, ``(B, L, A)`` with axes (the grid task), or None (``arange``);
+    ``documents`` ``(B, L)`` int64 document ids of packed sequences (``TransformerLM``'s
+    ``document_ids``), or None (one document per row)."""
 
     tokens: Tensor
     targets: Tensor
     mask: Tensor | None
     pos: Tensor | None = None
+    documents: Tensor | None = None
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:

@@ -35,8 +35,11 @@ def lm_loss(net: nn.Module, batch) -> Tensor:
     returns logits ``(B, L, V)``; it gets ``pos=`` only when the batch has positions, so any
     LM with that call works (x-transformers' in the benchmarks).
     """
-    pos = getattr(batch, "pos", None)
-    logits = net(batch.tokens) if pos is None else net(batch.tokens, pos=pos)
+    pos, documents = getattr(batch, "pos", None), getattr(batch, "documents", None)
+    kw = {} if pos is None else {"pos": pos}
+    if documents is not None:
+        kw["document_ids"] = documents
+    logits = net(batch.tokens, **kw)
     per_tok = masked_loss(logits, batch.targets, batch.mask)
     return per_tok.sum() / (batch.mask.sum() if batch.mask is not None else per_tok.numel())
 
