@@ -130,6 +130,26 @@ def test_kv_cache_decoding_equals_full_forward(name):
         assert_close(torch.cat(chunks, dim=1), full, n=N_LM, msg=f"{name}: chunked prefill")
 
 
+@pytest.mark.parametrize("name", [n for n, _ in CAUSAL])
+def test_windowed_kv_cache_decoding_equals_full_forward(name):
+    """A window (3) in layer 0 and chunks (4) in layer 1: the rolling caches keep O(W) keys."""
+    torch.manual_seed(0)
+    specs = [posenc.LayerSpec(name, window=3), posenc.LayerSpec(name, chunk=4)]
+    cfg = posenc.ModelConfig(32, DIM, 2, HEADS, encoding=name, max_len=MAX_LEN, head_dim=HEAD_DIM, layers=specs)
+    lm = posenc.TransformerLM(config=cfg)
+    _randomize(lm)
+    lm.eval()
+    t = torch.randint(0, 32, (2, 10))
+    with torch.no_grad():
+        full = lm(t)
+        for cuts in ((1,) * 10, (4, 3, 3)):
+            cache, outs, i = lm.init_cache(batch_size=2, max_len=12), [], 0
+            for c in cuts:
+                outs.append(lm(t[:, i : i + c], cache=cache))
+                i += c
+            assert_close(torch.cat(outs, dim=1), full, n=N_LM, msg=f"{name}: steps {cuts}")
+
+
 @pytest.mark.parametrize("mode", MODES, ids=mode_id)
 def test_relative_encodings_are_shift_invariant(mode):
     name, causal = mode

@@ -132,3 +132,16 @@ def test_model_takes_patterns_presets_and_specs():
         posenc.TransformerLM(50, 16, 4, 2, "gemma3", max_len=32)
     with pytest.raises(ValueError, match="applies to no layer"):
         posenc.TransformerLM(50, 16, 4, 2, "rope*3,nope", max_len=32, window=3)
+
+
+def test_encoding_list_and_posenc_list_presets(capsys):
+    lm = posenc.TransformerLM(50, 16, 4, 2, ["rope", "rope", "rope(base=100)", "nope"], max_len=32)
+    assert [b.attn.encoding.name for b in lm.blocks] == ["rope", "rope", "rope", "nope"]
+    assert lm.blocks[2].attn.encoding.base == 100 and lm.config.encoding == "rope,rope,rope(base=100),nope"
+    with pytest.raises(ValueError, match="not both"):
+        posenc.ModelConfig(50, 16, 2, 2, encoding=["rope", "nope"], layers=posenc.layers("rope,nope"))
+    from posenc.cli import main
+
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in posenc.PRESETS) and "layer presets" in out

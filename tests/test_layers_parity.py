@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tests.conftest import assert_close, attention_n
-from tests.hf_layer_oracles import copy_projections, gemma3_layer, llama4_layer, sink_softmax_attention
+from tests.hf_layer_oracles import copy_projections, gemma3_layer, gpt_oss_layer, llama4_layer, sink_softmax_attention
 
 import posenc
 from posenc.patterns import LayerSpec, layers
@@ -27,6 +27,7 @@ def _attention(spec: LayerSpec, **kw) -> posenc.Attention:
         causal=True,
         window=spec.window,
         chunk=spec.chunk,
+        sinks=spec.sinks,
         **spec.options,
         **kw,
     )
@@ -124,6 +125,38 @@ def test_gemma3_global_layer_matches_hf():
     x = _x()
     with torch.no_grad():
         assert_close(attn(x), hf.run(x), n=_n())
+
+
+# ------------------------------------------------------------------ gpt-oss
+YARN = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 16,
+}
+
+
+@pytest.mark.parametrize("layer_idx,kind", [(0, "sliding_attention"), (1, "full_attention")])
+def test_gpt_oss_layers_with_sinks_match_hf(layer_idx, kind):
+    """Even layers: window 4 (L = 13) + sinks; odd layers: full + sinks. YaRN RoPE, biases."""
+    torch.manual_seed(0)
+    hf = gpt_oss_layer(layer_idx, window=4, rope_parameters={**YARN, "rope_theta": 150000.0})
+    assert hf.layer_type == kind
+    spec = layers("gpt-oss", window=4, rope_scaling=YARN)[layer_idx]
+    assert spec.sinks and spec.window == (4 if layer_idx == 0 else None)
+    attn = _attention(spec, qkv_bias=True)
+    copy_projections(hf.module, attn)
+    with torch.no_grad():
+        attn.sinks.copy_(hf.module.sinks)
+    x = _x()
+    with torch.no_grad():
+        ref = hf.run(x)
+    _check_every_backend(attn, ref, x)
+    with torch.no_grad():  # the sinks matter
+        attn.sinks.zero_()
+        assert (attn(x) - ref).abs().max() > 1e-3
 
 
 # ------------------------------------------------------------------ gpt-oss sinks (the formula)

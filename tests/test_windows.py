@@ -138,3 +138,49 @@ def test_model_cached_decoding_equals_full_forward(spec):
         steps = [lm(tokens[:, :7], cache=cache)] + [lm(tokens[:, t : t + 1], cache=cache) for t in range(7, 19)]
     assert_close(torch.cat(steps, 1), full, n=attention_n(dim=16, head_dim=8, length=19))
     assert [b.attn.window for b in lm.blocks] == [s.window for s in lm.config.layers]
+
+
+# ------------------------------------------------------------------ learned sink logits (gpt-oss)
+@pytest.mark.parametrize("enc", ["rope", "alibi", "t5", "shaw"])
+@pytest.mark.parametrize("kw", [{}, {"window": 5}])
+def test_sinks_on_every_backend_equal_the_formula(enc, kw):
+    """Each backend against eager, and eager against a transcription of the formula
+    (``softmax([s, sink_h])[:-1] @ v``; for encodings without a value stage)."""
+    torch.manual_seed(0)
+    B, L, D, H = 2, 19, 16, 2
+    attn = posenc.Attention(D, H, enc, max_len=64, chunk_size=4, sinks=True, **kw)
+    attn.dense_chunk = 4
+    with torch.no_grad():
+        attn.sinks.copy_(torch.tensor([1.5, -0.5]))
+    x = torch.randn(B, L, D)
+    kpm = torch.ones(B, L, dtype=torch.bool)
+    kpm[1, :4] = False  # row 1's first queries see no key: output 0 (the sink takes it all)
+    n = attention_n(dim=D, head_dim=D // H, length=L)
+    with torch.no_grad():
+        for pad in (None, kpm):
+            ref = attn(x, key_padding_mask=pad, backend="eager")
+            assert torch.isfinite(ref).all()
+            for name in [*posenc.supported_backends(attn.encoding), "auto"]:
+                assert_close(attn(x, key_padding_mask=pad, backend=name), ref, n=n, msg=f"{enc} {name}")
+        if attn.encoding.stages & posenc.Stage.VALUE:
+            return
+        # eager against the formula, on the projected q, k, v
+        pos = torch.arange(L)[None]
+        p = attn.project(x, pos)
+        keep = attn.mask_for(L, L).dense(L, L)[0, 0]
+        add = posenc.scores(attn.encoding, p.q, p.k, p.q_pos, p.k_pos).masked_fill(~keep, float("-inf"))
+        o = torch.softmax(torch.cat((add, attn.sinks.view(1, H, 1, 1).expand(B, H, L, 1)), -1), -1)[..., :-1] @ p.v
+        ref = attn.o_proj(o.transpose(1, 2).reshape(B, L, D))
+        assert_close(attn(x, backend="eager"), ref, n=n)
+
+
+def test_sinks_learn_and_are_validated():
+    torch.manual_seed(0)
+    attn = posenc.Attention(8, 2, "rope", sinks=True)
+    assert attn.sinks.shape == (2,) and float(attn.sinks.detach().abs().sum()) == 0.0
+    attn(torch.randn(1, 5, 8)).sum().backward()
+    assert attn.sinks.grad is not None and attn.sinks.grad.abs().sum() > 0
+    with pytest.raises(TypeError, match="sinks must be a bool, got 1"):
+        posenc.Attention(8, 2, "rope", sinks=1)
+    lm = posenc.TransformerLM(50, 16, 2, 2, "gpt-oss", max_len=32, window=4)
+    assert [b.attn.sinks is not None for b in lm.blocks] == [True, True]

@@ -42,7 +42,7 @@ from . import (
 from .attention import Attention, Projection
 from .backends import BACKENDS, BlockOptions, scores, select_backend, supported_backends
 from .base import PositionEncoding, Stage, available, build, get_class, register
-from .cache import KVCache, ModelCache, SegmentMemory
+from .cache import KVCache, ModelCache, SegmentMemory, SinkWindow
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import LayerSpec, ModelConfig
 from .mask import AttentionMask
@@ -64,6 +64,7 @@ __all__ = [
     "PositionEncoding",
     "Projection",
     "SegmentMemory",
+    "SinkWindow",
     "Stage",
     "TransformerLM",
     "available",

@@ -16,6 +16,7 @@ The backend is a function of :data:`posenc.BACKENDS` (see :mod:`posenc.backends`
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
@@ -23,7 +24,7 @@ from torch import Tensor, nn
 
 from .backends import BACKENDS, BlockOptions, canonical_backend, select_backend, supported_backends
 from .base import PositionEncoding, Stage, as_positions, build, check_lengths
-from .cache import InputHistory, KVCache, cat_positions, run_input_stage
+from .cache import InputHistory, KVCache, SinkWindow, WindowKVCache, cat_positions, run_input_stage
 from .mask import AttentionMask
 
 __all__ = ["Attention", "Projection"]
@@ -62,6 +63,8 @@ class Attention(nn.Module):
         window: attend to the last ``window`` keys only, the query included (sliding
             window; :class:`~posenc.AttentionMask`); None: no window.
         chunk: attend only within aligned chunks of ``chunk`` tokens (Llama 4); None: no chunks.
+        sinks: learn one sink logit per head (gpt-oss, :mod:`posenc.sinks`; ``.sinks``
+            ``(H,)``, initialised to 0); every backend runs it.
         **options: encoding options (``base``, ``num_buckets``, ...).
 
     Shape notation: ``x``: ``(B, L, D)`` -> ``(B, L, D)``; ``pos``: ``(L,)`` or ``(B, L)``
@@ -88,6 +91,7 @@ class Attention(nn.Module):
         chunk_size: int = 1024,
         window: int | None = None,
         chunk: int | None = None,
+        sinks: bool = False,
         **options,
     ) -> None:
         super().__init__()
@@ -105,6 +109,9 @@ class Attention(nn.Module):
         self.chunk_size = chunk_size
         AttentionMask(window=window, chunk=chunk)  # validates them
         self.window, self.chunk = window, chunk
+        if not isinstance(sinks, bool):
+            raise TypeError(f"sinks must be a bool, got {sinks!r}")
+        self.sinks = nn.Parameter(torch.zeros(heads)) if sinks else None
         if isinstance(encoding, PositionEncoding):
             if options:
                 raise ValueError(f"options {sorted(options)} given with an already built encoding")
@@ -131,6 +138,7 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         extra = "".join(f", {k}={getattr(self, k)}" for k in ("window", "chunk") if getattr(self, k) is not None)
+        extra += ", sinks=True" if self.sinks is not None else ""
         return f"backend={self.backend!r}, causal={self.causal}{extra}"
 
     @property
@@ -144,11 +152,29 @@ class Attention(nn.Module):
         enc = self.encoding
         return bool(enc.stages & Stage.INPUT) and enc.input_at in (0, "layer")
 
-    def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> KVCache:
-        """An empty :class:`~posenc.KVCache` for ``batch_size`` sequences of up to ``max_len`` tokens."""
+    def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None, policy=None) -> KVCache:
+        """An empty KV cache for ``batch_size`` sequences of up to ``max_len`` tokens; a causal
+        layer with a ``window``/``chunk`` gets a rolling :class:`~posenc.cache.WindowKVCache`
+        (``O(W)`` memory, no length limit), ``policy=SinkWindow(...)`` StreamingLLM's cache."""
         w = self.q_proj.weight
-        dtype, device, axes = dtype or w.dtype, device or w.device, self.encoding.axes
-        return KVCache(batch_size, max_len, self.heads, self.head_dim, dtype=dtype, device=device, axes=axes)
+        dtype, device, enc = dtype or w.dtype, device or w.device, self.encoding
+        kw = {"dtype": dtype, "device": device}
+        if policy is not None:
+            if not isinstance(policy, SinkWindow):
+                raise TypeError(f"policy must be a posenc.SinkWindow or None, got {type(policy).__name__}")
+            if self.window is not None or self.chunk is not None or not self.causal:
+                raise ValueError("a SinkWindow cache is for causal layers without their own window or chunk")
+            if enc.stages & Stage.INPUT or enc.axes != 1:
+                raise ValueError(
+                    f"encoding {enc.name!r} cannot have its positions re-assigned in the cache "
+                    "(an input stage or several axes); SinkWindow needs q/k, score or bias stages"
+                )
+            keep = {"keep_first": policy.sinks, "keep_last": policy.window - 1, "policy": policy}
+            return WindowKVCache(batch_size, self.heads, self.head_dim, **keep, **kw)
+        span = [n for n in (self.window, self.chunk) if n is not None]
+        if span and self.causal and enc.axes == 1:
+            return WindowKVCache(batch_size, self.heads, self.head_dim, keep_last=min(span) - 1, **kw)
+        return KVCache(batch_size, max_len, self.heads, self.head_dim, axes=enc.axes, **kw)
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -243,8 +269,10 @@ class Attention(nn.Module):
             v = enc.rotate_value(v, k_pos)
         if cache is None:
             q, k = enc.rotate(q, k, q_pos, k_pos)
-        elif enc.cache_raw_keys:  # rotate every cached key again, with this call's rotation
+        elif enc.cache_raw_keys or cache.reassigns_positions:  # rotate every cached key again
             k, v, k_pos = cache.update(k, v, pos)
+            if cache.reassigns_positions:  # the queries follow the cached keys (SinkWindow)
+                q_pos = k_pos[:, k_pos.shape[1] - L :]
             q, k = enc.rotate(q, k, q_pos, k_pos)
         else:
             q, k = enc.rotate(q, k, q_pos, k_pos)
@@ -293,11 +321,17 @@ class Attention(nn.Module):
         """
         B, L, _ = x.shape
         p = self.project(x, pos, cache=cache, memory=memory, memory_pos=memory_pos)
-        mask = self.mask_for(L, p.k.shape[2], key_padding_mask, document_ids)
-        mask.check(B, L, p.k.shape[2])
+        Lk = p.k.shape[2]
+        if cache is not None and key_padding_mask is not None:
+            key_padding_mask = cache.select_keys(key_padding_mask)
+        mask = self.mask_for(L, Lk, key_padding_mask, document_ids)
+        if cache is not None:
+            mask = replace(mask, **cache.mask_fields(Lk))
+        mask.check(B, L, Lk)
         name = self.resolve_backend(backend, x.device.type)
         qk_proj = (self.q_proj, self.k_proj)
-        out = BACKENDS[name](self.encoding, *p, mask, qk_proj=qk_proj, options=self.block_options)  # (B, H, L, Dh)
+        opts = self.block_options
+        out = BACKENDS[name](self.encoding, *p, mask, qk_proj=qk_proj, options=opts, sinks=self.sinks)  # (B, H, L, Dh)
         return self.o_proj(out.transpose(1, 2).reshape(B, L, self.heads * self.head_dim))
 
     def resolve_backend(self, backend: str | None, device_type: str) -> str:

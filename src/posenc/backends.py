@@ -5,11 +5,12 @@ API reference (what :class:`posenc.Attention` calls, and what other code may cal
     posenc.scores(enc, q, k, q_pos, k_pos, *, qk_proj=None, parts=False)
         # the pre-softmax score sum  s = scale·(q̃·k̃ + score_terms) + bias, float32 (B, H, Lq, Lk);
         # parts=True: {"qk": scale·q̃·k̃, "terms": scale·score_terms, "bias": bias}, the stages it has
-    posenc.BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask, *, qk_proj=None, options=None) -> (B, H, Lq, Dh)
+    posenc.BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask, *, qk_proj=None, options=None, sinks=None) -> (B, H, Lq, Dh)
         # q (B, H, Lq, Dh), k, v (B, H, Lk, Dh): after the q/k stage (Attention.project);
         # q_pos (B|1, Lq), k_pos (B|1, Lk) int64; mask: a posenc.AttentionMask;
         # qk_proj: the layer's (W_Q, W_K) for encodings with uses_layer_projections;
         # options: a BlockOptions (query block sizes, recompute budget)
+        # sinks: (H,) learned sink logits (gpt-oss, posenc.sinks) or None
     posenc.supported_backends(enc) -> list[str]     # every one of them equals "eager"
     posenc.select_backend(enc, device_type) -> str  # what backend="auto" runs
 
@@ -57,6 +58,7 @@ from torch.utils.checkpoint import checkpoint
 from .base import PositionEncoding, Stage
 from .kernels.backend import blockwise
 from .mask import AttentionMask
+from .sinks import append_sink_key, sink_bias, sink_mods, sink_softmax
 
 __all__ = [
     "AttendFn",
@@ -97,7 +99,7 @@ class BlockOptions:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
 
 
-AttendFn = Callable[..., Tensor]  # (enc, q, k, v, q_pos, k_pos, mask, *, qk_proj=None, options=None)
+AttendFn = Callable[..., Tensor]  # (enc, q, k, v, q_pos, k_pos, mask, *, qk_proj=None, options=None, sinks=None)
 
 
 # ============================================================================ the score sum
@@ -149,7 +151,7 @@ def _qk(enc: PositionEncoding, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tenso
     return q @ k.transpose(-1, -2)
 
 
-def _materialized(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, qk_proj=None) -> Tensor:
+def _materialized(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, qk_proj=None, sinks=None) -> Tensor:
     """Scores, mask, softmax and output for a block of queries against the keys given."""
     Lq, Lk = q.shape[2], k.shape[2]
     dense = mask.dense(Lq, Lk, q.device)
@@ -160,7 +162,7 @@ def _materialized(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, qk_proj=None)
         if mask.may_hide_rows:
             blind = ~dense.any(-1, keepdim=True)  # (B|1, 1, Lq, 1)
             s.masked_fill_(blind, 0.0)  # a finite row: no NaN in forward or backward
-    attn = torch.softmax(s, dim=-1)
+    attn = torch.softmax(s, dim=-1) if sinks is None else sink_softmax(s, sinks)
     if blind is not None:
         attn = attn.masked_fill(blind, 0.0)  # output 0, as SDPA and FlexAttention give
     attn = attn.to(v.dtype)
@@ -199,15 +201,18 @@ def _in_query_blocks(block, c: int, recompute: bool, q, k, v, q_pos, k_pos, mask
 
 
 # ============================================================================ backends
-def sdpa(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None) -> Tensor:
+def sdpa(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
     """``F.scaled_dot_product_attention``: input and q/k stages only."""
-    Lq, Lk = q.shape[2], k.shape[2]
+    (B, H, Lq, _), Lk = q.shape, k.shape[2]
+    if sinks is not None:  # one zero key whose score is the sink logit
+        bias = sink_bias(None, mask.dense(Lq, Lk, q.device), sinks, (B, H, Lq, Lk)).to(q.dtype)
+        return F.scaled_dot_product_attention(q, *append_sink_key(k, v), attn_mask=bias, scale=enc.scale)
     if mask.is_causal_square(Lq, Lk):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=enc.scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense(Lq, Lk, q.device), scale=enc.scale)
 
 
-def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None) -> Tensor:
+def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
     """SDPA with the bias as a float mask, in query blocks of ``options.dense_chunk`` rows.
 
     Blocking bounds the bias at ``(B|1, H, chunk, Lk)`` and drops the keys a block cannot
@@ -222,7 +227,10 @@ def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, opti
     def block(qb, kb, vb, qp, kp, m: AttentionMask):
         bias = enc.bias(qp, kp)  # (B|1, H, Lq_b, Lk_b) float32
         keep = m.dense(qb.shape[2], kb.shape[2], qb.device)
-        if keep is not None:
+        if sinks is not None:
+            bias = sink_bias(bias, keep, sinks, (*qb.shape[:3], kb.shape[2]))
+            kb, vb = append_sink_key(kb, vb)
+        elif keep is not None:
             bias = bias.masked_fill(~keep, float("-inf"))
         return F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bias.to(qb.dtype), scale=scale)
 
@@ -231,7 +239,7 @@ def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, opti
     return _in_query_blocks(block, min(o.chunk_size, o.dense_chunk), recompute, q, k, v, q_pos, k_pos, mask)
 
 
-def chunked(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None) -> Tensor:
+def chunked(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
     """:func:`scores`, softmax and values in query blocks of ``options.chunk_size`` rows.
 
     Each block sees only the keys the mask lets it see. With gradients, the blocks are
@@ -242,14 +250,14 @@ def chunked(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, op
     recompute = _needs_grad(q, k, v) and _saved_score_bytes(q, k, mask) > o.checkpoint_bytes
 
     def block(qb, kb, vb, qp, kp, m):
-        return _materialized(enc, qb, kb, vb, qp, kp, m, qk_proj)
+        return _materialized(enc, qb, kb, vb, qp, kp, m, qk_proj, sinks)
 
     return _in_query_blocks(block, o.chunk_size, recompute, q, k, v, q_pos, k_pos, mask)
 
 
-def eager(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None) -> Tensor:
+def eager(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
     """The oracle: every term materialised at once, float32 throughout."""
-    out = _materialized(enc, q.float(), k.float(), v.float(), q_pos, k_pos, mask, qk_proj)
+    out = _materialized(enc, q.float(), k.float(), v.float(), q_pos, k_pos, mask, qk_proj, sinks)
     return out.to(q.dtype)
 
 
@@ -268,17 +276,18 @@ def _flex_attention(device_type: str):
     return _compiled_flex
 
 
-def flex(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None) -> Tensor:
+def flex(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
     """FlexAttention with the encoding's ``score_mod`` and the mask's ``mask_mod``."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    B, _, Lq, _ = q.shape
-    Lk = k.shape[2]
+    (B, _, Lq, _), Lk = q.shape, k.shape[2]
     score_mod = enc.score_mod(q_pos.expand(B, Lq), k_pos.expand(B, Lk))
     mask_mod = mask.mask_mod()
-    block_mask = None
-    if mask_mod is not None:
-        block_mask = create_block_mask(mask_mod, B if mask.batched else None, None, Lq, Lk, device=q.device.type)
+    if sinks is not None:  # key Lk: the sink key
+        score_mod, mask_mod = sink_mods(score_mod, mask_mod, sinks, Lk)
+        k, v = append_sink_key(k, v)
+    batch, dev = B if mask.batched else None, q.device.type
+    block_mask = None if mask_mod is None else create_block_mask(mask_mod, batch, None, Lq, k.shape[2], device=dev)
     with warnings.catch_warnings():
         # off CUDA the unfused reference runs on purpose (FlexAttention has no CPU backward)
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")

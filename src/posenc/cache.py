@@ -9,6 +9,10 @@
   the model runs outside the layers.
 * :class:`SegmentMemory` — Transformer-XL's recurrence: each layer's inputs of the last
   ``memory_len`` tokens of earlier segments, detached.
+* :class:`WindowKVCache` — a cache that keeps only some keys: the last ``W - 1`` for a
+  sliding-window or chunked layer (a rolling cache, ``O(W)`` memory, equal to the full
+  forward), or the first ``S`` plus the last ``W - 1`` with positions counted inside the
+  cache (:class:`SinkWindow`, StreamingLLM).
 
 Which keys the cache stores (rotated, or raw for encodings with ``cache_raw_keys``) and
 how long the input history and the memory are, the encodings declare (see
@@ -153,6 +157,127 @@ class KVCache(nn.Module):
         self.pos[:, start:end] = pos.expand(B, *pos.shape[1:])
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end], self.pos[:, :end]
+
+    reassigns_positions = False  # positions of cached keys are those they were written with
+
+    def mask_fields(self, k_len: int) -> dict:
+        """:class:`~posenc.AttentionMask` fields of a call that attends to ``k_len`` keys of this cache."""
+        return {}
+
+    def select_keys(self, t: Tensor) -> Tensor:
+        """The columns of a per-token ``(B, length)`` tensor (a key padding mask) this cache still holds."""
+        return t
+
+
+@dataclass(frozen=True)
+class SinkWindow:
+    """StreamingLLM's cache policy (Xiao et al., "Efficient Streaming Language Models with
+    Attention Sinks", ICLR 2024): keep the first ``sinks`` tokens and a window of recent ones.
+
+    A query sees the ``sinks`` first tokens and the last ``window`` tokens, itself included
+    (the authors' ``start_size = sinks``, ``recent_size = window - 1``). Positions are
+    counted *inside the cache* (the authors' ``pos_shift``): the kept keys sit at ``0 .. n-1``,
+    the queries after them, so positions never exceed ``sinks + window``; keys are kept
+    before the q/k stage and rotated at their cache position at every step.
+    """
+
+    sinks: int = 4
+    window: int = 1024
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sinks, int) or isinstance(self.sinks, bool) or self.sinks < 0:
+            raise ValueError(f"SinkWindow.sinks must be an int >= 0, got {self.sinks!r}")
+        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 1:
+            raise ValueError(f"SinkWindow.window must be an int >= 1, got {self.window!r}")
+
+
+class WindowKVCache(KVCache):
+    """A KV cache that keeps the first ``keep_first`` and the last ``keep_last`` keys of the stream.
+
+    ``length`` counts every token seen (the next default position). Memory is
+    ``O(keep_first + keep_last)`` whatever the stream length. Each :meth:`update` returns
+    the kept keys followed by the new ones, in stream order.
+
+    Args:
+        keep_last: recent keys kept for the next call (``W - 1`` for a window of ``W``).
+        keep_first: first keys kept for good (StreamingLLM's sinks).
+        policy: a :class:`SinkWindow` (positions counted inside the cache, sink-token mask);
+            None: a rolling cache (positions and the mask as in the full forward).
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        heads: int,
+        head_dim: int,
+        *,
+        keep_last: int,
+        keep_first: int = 0,
+        policy=None,
+        dtype=None,
+        device=None,
+    ):
+        nn.Module.__init__(self)
+        if batch_size < 1 or keep_last < 0 or keep_first < 0:
+            raise ValueError(
+                f"batch_size must be >= 1 and keep_last/keep_first >= 0, got {batch_size}, {keep_last}, {keep_first}"
+            )
+        self.batch_size, self.keep_last, self.keep_first, self.policy = batch_size, keep_last, keep_first, policy
+        empty = torch.zeros(batch_size, heads, 0, head_dim, dtype=dtype, device=device)
+        self.k, self.v = empty, empty.clone()
+        self.pos = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
+        self.index = torch.zeros(0, dtype=torch.long)  # stream index of each kept key
+        self.held = self.index  # stream index of each key the last update returned
+        self.length = 0
+        self.inputs: InputHistory | None = None
+
+    @property
+    def max_len(self) -> int:
+        return self.keep_first + self.keep_last
+
+    def reset(self) -> None:
+        super().reset()
+        self.k, self.v, self.pos = self.k[:, :, :0], self.v[:, :, :0], self.pos[:, :0]
+        self.index = self.held = self.index[:0]
+
+    @property
+    def reassigns_positions(self) -> bool:
+        return self.policy is not None
+
+    def update(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Append ``k, v`` ``(B, H, L, Dh)`` at ``pos`` ``(B|1, L)``; return the kept keys and these.
+
+        The returned positions are the stream positions, or with a :class:`SinkWindow` the
+        cache positions ``0 .. n-1``."""
+        B, _, L, _ = k.shape
+        if B != self.batch_size:
+            raise ValueError(f"cache was made for batch size {self.batch_size}, got {B}")
+        if pos.dim() != 2:
+            raise ValueError(f"a windowed KV cache takes positions of shape (B, L), got {tuple(pos.shape)}")
+        k_all = torch.cat((self.k, k.to(self.k.dtype)), 2)  # (B, H, n, Dh)
+        v_all = torch.cat((self.v, v.to(self.v.dtype)), 2)
+        p_all = torch.cat((self.pos, pos.expand(B, -1)), 1)  # (B, n)
+        n = k_all.shape[2]
+        self.held = torch.cat((self.index, torch.arange(self.length, self.length + L)))  # (n,)
+        first = min(self.keep_first, n)  # the sinks come first among the held keys
+        keep = torch.cat((torch.arange(first), torch.arange(max(first, n - self.keep_last), n)))
+        self.index = self.held[keep]
+        keep = keep.to(k.device)
+        self.k, self.v, self.pos = k_all[:, :, keep], v_all[:, :, keep], p_all[:, keep]
+        self.length += L
+        if self.policy is not None:
+            p_all = torch.arange(n, device=k.device).expand(B, n)
+        return k_all, v_all, p_all
+
+    def mask_fields(self, k_len: int) -> dict:
+        if self.policy is not None:
+            return {"window": self.policy.window, "sink_tokens": self.policy.sinks}
+        return {"key_start": self.length - k_len}
+
+    def select_keys(self, t: Tensor) -> Tensor:
+        if t.shape[-1] != self.length:
+            raise ValueError(f"a per-token mask must cover all {self.length} tokens seen, got {t.shape[-1]}")
+        return t[:, self.held.to(t.device)]
 
 
 @dataclass

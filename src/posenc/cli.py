@@ -71,7 +71,18 @@ def cmd_list(args: argparse.Namespace) -> int:
         for r in rows:
             r["options"] = ", ".join(options_of(get_class(r["name"])))
     encodings_table(rows, COLUMNS + (("options",) if args.options else ())).print()
+    presets_table().print()
     return 0
+
+
+def presets_table():
+    """The layer presets (:data:`posenc.PRESETS`): name, model, pattern, source."""
+    from .output import Column, Table
+    from .patterns import PRESETS
+
+    cols = [Column("preset", code=True), Column("model"), Column("pattern", code=True), Column("source")]
+    rows = [[p.name, f"{p.model} ({p.year})", p.pattern, p.source] for p in PRESETS.values()]
+    return Table(cols, rows, title=f"{len(rows)} layer presets (encoding=NAME, posenc.layers(NAME))")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -80,7 +91,7 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="posenc", description="Transformer position encodings: use, compare, understand.")
     p.add_argument("--version", action="version", version=f"posenc {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    pl = sub.add_parser("list", help="table of every registered encoding")
+    pl = sub.add_parser("list", help="table of every registered encoding and layer preset")
     pl.add_argument("--format", choices=("table", "markdown"), default="table")
     pl.add_argument("--options", action="store_true", help="also list each encoding's options")
     pl.set_defaults(func=cmd_list)

@@ -93,7 +93,8 @@ class ModelConfig:
         heads: attention heads ``H``.
         encoding: the encoding of every block (unless ``layers`` says otherwise), or a
             layer pattern / preset (``"rope*3,nope"``, ``"gemma3"``; see :func:`posenc.layers`),
-            which fills ``layers`` (``options`` then act as the pattern's overrides).
+            or a list of names / specs, one per layer; these fill ``layers`` (``options``
+            then act as the pattern's overrides).
         max_len: training length, passed to the encodings (``learned`` needs it).
         head_dim: ``Dh``; ``dim // heads`` when None (filled in).
         causal: causal LM (True) or a bidirectional encoder stack (False).
@@ -143,7 +144,12 @@ class ModelConfig:
         self.options = dict(self.options)
         from .patterns import is_pattern, layers  # (patterns imports this module)
 
-        if self.layers is None and isinstance(self.encoding, str) and is_pattern(self.encoding):
+        if isinstance(self.encoding, (list, tuple)):  # one entry per layer (names, patterns, specs)
+            if self.layers is not None:
+                raise ValueError("give the layers as encoding=[...] or layers=[...], not both")
+            self.layers = layers(list(self.encoding), self.depth, **self.options)
+            self.encoding = ",".join(s.describe() for s in self.layers)
+        elif self.layers is None and isinstance(self.encoding, str) and is_pattern(self.encoding):
             self.layers = layers(self.encoding, self.depth, **self.options)
         if self.layers is not None:
             self.layers = [s if isinstance(s, LayerSpec) else LayerSpec(**s) for s in self.layers]

@@ -63,7 +63,7 @@ class AttentionMask:
         documents: ``(B|1, Lk)`` int64, the document of every key (packed sequences):
             query ``t`` is key ``offset + t`` and sees only keys of its own document.
             None = one document per row. Ids need only differ between neighbouring
-            documents (:func:`posenc.positions.document_ids` numbers them 0, 1, ...).
+            documents (:func:`posenc.positions.documents_from_positions` numbers them 0, 1, ...).
         query_documents: ``(B|1, ≥Lq)`` int64, the documents of the queries when they are
             not keys of this mask (a block cut by :meth:`narrow`); None = read them from
             ``documents`` at ``offset``.

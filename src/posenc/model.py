@@ -126,10 +126,6 @@ class TransformerLM(nn.Module):
         )
         blocks, groups = [], {}  # spec key -> the first instance built for it
         for spec in cfg.layer_specs():
-            if spec.sinks:
-                raise ValueError(
-                    f"learned sink logits (LayerSpec.sinks=True, layer {spec.describe()}) are not built yet"
-                )
             enc = self._encoding_for(spec, groups)
             attn = Attention(
                 cfg.dim,
@@ -140,6 +136,7 @@ class TransformerLM(nn.Module):
                 backend=cfg.backend,
                 window=spec.window,
                 chunk=spec.chunk,
+                sinks=spec.sinks,
             )
             blocks.append(Block(cfg.dim, attn, cfg.mlp_ratio, cfg.dropout))
         # input stages the model runs on the residual stream: block index -> encodings
@@ -220,9 +217,11 @@ class TransformerLM(nn.Module):
             seen.setdefault(id(b.attn.encoding), b.attn.encoding)
         return list(seen.values())
 
-    def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None) -> ModelCache:
-        """An empty KV cache for ``batch_size`` sequences of up to ``max_len`` tokens."""
-        return ModelCache([b.attn.init_cache(batch_size, max_len, dtype=dtype, device=device) for b in self.blocks])
+    def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None, policy=None) -> ModelCache:
+        """An empty KV cache for ``batch_size`` sequences of up to ``max_len`` tokens (windowed layers:
+        rolling, ``O(W)``; ``policy=SinkWindow(...)``: StreamingLLM's; :meth:`posenc.Attention.init_cache`)."""
+        kw = {"dtype": dtype, "device": device, "policy": policy}
+        return ModelCache([b.attn.init_cache(batch_size, max_len, **kw) for b in self.blocks])
 
     def init_memory(self, memory_len: int | None = None) -> SegmentMemory:
         """An empty Transformer-XL memory: ``memory_len`` tokens per layer, by default the

@@ -9,6 +9,7 @@ Examples::
     posenc compare --task grid --train-len 8 --eval-lens 8,12,16 --encodings rope,mrope,sinusoidal \\
         --encoding-options sinusoidal.axes=2        # rope over flattened tokens; rope.axes=2: axial
     posenc compare --encodings rope --extend none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend
+    posenc compare --encodings "rope,nope,irope,local=rope(window=16)*3,rope"
     posenc compare --resume --out runs/2026-01-01T00-00-00-a1b2c3
     posenc compare --overwrite --out runs/x      # start a finished run over
     torchrun --nproc_per_node=2 -m posenc.cli compare --out runs/ddp
@@ -31,7 +32,8 @@ from .rundir import default_out
 __all__ = ["add_arguments", "run"]
 
 _HELP = {
-    "encodings": "comma-separated encoding names, or 'all'",
+    "encodings": "comma-separated encoding names or layer presets (irope, gemma3, ...), or 'all'; "
+    "NAME=PATTERN names a layer pattern, up to the next ';' (\"rope,irope=rope*3,nope;alibi\")",
     "preset": "quick (the default command's budget) or standard (a GPU-sized run)",
     "text": "train on a UTF-8 text file instead of the embedded corpus",
     "dataset": "a Hugging Face dataset name (needs the optional 'datasets' package and the hub)",
@@ -101,6 +103,23 @@ def parse_encoding_options(s: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def split_encodings(s: str) -> list[str]:
+    """``"rope,irope=rope*3,nope;alibi"`` -> ``["rope", "irope=rope*3,nope", "alibi"]``: a
+    ``NAME=PATTERN`` entry runs to the next ``;`` (or the end), other entries end at ``,``."""
+    out, rest = [], s
+    while rest.strip():
+        head, _, tail = rest.partition(";")
+        names = head.split(",")
+        for i, item in enumerate(names):
+            if "=" in item.split("(")[0]:  # NAME=PATTERN: the rest of this ';' part
+                out.append(",".join(names[i:]).strip())
+                break
+            if item.strip():
+                out.append(item.strip())
+        rest = tail
+    return out
+
+
 def _parser_for(type_str: str):
     """An argparse ``type`` for a dataclass field annotation (a string: postponed annotations)."""
     t = type_str.replace(" | None", "")
@@ -147,7 +166,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                  help=_HELP[f.name])  # fmt: skip
         else:
             act = g.add_argument(
-                flag, dest=f"cfg_{f.name}", metavar=f.name.upper(), type=_parser_for(f.type), default=None,
+                flag, dest=f"cfg_{f.name}", metavar=f.name.upper(), default=None,
+                type=split_encodings if f.name == "encodings" else _parser_for(f.type),
                 help=_HELP[f.name],
             )  # fmt: skip
         act.preset_default = getattr(quick, f.name)

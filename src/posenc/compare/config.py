@@ -156,16 +156,35 @@ class CompareConfig:
             raise ValueError(f"encoding_options must map encoding names to dicts, got {self.encoding_options!r}")
         self._validate_encoding_options()
 
+    def named_patterns(self) -> dict[str, str]:
+        """``{name: layer pattern}`` of the ``NAME=PATTERN`` entries of :attr:`encodings`."""
+        out = {}
+        for entry in self.encodings:
+            name, sep, pattern = entry.partition("=")
+            if sep and "(" not in name:
+                if not name.strip() or not pattern.strip():
+                    raise ValueError(f"encodings entry {entry!r}: expected NAME=PATTERN (e.g. irope=rope*3,nope)")
+                out[name.strip()] = pattern.strip()
+        return out
+
+    def encoding_names(self) -> list[str]:
+        """The names of the compared models: encodings, presets, and the names of named patterns."""
+        named = self.named_patterns()
+        return [e.partition("=")[0].strip() if e.partition("=")[0].strip() in named else e for e in self.encodings]
+
     def _validate_encoding_options(self) -> None:
         """Options only for compared encodings, and only options those encodings take."""
         from ..base import available, get_class, options_of
+        from ..patterns import is_pattern
 
-        compared = set(available()) if self.encodings == ["all"] else set(self.encodings)
+        compared = set(available()) if self.encodings == ["all"] else set(self.encoding_names())
         for name, opts in self.encoding_options.items():
             if name not in compared:
                 raise ValueError(
                     f"encoding_options name {name!r}, which is not compared (encodings: {', '.join(sorted(compared))})"
                 )
+            if name in self.named_patterns() or is_pattern(name):
+                raise ValueError(f"encoding_options for {name!r}, a layer pattern: give its options inside the pattern")
             valid = options_of(get_class(name))
             unknown = sorted(set(opts) - set(valid))
             if unknown:

@@ -35,7 +35,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..base import get_class, options_of
+from ..base import available, get_class, options_of
 from ..checkpoint import load_checkpoint
 from ..model import TransformerLM
 from ..output import Column, Table, length_axis, pyplot, readable_log_axis, save_figure, write_csv
@@ -70,6 +70,8 @@ def method_options(method: str, *, train_tokens: int, longest_tokens: int, base:
 
 def applies(method: str, encoding: str) -> bool:
     """``encoding`` takes the options ``method`` sets."""
+    if encoding not in available():
+        return False  # a layer pattern or preset: its layers differ
     opts = options_of(get_class(encoding))
     if method == "none":
         return "base" in opts  # a rotary model: its row is the baseline of the others

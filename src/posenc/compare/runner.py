@@ -15,6 +15,7 @@ import torch
 from ..base import available, get_class
 from ..data import load_source
 from ..output import write_json
+from ..patterns import is_pattern, layers
 from ..train import Runtime, setup
 from .config import CompareConfig, from_dict, parse_shard
 from .pool import plan_workers, run_jobs
@@ -26,10 +27,15 @@ __all__ = ["compare", "make_source", "resolve_encodings", "environment"]
 
 
 def resolve_encodings(cfg: CompareConfig) -> list[str]:
-    """The config's encodings (``all`` expands to every registered one), cut to its shard."""
-    names = available() if cfg.encodings == ["all"] else list(dict.fromkeys(cfg.encodings))
+    """The config's model names (``all`` expands to every registered encoding; a
+    ``NAME=PATTERN`` entry gives ``NAME``; presets stay as they are), cut to its shard."""
+    names = available() if cfg.encodings == ["all"] else list(dict.fromkeys(cfg.encoding_names()))
+    patterns = cfg.named_patterns()
     for n in names:
-        get_class(n)  # ValueError listing the valid names
+        if n in patterns or is_pattern(n):
+            layers(patterns.get(n, n), cfg.depth)  # ValueError: a bad pattern, or longer than the depth
+        else:
+            get_class(n)  # ValueError listing the valid names
     if cfg.shard is not None:
         i, n = parse_shard(cfg.shard)
         names = names[i - 1 :: n]

@@ -57,7 +57,7 @@ def build_model(cfg: CompareConfig, source, encoding: str, seed: int | None = No
         cfg.dim,
         cfg.depth,
         cfg.heads,
-        encoding=encoding,
+        encoding=cfg.named_patterns().get(encoding, encoding),  # a name, preset or layer pattern
         max_len=model_max_len(cfg, source),
         mlp_ratio=cfg.mlp_ratio,
         dropout=cfg.dropout,

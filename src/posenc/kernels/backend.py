@@ -91,16 +91,17 @@ def blockwise_attention(
     )
 
 
-def blockwise(enc, q, k, v, q_pos, k_pos, mask, *, qk_proj=None, options=None) -> Tensor:
+def blockwise(enc, q, k, v, q_pos, k_pos, mask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
     """The ``blockwise`` backend (signature of :data:`posenc.BACKENDS`): :mod:`posenc.kernels`
     for encodings with ``distance_terms``, no ``L×L`` tensor, the fused kernel wherever the
-    terms fold into ``q``/``k``/``v``. Where :func:`blockwise_attention` does not apply, the
-    general backend runs (``dense`` for a scalar bias, else ``chunked``)."""
+    terms fold into ``q``/``k``/``v``. Where :func:`blockwise_attention` does not apply (or
+    with learned ``sinks``), the general backend runs (``dense`` for a scalar bias, else ``chunked``)."""
     from ..backends import BlockOptions, chunked, dense, supported_backends  # the registry imports this module
 
     o = options or BlockOptions()
-    out = blockwise_attention(enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj, max_block=o.chunk_size)
-    if out is not None:
-        return out
+    if sinks is None:  # (learned sinks: the general backend)
+        out = blockwise_attention(enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj, max_block=o.chunk_size)
+        if out is not None:
+            return out
     general = dense if "dense" in supported_backends(enc) else chunked
-    return general(enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj, options=options)
+    return general(enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj, options=options, sinks=sinks)
