@@ -186,9 +186,9 @@ def _in_query_blocks(block, c: int, recompute: bool, q, k, v, q_pos, k_pos, mask
     """Run ``block`` on query rows ``[s, s + c)`` against only the keys the mask lets them see.
 
     ``block`` has a backend's signature; ``recompute``: checkpoint each block (its scores
-    are rebuilt in backward).
+    are rebuilt in backward). A window or chunk shrinks ``c`` (:meth:`AttentionMask.query_block`).
     """
-    Lq, Lk = q.shape[2], k.shape[2]
+    (Lq, Lk), c = (q.shape[2], k.shape[2]), mask.query_block(c)
     if Lq <= c:
         return block(q, k, v, q_pos, k_pos, mask)
     outs = []

@@ -202,6 +202,12 @@ class AttentionMask:
             lo = 0  # sink keys stay visible (one run: the keys between are read, and masked)
         return lo, max(lo, hi)
 
+    def query_block(self, rows: int, least: int = 64) -> int:
+        """Query rows per block for the blocked backends: ``rows``, or fewer with a window or
+        chunk (about the span, at least ``least``), so a block reads ``O(W)`` keys, not ``O(rows)``."""
+        span = [n for n in (self.window, self.chunk) if n is not None]
+        return min(rows, max(least, min(span))) if span else rows
+
     def narrow(self, q_start: int, k_start: int, k_end: int) -> AttentionMask:
         """The mask of the block of queries from ``q_start`` against keys ``[k_start, k_end)``."""
         kpm, doc = self.key_padding, self.documents
