@@ -137,6 +137,72 @@ def test_bench_rejects_unknown_encoding(tmp_path, capsys):
 
     assert main(["bench", "--encodings", "nosuch", "--out", str(tmp_path), "--quiet"]) == 2
     assert "nosuch" in capsys.readouterr().err
+    assert main(["bench", "--masks", "diagonal", "--out", str(tmp_path), "--quiet"]) == 2
+    assert "diagonal" in capsys.readouterr().err
+    assert main(["bench", "--memory-only", "--out", str(tmp_path), "--quiet"]) == 2
+    assert "--memory-lengths" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="masks"):
+        from posenc.bench import BenchConfig
+
+        BenchConfig(encodings=["rope"], lengths=[8], masks=("sideways",))
+
+
+def test_bench_masks_memory_profile_and_failures(tmp_path, one_thread, monkeypatch, capsys):
+    """Causal and bidirectional rows in one run, memory-only rows at a longer L (posenc and
+    the baseline only, untimed), profiles at the longest timed L; a failing case is a row with
+    its error and makes the exit status 1."""
+    from posenc.bench import layers
+    from posenc.cli import main
+
+    out, md = tmp_path / "out", tmp_path / "R.md"
+    argv = ["bench", "--encodings", "alibi,xpos", "--lengths", "32,64", "--masks", "causal,bidir"]
+    argv += ["--memory-lengths", "96", "--profile", "--warmup", "0", "--repeats", "1", "--no-throughput"]
+    argv += ["--out", str(out), "--markdown", str(md), "--quiet", "--device", "cpu"]
+    assert main(argv) == 0
+    rows = json.loads((out / "layers.json").read_text())["rows"]
+    timed = [r for r in rows if r["kind"] == "time"]
+    memory = [r for r in rows if r["kind"] == "memory"]
+    assert {(r["label"], r["causal"]) for r in memory} == {
+        ("sdpa (no position)", True),
+        ("posenc:alibi", True),
+        ("posenc:xpos", True),
+        ("sdpa (no position)", False),
+        ("posenc:alibi", False),  # xpos is causal only
+    }
+    assert all(r["L"] == 96 and r["time_s"] is None and r["peak_bytes"] > 0 for r in memory)
+    assert {r["causal"] for r in timed} == {True, False} and {r["L"] for r in timed} == {32, 64}
+    assert not any(r["causal"] is False and r["encoding"] == "xpos" for r in timed)
+    profiled = [r for r in timed if r["profile"]]
+    assert profiled and all(r["L"] == 64 and r["impl"] == "posenc" for r in profiled)
+    assert all(0 < op["share"] <= 1 and op["self_s"] >= 0 for r in profiled for op in r["profile"])
+    text = md.read_text()
+    assert "L=96" in text and "where the step goes" in text and "| bidir |" in text
+
+    real = layers.posenc_case
+
+    def broken(encoding, **kw):
+        case = real(encoding, **kw)
+        if encoding == "alibi":
+            case.make = lambda L: (_ for _ in ()).throw(RuntimeError("no layer today"))
+        return case
+
+    monkeypatch.setattr("posenc.bench.runner.posenc_case", broken)
+    argv = ["bench", "--encodings", "alibi", "--lengths", "32", "--warmup", "0", "--repeats", "1"]
+    argv += ["--no-throughput", "--no-references", "--out", str(out), "--quiet", "--device", "cpu"]
+    assert main(argv) == 1
+    assert "no layer today" in capsys.readouterr().err
+    rows = json.loads((out / "layers.json").read_text())["rows"]
+    assert any(r["label"] == "posenc:alibi" and "no layer today" in r["status"] for r in rows)
+
+
+def test_graph_breaks_rows():
+    from posenc.bench.compile import explain_breaks
+    from posenc.bench.report import breaks_table
+
+    row = explain_breaks("nope")
+    assert row["graphs"] >= 1 and row["breaks"] == row["graphs"] - 1 and "error" not in row
+    head, body = breaks_table([row, {"encoding": "x", "error": "Boom: no"}])
+    assert body[0][0] == "`nope`" and body[1][1] == "error" and "Boom" in body[1][3]
 
 
 # --------------------------------------------------------------------------- torch.compile

@@ -2,6 +2,8 @@
 
 * Time: the median of ``repeats`` wall-clock runs after ``warmup`` untimed ones
   (``torch.cuda.synchronize`` around each run on CUDA).
+* Profile: one run under ``torch.profiler``; the operators with the most self time
+  (:func:`top_operators`) are what bounds a step.
 * Peak memory, CUDA: ``torch.cuda.max_memory_allocated`` during one run, minus what was
   allocated before it.
 * Peak memory, CPU: there is no allocator high-water mark on CPU, so one run is recorded
@@ -26,7 +28,7 @@ from datetime import datetime, timezone
 
 import torch
 
-__all__ = ["time_runs", "peak_memory", "machine_record"]
+__all__ = ["time_runs", "peak_memory", "machine_record", "top_operators"]
 
 
 def _sync(device: torch.device) -> None:
@@ -117,6 +119,32 @@ def peak_memory(fn: Callable[[], object], *, device: torch.device) -> int:
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
     return _cpu_peak_bytes(fn)
+
+
+def top_operators(fn: Callable[[], object], *, device: torch.device, n: int = 8) -> list[dict]:
+    """The ``n`` operators with the most self time in one run of ``fn`` (after the caller's
+    warm-up): ``{"name", "self_s", "share", "calls"}``, share of the summed self time.
+    CPU time on CPU, device time on CUDA."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with _quiet_native_output():
+        prof = profile(activities=acts)
+        prof.start()
+    try:
+        fn()
+        _sync(device)
+    finally:
+        with _quiet_native_output():
+            prof.stop()
+    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, attr) > 0]
+    total = sum(getattr(e, attr) for e in events) or 1.0
+    events.sort(key=lambda e: getattr(e, attr), reverse=True)
+    return [
+        {"name": e.key, "self_s": getattr(e, attr) / 1e6, "share": getattr(e, attr) / total, "calls": e.count}
+        for e in events[:n]
+    ]
 
 
 def _cpu_model() -> str:

@@ -11,7 +11,24 @@ from pathlib import Path
 
 from ..output import Table, length_axis, make_console, pyplot, readable_log_axis, save_figure, write_csv, write_json
 
-__all__ = ["ratio_table", "speedup_table", "memory_table", "throughput_table", "write_outputs", "markdown_report"]
+__all__ = [
+    "ratio_table",
+    "speedup_table",
+    "memory_table",
+    "profile_table",
+    "breaks_table",
+    "throughput_table",
+    "write_outputs",
+    "markdown_report",
+]
+
+
+def _timed(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r.get("kind", "time") == "time"]
+
+
+def _memory_only(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r.get("kind", "time") == "memory"]
 
 
 def _labels(rows: list[dict]) -> list[tuple[str, bool]]:
@@ -51,6 +68,7 @@ def _backend(rows, label, causal) -> str:
 
 def ratio_table(rows: list[dict], mode: str) -> tuple[list[str], list[list[str]]]:
     """Time ratio to the baseline (and median ms) per case and length."""
+    rows = _timed(rows)
     Ls = _lengths(rows)
     head = ["layer", "mask", "backend"] + [f"L={L}" for L in Ls]
     body = []
@@ -61,7 +79,8 @@ def ratio_table(rows: list[dict], mode: str) -> tuple[list[str], list[list[str]]
 
 
 def memory_table(rows: list[dict], mode: str = "fwd+bwd") -> tuple[list[str], list[list[str]]]:
-    """Peak memory (MiB) and ratio to the baseline per case and length."""
+    """Peak memory (MiB) and ratio to the baseline per case and length (timed and
+    memory-only rows alike)."""
     Ls = _lengths(rows)
     head = ["layer", "mask"] + [f"L={L}" for L in Ls]
     body = []
@@ -80,8 +99,22 @@ def memory_table(rows: list[dict], mode: str = "fwd+bwd") -> tuple[list[str], li
     return head, body
 
 
+def profile_table(rows: list[dict], mode: str = "fwd+bwd") -> tuple[list[str], list[list[str]]]:
+    """Where each profiled posenc case spends its step, at the longest length profiled."""
+    rows = [r for r in _timed(rows) if r["mode"] == mode and r.get("profile")]
+    head = ["layer", "mask", "backend", "L", "ratio", "top operators by self time (share of the step)"]
+    body = []
+    for label, causal in _labels(rows):
+        r = max((r for r in rows if r["label"] == label and r["causal"] == causal), key=lambda r: r["L"])
+        ops = ", ".join(f"{o['name']} {100 * o['share']:.0f} %" for o in r["profile"][:5])
+        ratio = f"{r['ratio']:.2f}×" if r["ratio"] is not None else ""
+        body.append([label, "causal" if causal else "bidir", r["backend"], str(r["L"]), ratio, ops])
+    return head, body
+
+
 def speedup_table(rows: list[dict], mode: str) -> tuple[list[str], list[list[str]]]:
     """Reference time / posenc time (> 1: posenc faster) for each reference layer."""
+    rows = _timed(rows)
     Ls = _lengths(rows)
     head = ["reference", "posenc", "mask"] + [f"L={L}" for L in Ls]
     body = []
@@ -103,8 +136,10 @@ def speedup_table(rows: list[dict], mode: str) -> tuple[list[str], list[list[str
 
 
 def throughput_table(trows: list[dict]) -> tuple[list[str], list[list[str]]]:
-    head = ["encoding", "posenc tok/s", "x-transformers tok/s", "posenc / x-transformers"]
+    """posenc and x-transformers tokens/s per encoding; step time against posenc ``nope`` of the same run."""
+    head = ["encoding", "posenc tok/s", "step / nope", "x-transformers tok/s", "posenc / x-transformers"]
     body = []
+    nope = next((r for r in trows if r["encoding"] == "nope" and r["impl"] == "posenc" and r["status"] == "ok"), None)
     for enc in dict.fromkeys(r["encoding"] for r in trows):
         p = next((r for r in trows if r["encoding"] == enc and r["impl"] == "posenc"), None)
         x = next((r for r in trows if r["encoding"] == enc and r["impl"] == "x-transformers"), None)
@@ -117,7 +152,8 @@ def throughput_table(trows: list[dict]) -> tuple[list[str], list[list[str]]]:
         ratio = ""
         if p and x and p["status"] == x["status"] == "ok":
             ratio = f"{p['tokens_per_s'] / x['tokens_per_s']:.2f}×"
-        body.append([enc, f(p), f(x), ratio])
+        vs_nope = f"{nope['tokens_per_s'] / p['tokens_per_s']:.2f}×" if nope and p and p["status"] == "ok" else ""
+        body.append([enc, f(p), vs_nope, f(x), ratio])
     return head, body
 
 
@@ -125,26 +161,32 @@ def _md(head, body) -> str:
     return Table(head, body).markdown().rstrip("\n")
 
 
-def print_tables(rows, trows, console=None) -> None:
+def print_tables(rows, trows, console=None, breaks: list[dict] | None = None) -> None:
     console = console or make_console()
 
     def show(title, head, body):
         Table(head, body, title=title).print(console)
 
-    modes = sorted({r["mode"] for r in rows}, reverse=True)
+    modes = sorted({r["mode"] for r in _timed(rows)}, reverse=True)
     for mode in modes:
         show(f"{mode}: time / plain SDPA (median ms)", *ratio_table(rows, mode))
     if any(r["peak_bytes"] is not None for r in rows):
         show("fwd+bwd peak memory (× plain SDPA)", *memory_table(rows))
+    h, b = profile_table(rows)
+    if b:
+        show("fwd+bwd: where the step goes", h, b)
     for mode in modes:
         h, b = speedup_table(rows, mode)
         if b:
             show(f"{mode}: reference time / posenc time (> 1: posenc faster)", h, b)
     if trows:
         show("training throughput, TransformerLM vs x-transformers", *throughput_table(trows))
+    if breaks:
+        show("torch.compile graph breaks", *breaks_table(breaks))
 
 
 def plot(rows: list[dict], path: Path, subtitle: str | None = None) -> None:
+    rows = _timed(rows)
     plt = pyplot()
     modes = sorted({r["mode"] for r in rows}, reverse=True)
     fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 5.5), squeeze=False)
@@ -172,9 +214,26 @@ def plot(rows: list[dict], path: Path, subtitle: str | None = None) -> None:
     save_figure(fig, path, title="Time of one attention layer against sequence length", subtitle=subtitle)
 
 
-def write_outputs(out: Path, rows: list[dict], trows: list[dict], machine: dict, config: dict) -> list[Path]:
+def breaks_table(breaks: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """Graph breaks of ``torch.compile`` per encoding (:func:`posenc.bench.compile.graph_breaks`)."""
+    head = ["encoding", "graphs", "breaks", "reasons"]
+    body = []
+    for b in breaks:
+        if b.get("error"):
+            body.append([f"`{b['encoding']}`", "error", "", b["error"]])
+        else:
+            body.append([f"`{b['encoding']}`", str(b["graphs"]), str(b["breaks"]), "<br>".join(b["reasons"]) or "—"])
+    return head, body
+
+
+def write_outputs(
+    out: Path, rows: list[dict], trows: list[dict], machine: dict, config: dict, breaks: list[dict] | None = None
+) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
+    if breaks:
+        write_json(out / "graph_breaks.json", {"torch": machine.get("torch"), "rows": breaks})
+        paths.append(out / "graph_breaks.json")
     p = out / "layers.json"
     write_json(p, {"machine": machine, "config": config, "rows": rows})
     paths.append(p)
@@ -186,7 +245,7 @@ def write_outputs(out: Path, rows: list[dict], trows: list[dict], machine: dict,
         paths += [out / "throughput.json", out / "throughput.csv"]
     write_json(out / "machine.json", machine)
     paths.append(out / "machine.json")
-    if any(r["status"] == "ok" for r in rows):
+    if any(r["status"] == "ok" and r["time_s"] is not None for r in rows):
         subtitle = (f"{machine.get('cpu', '?')}, torch {machine.get('torch', '?')}, {machine.get('torch_threads', '?')} "
                     f"threads, {machine.get('device', '?')}; B={config['batch']}, H={config['heads']}, "
                     f"Dh={config['head_dim']}, {config['dtype']}")  # fmt: skip
@@ -196,7 +255,14 @@ def write_outputs(out: Path, rows: list[dict], trows: list[dict], machine: dict,
 
 
 def markdown_report(
-    rows, trows, machine: dict, command: str, config: dict, notes: str = "", plot_path: str | None = None
+    rows,
+    trows,
+    machine: dict,
+    command: str,
+    config: dict,
+    notes: str = "",
+    plot_path: str | None = None,
+    breaks: list[dict] | None = None,
 ) -> str:
     m = machine
     parts = [
@@ -221,7 +287,7 @@ def markdown_report(
     ]
     if notes:
         parts += [notes, ""]
-    modes = sorted({r["mode"] for r in rows}, reverse=True)
+    modes = sorted({r["mode"] for r in _timed(rows)}, reverse=True)
     for mode in modes:
         parts += [f"## {mode}: time / plain SDPA (median ms)", "", _md(*ratio_table(rows, mode)), ""]
     if any(r["peak_bytes"] is not None for r in rows):
@@ -229,9 +295,28 @@ def markdown_report(
             "## fwd+bwd peak memory (× plain SDPA)",
             "",
             "CPU: peak of live torch tensor bytes during one step, from `torch.profiler` "
-            "memory events (allocations − frees in time order), above what was alive before the step.",
+            "memory events (allocations − frees in time order), above what was alive before the step; "
+            "CUDA: `torch.cuda.max_memory_allocated` above the allocation before the step."
+            + (
+                f" At L = {', '.join(str(L) for L in sorted({r['L'] for r in _memory_only(rows)}))} the posenc layers "
+                "and the baseline ran one untimed step each (memory only; the references hold L×L tensors)."
+                if _memory_only(rows)
+                else ""
+            ),
             "",
             _md(*memory_table(rows)),
+            "",
+        ]
+    h, b = profile_table(rows)
+    if b:
+        parts += [
+            "## fwd+bwd: where the step goes",
+            "",
+            "One profiled step per posenc layer after the timed rounds (`torch.profiler`), at the longest "
+            "length profiled: the operators with the most self time and their share of the summed self "
+            "time. This is what bounds a ratio.",
+            "",
+            _md(h, b),
             "",
         ]
     for mode in modes:
@@ -251,6 +336,15 @@ def markdown_report(
             ),
             "",
             _md(*throughput_table(trows)),
+            "",
+        ]
+    if breaks:
+        parts += [
+            "## torch.compile graph breaks",
+            "",
+            "`torch._dynamo.explain` of a whole TransformerLM forward (vocab 64, D = 32, 2 layers, 2 heads, L = 16).",
+            "",
+            _md(*breaks_table(breaks)),
             "",
         ]
     if plot_path:

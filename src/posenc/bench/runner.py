@@ -1,25 +1,29 @@
 """Run the layer benchmark: every case at every length, forward and forward+backward.
 
-Each row of the result is one (case, length, mode) with the median time, the peak
+Each row of the result is one (case, length, mode, mask) with the median time, the peak
 memory, and both as ratios to the baseline (plain SDPA, no position) measured at the
-same length, in the same masking mode, in the same run.
+same length, in the same masking mode, in the same run. At ``memory_lengths`` the
+posenc cases and the baseline run one profiled forward+backward each (peak memory, not
+timed: ``kind="memory"``); with ``profile``, each posenc case at the longest timed length
+also gets the operators that bound its step (``Row.profile``, from one profiled run).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from ..attention import Attention
 from .layers import Case, baseline_case, posenc_case, reference_cases
-from .measure import median, peak_memory, time_runs
+from .measure import median, peak_memory, time_runs, top_operators
 
-__all__ = ["BenchConfig", "Row", "run_layers", "resolved_backend"]
+__all__ = ["BenchConfig", "MASKS", "MODES", "Row", "run_layers", "resolved_backend"]
 
 MODES = ("fwd", "fwd+bwd")
+MASKS = ("causal", "bidir")
 
 
 @dataclass
@@ -29,7 +33,7 @@ class BenchConfig:
     batch: int = 1
     heads: int = 8
     head_dim: int = 64
-    causal: bool = True
+    masks: tuple[str, ...] = ("causal",)  # "causal" and/or "bidir"
     device: str = "cpu"
     dtype: str = "float32"
     modes: tuple[str, ...] = MODES
@@ -40,7 +44,14 @@ class BenchConfig:
     memory: bool = True
     chunk_size: int = 1024
     max_seconds: float = 60.0  # a case that takes longer per run skips its longer lengths
+    memory_lengths: list[int] = field(default_factory=list)  # peak memory only (one profiled fwd+bwd)
+    profile: bool = False  # the top operators of each posenc case (one profiled run per mode at the longest L)
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.masks if m not in MASKS]
+        if bad or not self.masks:
+            raise ValueError(f"masks must be a non-empty subset of {MASKS}, got {self.masks!r}")
 
 
 @dataclass
@@ -58,6 +69,8 @@ class Row:
     peak_bytes: int | None = None
     peak_ratio: float | None = None
     status: str = "ok"
+    kind: str = "time"  # "time": timed (and peak memory); "memory": peak memory only
+    profile: list[dict] = field(default_factory=list)  # top operators: name, self_s, share
 
 
 def resolved_backend(case: Case, module, device: torch.device) -> str:
@@ -92,7 +105,14 @@ def _cases(cfg: BenchConfig, device, dtype, causal: bool, encodings: list[str]) 
     for e in encodings:
         for b in cfg.backends:
             cases.append(
-                posenc_case(e, causal=causal, max_len=max(cfg.lengths), backend=b, chunk_size=cfg.chunk_size, **kw)
+                posenc_case(
+                    e,
+                    causal=causal,
+                    max_len=max([*cfg.lengths, *cfg.memory_lengths]),
+                    backend=b,
+                    chunk_size=cfg.chunk_size,
+                    **kw,
+                )
             )
     if cfg.references:
         cases += [c for c in reference_cases(encodings, **kw) if c.causal == causal]
@@ -108,9 +128,10 @@ def run_layers(cfg: BenchConfig, progress: Callable[[str], None] | None = None) 
 
     # DeBERTa's reference is bidirectional: run it (and posenc's deberta) in that mode too.
     groups: list[tuple[bool, list[str]]] = []
-    main = [e for e in cfg.encodings if not (cfg.causal is False and get_class(e).causal_only)]
-    groups.append((cfg.causal, main))
-    if cfg.causal and cfg.references and "deberta" in cfg.encodings:
+    for m in cfg.masks:
+        causal = m == "causal"
+        groups.append((causal, [e for e in cfg.encodings if causal or not get_class(e).causal_only]))
+    if "bidir" not in cfg.masks and cfg.references and "deberta" in cfg.encodings:
         groups.append((False, ["deberta"]))
 
     rows: list[Row] = []
@@ -119,6 +140,9 @@ def run_layers(cfg: BenchConfig, progress: Callable[[str], None] | None = None) 
         too_slow: set[tuple[str, str]] = set()
         for L in cfg.lengths:
             rows += _run_length(cfg, cases, causal, L, device, dtype, D, too_slow, progress)
+        mine = [c for c in cases if c.impl == "posenc"]  # the references hold L×L tensors: not at long L
+        for L in cfg.memory_lengths:
+            rows += _memory_length(cfg, mine, causal, L, device, dtype, D, progress)
     return rows
 
 
@@ -169,7 +193,6 @@ def _run_length(cfg, cases, causal, L, device, dtype, D, too_slow, progress) -> 
                 continue
             live.append((case, module, run, row))
         base = next((item for item in live if item[0].encoding == "none"), None)
-        base_times: list[float] = []
         ratios: dict[int, list[float]] = {id(r): [] for *_, r in live}
         for rep in range(cfg.repeats):
             if progress:
@@ -186,7 +209,6 @@ def _run_length(cfg, cases, causal, L, device, dtype, D, too_slow, progress) -> 
                 row.times_s.append(t)
                 if case.encoding == "none":
                     t_base = t
-                    base_times.append(t)
                 elif t_base is not None:
                     ratios[id(row)].append(t / t_base)
         for case, module, run, row in live:
@@ -205,6 +227,9 @@ def _run_length(cfg, cases, causal, L, device, dtype, D, too_slow, progress) -> 
                     row.peak_bytes = peak_memory(run, device=device)
                 except Exception as e:
                     row.status = f"error: {type(e).__name__}: {str(e)[:200]}"
+            if cfg.profile and case.impl == "posenc" and L == max(cfg.lengths):
+                module.zero_grad(set_to_none=True)
+                row.profile = top_operators(run, device=device)
         if base is not None and base[3].peak_bytes:
             for *_, row in live:
                 if row.peak_bytes is not None:
@@ -212,5 +237,29 @@ def _run_length(cfg, cases, causal, L, device, dtype, D, too_slow, progress) -> 
     return rows
 
 
-def rows_as_dicts(rows: list[Row]) -> list[dict]:
-    return [asdict(r) for r in rows]
+def _memory_length(cfg, cases, causal, L, device, dtype, D, progress) -> list[Row]:
+    """Peak memory of one forward+backward of each case at ``L`` (not timed)."""
+    g = torch.Generator(device="cpu").manual_seed(cfg.seed + L)
+    x = torch.randn(cfg.batch, L, D, generator=g).to(device=device, dtype=dtype)
+    grad = torch.randn(cfg.batch, L, D, generator=g).to(device=device, dtype=dtype)
+    rows: list[Row] = []
+    base_peak = None
+    for case in cases:
+        if progress:
+            progress(f"memory {case.label} L={L}{'' if causal else ' bidir'}")
+        row = Row(case.label, case.impl, case.encoding, "", causal, L, "fwd+bwd", kind="memory")
+        rows.append(row)
+        try:
+            torch.manual_seed(cfg.seed)
+            module, fn = case.make(L)
+            row.backend = resolved_backend(case, module, device)
+            row.peak_bytes = peak_memory(_step(module, fn, x, grad, "fwd+bwd"), device=device)
+        except Exception as e:
+            row.status = f"error: {type(e).__name__}: {str(e)[:200]}"
+            continue
+        if case.encoding == "none":
+            base_peak = row.peak_bytes
+    for row in rows:
+        if base_peak and row.peak_bytes is not None:
+            row.peak_ratio = row.peak_bytes / base_peak
+    return rows

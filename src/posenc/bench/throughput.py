@@ -16,7 +16,9 @@ posenc         x-transformers
 =============  ===================================================
 
 x-transformers uses ``attn_flash=True`` (SDPA) except with ``rel_pos_bias``, which it
-refuses on that path.
+refuses on that path. With ``complex-order`` among the encodings, the paper's
+complex-valued model (:class:`~posenc.encodings.complex_model.ComplexTransformerLM`,
+``dim/2`` complex features, the same real width) is measured too, as ``complex-model``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from torch import nn
 
 from ..data import Batch
+from ..encodings.complex_model import ComplexTransformerLM
 from ..model import TransformerLM
 from ..train import Trainer
 from .measure import median, time_runs
@@ -108,7 +111,8 @@ def run_throughput(cfg: ThroughputConfig, progress=None) -> list[dict]:
     device = torch.device(cfg.device)
     has_xt = importlib.util.find_spec("x_transformers") is not None
     rows: list[ThroughputRow] = []
-    for enc in cfg.encodings:
+    names = list(cfg.encodings) + (["complex-model"] if "complex-order" in cfg.encodings else [])
+    for enc in names:
         impls = [("posenc", None)]
         if has_xt and enc in XT_OPTIONS:
             impls.append(("x-transformers", None))
@@ -117,7 +121,9 @@ def run_throughput(cfg: ThroughputConfig, progress=None) -> list[dict]:
                 progress(f"train {impl}:{enc}")
             try:
                 torch.manual_seed(cfg.seed)
-                if impl == "posenc":
+                if enc == "complex-model":
+                    model = ComplexTransformerLM(cfg.vocab, cfg.dim // 2, cfg.depth, cfg.heads).to(device)
+                elif impl == "posenc":
                     model = TransformerLM(
                         cfg.vocab, cfg.dim, cfg.depth, cfg.heads, encoding=enc, max_len=cfg.seq_len
                     ).to(device)

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU check, one command, on a machine with a CUDA device and a CUDA build of torch:
+#   bash scripts/gpu_check.sh
+# 1. the CUDA-marked tests (tests/test_cuda.py: FlexAttention = eager in outputs and gradients
+#    for every scalar bias in float32 and bfloat16, every backend = eager on CUDA, the KV cache
+#    on CUDA), then the whole default suite on that machine;
+# 2. `posenc bench --device cuda` (causal and bidirectional, float32 and bfloat16, peak memory
+#    up to L = 16384, profiles, references) against plain SDPA/FlashAttention.
+# Writes benchmarks/RESULTS-cuda.md (+ benchmarks/results-cuda/: tests.txt, JSON/CSV, plot).
+# Env: PY (interpreter; default .venv/bin/python, else python3), LENGTHS, NOTES;
+#      MEMORY_LENGTHS (16384); DEVICE=cpu runs everything on the CPU (a dry run of this script).
+# Exit status: 3 without a CUDA device; else that of the tests, or of the benchmark.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+if [ "${DEVICE:-cuda}" = cuda ] && ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "gpu_check: no CUDA device visible to $PY (torch $("$PY" -c 'import torch; print(torch.__version__)'))" >&2
+    exit 3
+fi
+LENGTHS=${LENGTHS:-1024,2048,4096,8192}
+OUT=benchmarks/results-cuda
+mkdir -p "$OUT"
+status=0
+set +e
+{
+    "$PY" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')"
+    "$PY" -m pytest -q -p no:cacheprovider -m cuda -rs tests/test_cuda.py
+    cuda_tests=$?
+    "$PY" -m pytest -q -p no:cacheprovider
+    exit $(( cuda_tests | $? ))
+} 2>&1 | tee "$OUT/tests.txt"
+status=${PIPESTATUS[0]}
+set -e
+for dtype in float32 bfloat16; do
+    "$PY" -m posenc.cli bench --device "${DEVICE:-cuda}" --dtype "$dtype" --masks causal,bidir --lengths "$LENGTHS" \
+        --memory-lengths "${MEMORY_LENGTHS:-16384}" --profile --warmup 2 --repeats 10 --no-throughput \
+        --out "$OUT/$dtype" --markdown "$OUT/RESULTS-$dtype.md" --quiet \
+        --notes "GPU check (scripts/gpu_check.sh), $dtype. ${NOTES:-}" || status=$?
+done
+{
+    echo "# posenc on CUDA: scripts/gpu_check.sh"
+    echo
+    echo "Tests (\`pytest -m cuda tests/test_cuda.py\`, then the default suite), last lines:"
+    echo
+    echo '```'
+    grep -E "^([0-9]+ (passed|failed|skipped|error)|FAILED |ERROR )" "$OUT/tests.txt" | tail -n 20
+    echo '```'
+    echo
+    echo "Full log: results-cuda/tests.txt."
+    for dtype in float32 bfloat16; do
+        echo
+        sed -e 's/^## /### /' -e '1s/^# .*/## '"$dtype"'/' -e "s#]($dtype/#](results-cuda/$dtype/#" \
+            "$OUT/RESULTS-$dtype.md"
+    done
+} > benchmarks/RESULTS-cuda.md
+rm -f "$OUT"/RESULTS-*.md
+echo "wrote benchmarks/RESULTS-cuda.md (status $status)"
+exit $status
