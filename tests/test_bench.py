@@ -277,3 +277,23 @@ def test_blocked_backends_equal_eager(name, causal):
 
 def supported_fast(attn) -> str:
     return [b for b in posenc.supported_backends(attn.encoding) if b in ("dense", "chunked")][0]
+
+
+def test_throughput_packed_rows(one_thread):
+    """``packed``: each posenc model also trains on packed documents (the former
+    benchmarks/packed_step.py), and the table gives packed step / plain step."""
+    from posenc.bench.report import throughput_table
+    from posenc.bench.throughput import ThroughputConfig, packed_documents, run_throughput
+
+    docs = packed_documents(4, 64, seed=0)
+    assert docs.shape == (4, 64) and docs.dtype == torch.int64 and (docs[:, 0] == 0).all()
+    assert (docs.diff(dim=1) >= 0).all() and docs.max() > 0 and torch.equal(docs, packed_documents(4, 64, seed=0))
+    cfg = ThroughputConfig(["nope", "alibi"], seq_len=16, batch=2, dim=32, depth=1, heads=2, warmup=0, repeats=1)
+    cfg.packed = True
+    rows = run_throughput(cfg)
+    assert {(r["impl"], r["encoding"]) for r in rows} >= {("posenc-packed", "alibi"), ("posenc", "alibi")}
+    assert all(r["status"] == "ok" for r in rows), rows
+    head, body = throughput_table(rows)
+    assert "packed step / plain" in head
+    col = head.index("packed step / plain")
+    assert all(row[col].endswith("×") for row in body)

@@ -336,6 +336,19 @@ def test_rope_layout_converts_meta_checkpoints_to_hf_and_back():
     assert_close(logits(ours, ids), logits(hf_model, ids), n=llama_n(cfg, 24))
 
 
+def test_layer_patterns_and_layer_specs_convert_like_lists():
+    """posenc's one syntax for per-layer encodings (posenc.layers) works in convert too."""
+    stock = LlamaForCausalLM(llama_config(num_hidden_layers=4))
+    want = ph.convert(stock, encoding=["rope", "rope", "rope", "alibi"]).config.posenc_layers
+    assert ph.convert(stock, encoding="rope*3,alibi").config.posenc_layers == want
+    assert ph.convert(stock, encoding=posenc.layers("rope*3,alibi")).config.posenc_layers == want
+    assert [s["encoding"] for s in ph.convert(stock, encoding="rope,nope").config.posenc_layers] == ["rope", "nope"] * 2
+    with pytest.raises(ValueError, match="layer 0 .* has a window, chunks or sinks"):
+        ph.convert(stock, encoding="rope(window=8)*3,rope")
+    with pytest.raises(ValueError, match="has a window, chunks or sinks"):
+        ph.convert(stock, encoding="irope")
+
+
 # ============================================================================ errors
 def test_errors_name_the_bad_value():
     llama = LlamaForCausalLM(llama_config())

@@ -83,6 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-batch", type=int, default=8)
     p.add_argument("--train-dim", type=int, default=256, help="model width of the throughput runs")
     p.add_argument("--train-depth", type=int, default=4, help="layers of the throughput runs")
+    p.add_argument("--train-packed", action="store_true", help="also train each posenc model on packed documents")
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
     p.add_argument("--markdown", type=Path, default=None, help="also write a Markdown report (RESULTS.md) here")
     p.add_argument("--notes", default="", help="free text put in the Markdown report (e.g. machine contention)")
@@ -148,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
             depth=args.train_depth,
             heads=max(1, args.train_dim // 64),
             device=device,
+            packed=args.train_packed,
         )
         trows = run_throughput(tcfg, progress=say)
     try:

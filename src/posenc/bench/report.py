@@ -137,7 +137,9 @@ def speedup_table(rows: list[dict], mode: str) -> tuple[list[str], list[list[str
 
 def throughput_table(trows: list[dict]) -> tuple[list[str], list[list[str]]]:
     """posenc and x-transformers tokens/s per encoding; step time against posenc ``nope`` of the same run."""
-    head = ["encoding", "posenc tok/s", "step / nope", "x-transformers tok/s", "posenc / x-transformers"]
+    packed = any(r["impl"] == "posenc-packed" for r in trows)
+    head = ["encoding", "posenc tok/s", "step / nope"] + (["packed step / plain"] if packed else [])
+    head += ["x-transformers tok/s", "posenc / x-transformers"]
     body = []
     nope = next((r for r in trows if r["encoding"] == "nope" and r["impl"] == "posenc" and r["status"] == "ok"), None)
     for enc in dict.fromkeys(r["encoding"] for r in trows):
@@ -153,7 +155,12 @@ def throughput_table(trows: list[dict]) -> tuple[list[str], list[list[str]]]:
         if p and x and p["status"] == x["status"] == "ok":
             ratio = f"{p['tokens_per_s'] / x['tokens_per_s']:.2f}×"
         vs_nope = f"{nope['tokens_per_s'] / p['tokens_per_s']:.2f}×" if nope and p and p["status"] == "ok" else ""
-        body.append([enc, f(p), vs_nope, f(x), ratio])
+        cells = [enc, f(p), vs_nope]
+        if packed:
+            k = next((r for r in trows if r["encoding"] == enc and r["impl"] == "posenc-packed"), None)
+            ok = k and p and k["status"] == p["status"] == "ok"
+            cells.append(f"{p['tokens_per_s'] / k['tokens_per_s']:.2f}×" if ok else "")
+        body.append(cells + [f(x), ratio])
     return head, body
 
 

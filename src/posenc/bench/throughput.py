@@ -19,6 +19,9 @@ x-transformers uses ``attn_flash=True`` (SDPA) except with ``rel_pos_bias``, whi
 refuses on that path. With ``complex-order`` among the encodings, the paper's
 complex-valued model (:class:`~posenc.encodings.complex_model.ComplexTransformerLM`,
 ``dim/2`` complex features, the same real width) is measured too, as ``complex-model``.
+With ``packed``, every posenc model is also trained on packed documents (impl
+``posenc-packed``: the same windows with ``document_ids``, documents of mean length
+``seq_len/4`` at seeded boundaries), the cost of document masking in a training step.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import importlib.util
 from dataclasses import asdict, dataclass
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ..data import Batch
 from ..encodings.complex_model import ComplexTransformerLM
@@ -35,7 +38,7 @@ from ..model import TransformerLM
 from ..train import Trainer
 from .measure import median, time_runs
 
-__all__ = ["ThroughputConfig", "run_throughput", "XT_OPTIONS"]
+__all__ = ["ThroughputConfig", "run_throughput", "packed_documents", "XT_OPTIONS"]
 
 XT_OPTIONS: dict[str, dict] = {
     "nope": {},
@@ -60,6 +63,7 @@ class ThroughputConfig:
     device: str = "cpu"
     warmup: int = 1
     repeats: int = 3
+    packed: bool = False
     seed: int = 0
 
 
@@ -92,17 +96,29 @@ def _xt_model(enc: str, cfg: ThroughputConfig) -> nn.Module:
     )
 
 
-def _train_step(model: nn.Module, opt, tokens):
-    """One training step of posenc's trainer (causal LM loss, AdamW) on fixed ``tokens`` ``(B, L+1)``."""
-    trainer, batch = Trainer(model, opt), Batch(tokens[:, :-1], tokens[:, 1:], None)
+def _train_step(model: nn.Module, opt, tokens, documents=None):
+    """One training step of posenc's trainer (causal LM loss, AdamW) on fixed ``tokens`` ``(B, L+1)``
+    (``documents``: ``(B, L)`` document ids of packed sequences, or None)."""
+    trainer, batch = Trainer(model, opt), Batch(tokens[:, :-1], tokens[:, 1:], None, documents=documents)
     return lambda: trainer.step(batch)
 
 
-def _measure(model: nn.Module, cfg: ThroughputConfig, device) -> tuple[float, float]:
+def packed_documents(batch: int, seq_len: int, seed: int = 0) -> Tensor:
+    """``(B, L)`` int64 document ids: a document starts at each position with probability
+    ``4/L`` (mean length ``L/4``), the same layout for a given seed."""
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.rand(batch, seq_len, generator=g) < 4 / seq_len
+    starts[:, 0] = False
+    return starts.long().cumsum(1)
+
+
+def _measure(model: nn.Module, cfg: ThroughputConfig, device, packed: bool = False) -> tuple[float, float]:
     g = torch.Generator().manual_seed(cfg.seed)
     tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), generator=g).to(device)
+    docs = packed_documents(cfg.batch, cfg.seq_len, cfg.seed).to(device) if packed else None
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    times = time_runs(_train_step(model, opt, tokens), device=device, warmup=cfg.warmup, repeats=cfg.repeats)
+    step = _train_step(model, opt, tokens, docs)
+    times = time_runs(step, device=device, warmup=cfg.warmup, repeats=cfg.repeats)
     t = median(times)
     return cfg.batch * cfg.seq_len / t, t
 
@@ -113,23 +129,25 @@ def run_throughput(cfg: ThroughputConfig, progress=None) -> list[dict]:
     rows: list[ThroughputRow] = []
     names = list(cfg.encodings) + (["complex-model"] if "complex-order" in cfg.encodings else [])
     for enc in names:
-        impls = [("posenc", None)]
+        impls = ["posenc"]
+        if cfg.packed and enc != "complex-model":
+            impls.append("posenc-packed")
         if has_xt and enc in XT_OPTIONS:
-            impls.append(("x-transformers", None))
-        for impl, _ in impls:
+            impls.append("x-transformers")
+        for impl in impls:
             if progress:
                 progress(f"train {impl}:{enc}")
             try:
                 torch.manual_seed(cfg.seed)
                 if enc == "complex-model":
                     model = ComplexTransformerLM(cfg.vocab, cfg.dim // 2, cfg.depth, cfg.heads).to(device)
-                elif impl == "posenc":
+                elif impl.startswith("posenc"):
                     model = TransformerLM(
                         cfg.vocab, cfg.dim, cfg.depth, cfg.heads, encoding=enc, max_len=cfg.seq_len
                     ).to(device)
                 else:
                     model = _xt_model(enc, cfg).to(device)
-                tps, t = _measure(model, cfg, device)
+                tps, t = _measure(model, cfg, device, packed=impl == "posenc-packed")
                 n = sum(p.numel() for p in model.parameters())
                 rows.append(ThroughputRow(impl, enc, tps, t, n))
             except Exception as e:

@@ -5,6 +5,7 @@
     model = posenc.hf.convert(LlamaForCausalLM(cfg), encoding="alibi")
     model = posenc.hf.convert(model, encoding=["rope", "rope", "rope", "nope"])   # per layer
     model = posenc.hf.convert(model, encoding=[("rope", {"base": 5e5}), "alibi"])
+    model = posenc.hf.convert(model, encoding="rope*3,nope")                      # a posenc.layers pattern
 
 The result is a :class:`~posenc.hf.PosencLlamaForCausalLM` (or
 :class:`~posenc.hf.PosencGPT2LMHeadModel`) that shares every weight with ``model`` and adds
@@ -20,6 +21,8 @@ from torch import nn
 from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
 from ..base import options_of
+from ..config import LayerSpec
+from ..patterns import is_pattern, layers
 from .models import GPT2, LLAMA, PosencGPT2Config, PosencGPT2LMHeadModel, PosencLlamaConfig, PosencLlamaForCausalLM
 from .stack import PosencStack
 
@@ -55,17 +58,21 @@ def _defaults(name: str, config, family) -> dict:
 def layer_specs(encoding, options: dict, depth: int, config, family) -> list[dict]:
     """One ``{"encoding": name, "options": {...}}`` per layer.
 
-    ``encoding``: a name for every layer, or a list of ``depth`` entries, each a name, a
-    ``(name, options)`` pair or a spec dict. ``options`` apply to every layer, then the
+    ``encoding``: a name for every layer, a :func:`posenc.layers` pattern or preset
+    (``"rope*3,nope"``, repeated to ``depth``), or a list of ``depth`` entries, each a name,
+    a ``(name, options)`` pair, a spec dict or a :class:`posenc.LayerSpec`. ``options`` apply to every layer, then the
     per-layer options; options the model's config implies (RoPE base and scaling) come
     first, so explicit ones win.
 
     Raises:
-        ValueError: a list of the wrong length, or ``options`` some layer's encoding does
-            not take.
+        ValueError: a list of the wrong length, ``options`` some layer's encoding does
+            not take, or a layer with a window, chunks or sinks (the adapter runs causal
+            attention over every earlier token).
         TypeError: an entry of another type.
     """
-    if isinstance(encoding, str):
+    if isinstance(encoding, str) and is_pattern(encoding):
+        entries = layers(encoding, depth)
+    elif isinstance(encoding, str):
         entries = [encoding] * depth
     elif isinstance(encoding, (list, tuple)):
         if len(encoding) != depth:
@@ -83,8 +90,15 @@ def layer_specs(encoding, options: dict, depth: int, config, family) -> list[dic
             name, own = e
         elif isinstance(e, dict) and isinstance(e.get("encoding"), str):
             name, own = e["encoding"], dict(e.get("options") or {})
+        elif isinstance(e, LayerSpec):
+            if e.window is not None or e.chunk is not None or e.sinks:
+                raise ValueError(
+                    f"layer {i} ({e}) has a window, chunks or sinks; posenc.hf runs full causal attention "
+                    "(only the encoding and its options of a LayerSpec carry over)"
+                )
+            name, own = e.encoding, dict(e.options)
         else:
-            raise TypeError(f"encoding[{i}] must be a name, (name, options) or a spec dict, got {e!r}")
+            raise TypeError(f"encoding[{i}] must be a name, (name, options), a spec dict or a LayerSpec, got {e!r}")
         valid = options_of(get_class(name))
         bad = sorted(set(options) - set(valid))
         if bad:
@@ -100,7 +114,7 @@ def convert(model: nn.Module, encoding="rope", *, share: bool | None = None, **o
     Args:
         model: a ``LlamaForCausalLM`` or ``GPT2LMHeadModel`` (or a subclass, e.g. an
             already converted model).
-        encoding: a registered name for every layer, or one entry per layer (see
+        encoding: a registered name for every layer, a posenc.layers pattern or preset, or one entry per layer (see
             :func:`layer_specs`).
         share: one encoding instance for layers with equal specs; None follows each
             encoding (T5 shares its table, as in the paper).
