@@ -282,13 +282,9 @@ class PositionEncoding(nn.Module):
         raise NotImplementedError
 
     def distance_terms(self, q: Tensor, k: Tensor):
-        """The bias, score and value stages as functions of the distance ``d = k_pos - q_pos``.
-
-        Returns a :class:`posenc.kernels.DistanceTerms` (tables per distance or bucket and
-        where they stop changing) that the CPU fast path runs without an ``L×L`` tensor, or
-        None (the default: the encoding's terms are not a function of ``d`` alone).
-        ``q``, ``k``: ``(B, H, L, Dh)`` after the q/k stage. An encoding with
-        :attr:`uses_layer_projections` also takes ``qk_proj=(q_proj, k_proj)``.
+        """The stages as tables per distance ``d = k_pos - q_pos`` (a :class:`posenc.kernels.DistanceTerms`,
+        run by the ``blockwise`` backend), or None: not a function of ``d`` alone. ``q``, ``k``
+        after the q/k stage; with :attr:`uses_layer_projections` also ``qk_proj=``.
         """
         return None
 

@@ -6,7 +6,8 @@
   ``torch.profiler`` memory events), machine record;
 * :mod:`posenc.bench.runner` — every case over lengths and modes, ratios in the same run;
 * :mod:`posenc.bench.throughput` — training tokens/s, TransformerLM vs x-transformers;
-* :mod:`posenc.bench.report` — tables, JSON/CSV, log-log plot, Markdown;
+* :mod:`posenc.bench.report` — tables, JSON/CSV, log-log plot; :mod:`posenc.bench.markdown` —
+  the Markdown report; :mod:`posenc.bench.compile` — ``torch.compile`` graph breaks;
 * :mod:`posenc.bench.cli` — the command.
 """
 

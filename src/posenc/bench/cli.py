@@ -22,8 +22,9 @@ import torch
 
 from ..base import available
 from .compile import graph_breaks
+from .markdown import markdown_report
 from .measure import machine_record
-from .report import markdown_report, print_tables, write_outputs
+from .report import print_tables, write_outputs
 from .runner import MASKS, MODES, BenchConfig, run_layers
 from .throughput import ThroughputConfig, run_throughput
 

@@ -1,8 +1,9 @@
 """Tables, files and plots from the benchmark rows.
 
 ``write_outputs`` writes ``layers.json``/``layers.csv``, ``throughput.json``/``.csv``,
-``machine.json``, ``time_vs_length.png`` (log-log) to a folder; ``markdown_report``
-renders the same tables as Markdown (``benchmarks/RESULTS.md``).
+``machine.json``, ``graph_breaks.json``, ``time_vs_length.png`` (log-log) to a folder;
+:func:`posenc.bench.markdown.markdown_report` renders the same tables as Markdown
+(``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ __all__ = [
     "breaks_table",
     "throughput_table",
     "write_outputs",
-    "markdown_report",
 ]
 
 
@@ -259,101 +259,3 @@ def write_outputs(
         plot(rows, out / "time_vs_length.png", subtitle)
         paths.append(out / "time_vs_length.png")
     return paths
-
-
-def markdown_report(
-    rows,
-    trows,
-    machine: dict,
-    command: str,
-    config: dict,
-    notes: str = "",
-    plot_path: str | None = None,
-    breaks: list[dict] | None = None,
-) -> str:
-    m = machine
-    parts = [
-        "# posenc bench: results",
-        "",
-        f"Generated {m['date_utc']} by:",
-        "",
-        "```",
-        command,
-        "```",
-        "",
-        f"Machine: {m['cpu']}, {m['cpu_count']} CPUs, torch {m['torch']} with {m['torch_threads']} threads, "
-        f"device `{m['device']}`" + (f" ({m['gpu']})" if "gpu" in m else "") + f", Python {m['python']}. "
-        f"Load average (1 min) at the start: {m.get('loadavg_1m', '?')}, at the end: {m.get('loadavg_1m_end', '?')}.",
-        "",
-        f"Layer: B = {config['batch']}, H = {config['heads']}, Dh = {config['head_dim']}, "
-        f"{config['dtype']}, q/k/v/o projections included; {config['warmup']} warm-up run, then up to "
-        f"{config['repeats']} rounds that run every case once in turn (median time shown). Ratios are to plain SDPA "
-        "with no position (posenc `nope`, `sdpa` backend) at the same length and mask: the median of the "
-        "per-round ratios to the baseline run of the same round.",
-        "",
-    ]
-    if notes:
-        parts += [notes, ""]
-    modes = sorted({r["mode"] for r in _timed(rows)}, reverse=True)
-    for mode in modes:
-        parts += [f"## {mode}: time / plain SDPA (median ms)", "", _md(*ratio_table(rows, mode)), ""]
-    if any(r["peak_bytes"] is not None for r in rows):
-        parts += [
-            "## fwd+bwd peak memory (× plain SDPA)",
-            "",
-            "CPU: peak of live torch tensor bytes during one step, from `torch.profiler` "
-            "memory events (allocations − frees in time order), above what was alive before the step; "
-            "CUDA: `torch.cuda.max_memory_allocated` above the allocation before the step."
-            + (
-                f" At L = {', '.join(str(L) for L in sorted({r['L'] for r in _memory_only(rows)}))} the posenc layers "
-                "and the baseline ran one untimed step each (memory only; the references hold L×L tensors)."
-                if _memory_only(rows)
-                else ""
-            ),
-            "",
-            _md(*memory_table(rows)),
-            "",
-        ]
-    h, b = profile_table(rows)
-    if b:
-        parts += [
-            "## fwd+bwd: where the step goes",
-            "",
-            "One profiled step per posenc layer after the timed rounds (`torch.profiler`), at the longest "
-            "length profiled: the operators with the most self time and their share of the summed self "
-            "time. This is what bounds a ratio.",
-            "",
-            _md(h, b),
-            "",
-        ]
-    for mode in modes:
-        h, b = speedup_table(rows, mode)
-        if b:
-            parts += [f"## {mode}: reference time / posenc time (> 1: posenc faster)", "", _md(h, b), ""]
-    if trows:
-        parts += [
-            "## Training throughput: TransformerLM vs x-transformers",
-            "",
-            "Tokens per second of AdamW training steps (forward, loss, backward, step)"
-            + (
-                f": batch {config['train']['batch']} × L = {config['train']['seq_len']}, D = {config['train']['dim']}, "
-                f"{config['train']['depth']} layers, {config['train']['heads']} heads."
-                if "train" in config
-                else "."
-            ),
-            "",
-            _md(*throughput_table(trows)),
-            "",
-        ]
-    if breaks:
-        parts += [
-            "## torch.compile graph breaks",
-            "",
-            "`torch._dynamo.explain` of a whole TransformerLM forward (vocab 64, D = 32, 2 layers, 2 heads, L = 16).",
-            "",
-            _md(*breaks_table(breaks)),
-            "",
-        ]
-    if plot_path:
-        parts += [f"![time vs length]({plot_path})", ""]
-    return "\n".join(parts)
