@@ -53,11 +53,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from .base import PositionEncoding, Stage
 from .kernels.backend import blockwise
 from .mask import AttentionMask
+from .mask import in_query_blocks as _in_query_blocks
 from .sinks import append_sink_key, sink_bias, sink_mods, sink_softmax
 
 __all__ = [
@@ -182,34 +182,22 @@ def _needs_grad(*tensors: Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _in_query_blocks(block, c: int, recompute: bool, q, k, v, q_pos, k_pos, mask: AttentionMask) -> Tensor:
-    """Run ``block`` on query rows ``[s, s + c)`` against only the keys the mask lets them see.
-
-    ``block`` has a backend's signature; ``recompute``: checkpoint each block (its scores
-    are rebuilt in backward).
-    """
-    Lq, Lk = q.shape[2], k.shape[2]
-    if Lq <= c:
-        return block(q, k, v, q_pos, k_pos, mask)
-    outs = []
-    for s in range(0, Lq, c):
-        e = min(s + c, Lq)
-        ks, ke = mask.key_range(s, e, Lk)
-        args = (q[:, :, s:e], k[:, :, ks:ke], v[:, :, ks:ke], q_pos[:, s:e], k_pos[:, ks:ke], mask.narrow(s, ks, ke))
-        outs.append(checkpoint(block, *args, use_reentrant=False) if recompute else block(*args))
-    return torch.cat(outs, dim=2)  # (B, H, Lq, Dh)
-
-
 # ============================================================================ backends
 def sdpa(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
-    """``F.scaled_dot_product_attention``: input and q/k stages only."""
-    (B, H, Lq, _), Lk = q.shape, k.shape[2]
-    if sinks is not None:  # one zero key whose score is the sink logit
-        bias = sink_bias(None, mask.dense(Lq, Lk, q.device), sinks, (B, H, Lq, Lk)).to(q.dtype)
-        return F.scaled_dot_product_attention(q, *append_sink_key(k, v), attn_mask=bias, scale=enc.scale)
-    if mask.is_causal_square(Lq, Lk):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=enc.scale)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense(Lq, Lk, q.device), scale=enc.scale)
+    """``F.scaled_dot_product_attention``: input and q/k stages only (a window or chunk: in query
+    blocks of ``options.dense_chunk`` rows that read only the keys they can see)."""
+
+    def block(q, k, v, q_pos, k_pos, m: AttentionMask):
+        (B, H, Lq, _), Lk, scale = q.shape, k.shape[2], enc.scale
+        if sinks is not None:  # one zero key whose score is the sink logit
+            bias = sink_bias(None, m.dense(Lq, Lk, q.device), sinks, (B, H, Lq, Lk)).to(q.dtype)
+            return F.scaled_dot_product_attention(q, *append_sink_key(k, v), attn_mask=bias, scale=scale)
+        if m.is_causal_square(Lq, Lk):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m.dense(Lq, Lk, q.device), scale=scale)
+
+    c = (options or BlockOptions()).dense_chunk if mask.limited else q.shape[2]
+    return _in_query_blocks(block, c, False, q, k, v, q_pos, k_pos, mask)
 
 
 def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:

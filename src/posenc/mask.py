@@ -39,8 +39,9 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
-__all__ = ["AttentionMask", "MaskMod"]
+__all__ = ["AttentionMask", "MaskMod", "in_query_blocks"]
 
 # FlexAttention's mask_mod signature: (b, h, q_idx, kv_idx) -> bool tensor
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -202,6 +203,12 @@ class AttentionMask:
             lo = 0  # sink keys stay visible (one run: the keys between are read, and masked)
         return lo, max(lo, hi)
 
+    def query_block(self, rows: int, least: int = 64) -> int:
+        """Query rows per block for the blocked backends: ``rows``, or fewer with a window or
+        chunk (about the span, at least ``least``), so a block reads ``O(W)`` keys, not ``O(rows)``."""
+        span = [n for n in (self.window, self.chunk) if n is not None]
+        return min(rows, max(least, min(span))) if span else rows
+
     def narrow(self, q_start: int, k_start: int, k_end: int) -> AttentionMask:
         """The mask of the block of queries from ``q_start`` against keys ``[k_start, k_end)``."""
         kpm, doc = self.key_padding, self.documents
@@ -248,3 +255,22 @@ class AttentionMask:
             return keep
 
         return mod
+
+
+def in_query_blocks(block, c: int, recompute: bool, q, k, v, q_pos, k_pos, mask: AttentionMask) -> Tensor:
+    """Run ``block`` on query rows ``[s, s + c)`` against only the keys the mask lets them see.
+
+    ``block`` has a backend's signature; ``recompute``: checkpoint each block (its scores
+    are rebuilt in backward). A window or chunk shrinks ``c`` (:meth:`AttentionMask.query_block`).
+    The blocked backends of :mod:`posenc.backends` run through it.
+    """
+    (Lq, Lk), c = (q.shape[2], k.shape[2]), mask.query_block(c)
+    if Lq <= c:
+        return block(q, k, v, q_pos, k_pos, mask)
+    outs = []
+    for s in range(0, Lq, c):
+        e = min(s + c, Lq)
+        ks, ke = mask.key_range(s, e, Lk)
+        args = (q[:, :, s:e], k[:, :, ks:ke], v[:, :, ks:ke], q_pos[:, s:e], k_pos[:, ks:ke], mask.narrow(s, ks, ke))
+        outs.append(checkpoint(block, *args, use_reentrant=False) if recompute else block(*args))
+    return torch.cat(outs, dim=2)  # (B, H, Lq, Dh)
