@@ -5,7 +5,8 @@
 #                                            #   bidirectional, L = 1024, 2048, 4096, fwd and fwd+bwd,
 #                                            #   ratios to plain SDPA + profiles (~10 min quiet, 2 threads)
 #   bash benchmarks/regenerate.sh all        # RESULTS-all.md: every encoding, the HF / x-transformers
-#                                            #   references, memory, training throughput, graph breaks (~1 h)
+#                                            #   references, memory, training throughput (packed, HF Llama
+#                                            #   converted vs stock), graph breaks (~1 h)
 #   bash benchmarks/regenerate.sh memory     # RESULTS-memory.md: peak memory of one fwd+bwd at L = 16384,
 #                                            #   every encoding (untimed, so any load will do; ~40 min)
 #
@@ -30,7 +31,8 @@ targets)
         --masks causal,bidir --profile --no-references --no-memory --no-throughput --max-seconds 30 "${common[@]}" \
         --out benchmarks/results --markdown benchmarks/RESULTS.md "$@" ;;
 all)
-    args=(--lengths "${LENGTHS:-512,1024,2048,4096}" --masks causal,bidir --profile --graph-breaks --max-seconds 20)
+    args=(--lengths "${LENGTHS:-512,1024,2048,4096}" --masks causal,bidir --profile --graph-breaks --max-seconds 20
+        --train-packed --train-hf)
     [ -n "${ENCODINGS:-}" ] && args+=(--encodings "$ENCODINGS")
     exec "$PY" -m posenc.cli bench "${args[@]}" "${common[@]}" \
         --out benchmarks/results-all --markdown benchmarks/RESULTS-all.md "$@" ;;

@@ -297,3 +297,19 @@ def test_throughput_packed_rows(one_thread):
     assert "packed step / plain" in head
     col = head.index("packed step / plain")
     assert all(row[col].endswith("×") for row in body)
+
+
+def test_throughput_hf_rows(one_thread):
+    """``hf``: stock HF Llama and posenc.hf conversions take the same steps (the former
+    benchmarks/hf_step.py); an encoding the converter refuses is a skipped row."""
+    pytest.importorskip("transformers")
+    from posenc.bench.report import hf_table
+    from posenc.bench.throughput import ThroughputConfig, run_throughput
+
+    cfg = ThroughputConfig(["rope", "alibi"], seq_len=16, batch=2, dim=32, depth=1, heads=2, warmup=0, repeats=1)
+    cfg.hf = True
+    rows = [r for r in run_throughput(cfg) if r["impl"] == "hf-llama"]
+    assert [r["encoding"] for r in rows] == ["stock", "rope", "alibi"]
+    assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in rows), rows
+    head, body = hf_table(rows)
+    assert body[0][2] == "1.00×" and all(b[2].endswith("×") for b in body)

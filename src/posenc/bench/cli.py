@@ -85,6 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-dim", type=int, default=256, help="model width of the throughput runs")
     p.add_argument("--train-depth", type=int, default=4, help="layers of the throughput runs")
     p.add_argument("--train-packed", action="store_true", help="also train each posenc model on packed documents")
+    p.add_argument("--train-hf", action="store_true", help="also HF Llama converted by posenc.hf vs the stock model")
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
     p.add_argument("--markdown", type=Path, default=None, help="also write a Markdown report (RESULTS.md) here")
     p.add_argument("--notes", default="", help="free text put in the Markdown report (e.g. machine contention)")
@@ -151,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
             heads=max(1, args.train_dim // 64),
             device=device,
             packed=args.train_packed,
+            hf=args.train_hf,
         )
         trows = run_throughput(tcfg, progress=say)
     try:
@@ -175,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"wrote {args.markdown}")
     errors = [f"{r['label']} L={r['L']} {r['mode']}: {r['status']}" for r in rows if r["status"].startswith("error")]
-    errors += [f"train {r['impl']}:{r['encoding']}: {r['status']}" for r in trows if r["status"] != "ok"]
+    errors += [f"train {r['impl']}:{r['encoding']}: {r['status']}" for r in trows if r["status"].startswith("error")]
     errors += [f"graph breaks {b['encoding']}: {b['error']}" for b in breaks if b.get("error")]
     for e in errors:
         print(f"error: {e}", file=sys.stderr)

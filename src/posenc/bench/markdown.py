@@ -8,6 +8,7 @@ from .report import (
     _memory_only,
     _timed,
     breaks_table,
+    hf_table,
     memory_table,
     profile_table,
     ratio_table,
@@ -100,6 +101,16 @@ def markdown_report(
             ),
             "",
             _md(*throughput_table(trows)),
+            "",
+        ]
+    if any(r["impl"] == "hf-llama" for r in trows or []):
+        parts += [
+            "## Training step: HF Llama converted by posenc.hf against stock HF",
+            "",
+            "A stock `LlamaForCausalLM` (`sdpa`) of the throughput size and `posenc.hf.convert` copies of it "
+            "take the same AdamW steps (the model's own shifted loss).",
+            "",
+            _md(*hf_table(trows)),
             "",
         ]
     if breaks:

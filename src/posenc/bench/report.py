@@ -18,6 +18,7 @@ __all__ = [
     "memory_table",
     "profile_table",
     "breaks_table",
+    "hf_table",
     "throughput_table",
     "write_outputs",
 ]
@@ -142,7 +143,7 @@ def throughput_table(trows: list[dict]) -> tuple[list[str], list[list[str]]]:
     head += ["x-transformers tok/s", "posenc / x-transformers"]
     body = []
     nope = next((r for r in trows if r["encoding"] == "nope" and r["impl"] == "posenc" and r["status"] == "ok"), None)
-    for enc in dict.fromkeys(r["encoding"] for r in trows):
+    for enc in dict.fromkeys(r["encoding"] for r in trows if r["impl"] != "hf-llama"):
         p = next((r for r in trows if r["encoding"] == enc and r["impl"] == "posenc"), None)
         x = next((r for r in trows if r["encoding"] == enc and r["impl"] == "x-transformers"), None)
 
@@ -161,6 +162,21 @@ def throughput_table(trows: list[dict]) -> tuple[list[str], list[list[str]]]:
             ok = k and p and k["status"] == p["status"] == "ok"
             cells.append(f"{p['tokens_per_s'] / k['tokens_per_s']:.2f}×" if ok else "")
         body.append(cells + [f(x), ratio])
+    return head, body
+
+
+def hf_table(trows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """HF Llama converted by :func:`posenc.hf.convert` per encoding against the stock model."""
+    rows = [r for r in trows if r["impl"] == "hf-llama"]
+    stock = next((r for r in rows if r["encoding"] == "stock" and r["status"] == "ok"), None)
+    head, body = ["model", "step ms", "step / stock"], []
+    for r in rows:
+        name = "stock HF LlamaForCausalLM (sdpa)" if r["encoding"] == "stock" else f"posenc.hf.convert: {r['encoding']}"
+        if r["status"] != "ok":
+            body.append([name, r["status"].split(":")[0], ""])
+            continue
+        ratio = f"{r['step_s'] / stock['step_s']:.2f}×" if stock else ""
+        body.append([name, f"{1000 * r['step_s']:.0f}", ratio])
     return head, body
 
 
@@ -188,6 +204,8 @@ def print_tables(rows, trows, console=None, breaks: list[dict] | None = None) ->
             show(f"{mode}: reference time / posenc time (> 1: posenc faster)", h, b)
     if trows:
         show("training throughput, TransformerLM vs x-transformers", *throughput_table(trows))
+        if any(r["impl"] == "hf-llama" for r in trows):
+            show("training step, HF Llama converted vs stock", *hf_table(trows))
     if breaks:
         show("torch.compile graph breaks", *breaks_table(breaks))
 

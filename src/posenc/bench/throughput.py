@@ -22,6 +22,9 @@ complex-valued model (:class:`~posenc.encodings.complex_model.ComplexTransformer
 With ``packed``, every posenc model is also trained on packed documents (impl
 ``posenc-packed``: the same windows with ``document_ids``, documents of mean length
 ``seq_len/4`` at seeded boundaries), the cost of document masking in a training step.
+With ``hf``, a stock HF ``LlamaForCausalLM`` (``sdpa``) of the same size and
+:func:`posenc.hf.convert` copies of it with each encoding take the same steps (impl
+``hf-llama``; encoding ``stock`` for the unconverted model).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class ThroughputConfig:
     warmup: int = 1
     repeats: int = 3
     packed: bool = False
+    hf: bool = False
     seed: int = 0
 
 
@@ -123,6 +127,59 @@ def _measure(model: nn.Module, cfg: ThroughputConfig, device, packed: bool = Fal
     return cfg.batch * cfg.seq_len / t, t
 
 
+def _hf_step(model: nn.Module, ids: Tensor):
+    """One AdamW step of an HF causal LM on ``ids`` ``(B, L)`` (its own shifted loss)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _hf_rows(cfg: ThroughputConfig, device, progress=None) -> list[ThroughputRow]:
+    """Stock HF Llama and its posenc conversions, the same steps (see the module docstring)."""
+    import copy
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ..hf import convert
+
+    torch.manual_seed(cfg.seed)
+    conf = LlamaConfig(
+        vocab_size=cfg.vocab,
+        hidden_size=cfg.dim,
+        intermediate_size=2 * cfg.dim,
+        num_hidden_layers=cfg.depth,
+        num_attention_heads=cfg.heads,
+        max_position_embeddings=cfg.seq_len,
+    )
+    stock = LlamaForCausalLM(conf)
+    g = torch.Generator().manual_seed(cfg.seed)
+    ids = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len), generator=g).to(device)
+    rows = []
+    for enc in ["stock", *cfg.encodings]:
+        if progress:
+            progress(f"train hf-llama:{enc}")
+        try:
+            model = stock if enc == "stock" else convert(copy.deepcopy(stock), encoding=enc)
+        except (ValueError, TypeError) as e:  # an encoding posenc.hf refuses: said, not an error
+            rows.append(ThroughputRow("hf-llama", enc, None, None, None, status=f"skipped: {e}"[:250]))
+            continue
+        try:
+            model = model.to(device)
+            t = median(time_runs(_hf_step(model, ids), device=device, warmup=cfg.warmup, repeats=cfg.repeats))
+            n = sum(p.numel() for p in model.parameters())
+            rows.append(ThroughputRow("hf-llama", enc, cfg.batch * cfg.seq_len / t, t, n))
+        except Exception as e:
+            rows.append(
+                ThroughputRow("hf-llama", enc, None, None, None, status=f"error: {type(e).__name__}: {e}"[:250])
+            )
+    return rows
+
+
 def run_throughput(cfg: ThroughputConfig, progress=None) -> list[dict]:
     device = torch.device(cfg.device)
     has_xt = importlib.util.find_spec("x_transformers") is not None
@@ -152,4 +209,6 @@ def run_throughput(cfg: ThroughputConfig, progress=None) -> list[dict]:
                 rows.append(ThroughputRow(impl, enc, tps, t, n))
             except Exception as e:
                 rows.append(ThroughputRow(impl, enc, None, None, None, status=f"error: {type(e).__name__}: {e}"[:250]))
+    if cfg.hf and importlib.util.find_spec("transformers") is not None:
+        rows += _hf_rows(cfg, device, progress)
     return [asdict(r) for r in rows]
