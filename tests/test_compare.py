@@ -25,7 +25,7 @@ from posenc.train import cosine_schedule
 
 # a model and a run small enough for a test
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--train-len", "16", "--batch-size", "4", "--warmup", "2",
-        "--eval-lens", "16,32", "--eval-tokens", "256", "--position-buckets", "4", "--no-progress"]  # fmt: skip
+        "--eval-lens", "16,32", "--eval-tokens", "256", "--position-buckets", "4", "--no-progress", "--workers", "1"]  # fmt: skip
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 

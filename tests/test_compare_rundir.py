@@ -20,8 +20,9 @@ import posenc
 from posenc.cli import make_parser
 from posenc.compare import CompareConfig, preset_config
 from posenc.compare.cli import build_config
-from posenc.compare.report import per_position_absent, readable_log_axis, run_subtitle
+from posenc.compare.report import per_position_absent, run_subtitle
 from posenc.compare.rundir import RunDir, default_out
+from posenc.output import readable_log_axis
 
 FAST = [*TINY, "--steps", "2", "--eval-lens", "16"]
 
@@ -243,7 +244,7 @@ def test_log_axis_labels_every_plotted_value_and_subtitle():
     assert all(b / a <= 2.0 + 1e-9 for a, b in zip(ticks, ticks[1:]))
     plt.close(fig)
     cfg = preset_config("quick").to_dict()
-    assert run_subtitle(cfg) == "preset quick, 400 steps, seed 0, embedded pydoc corpus, trained at 64"
+    assert run_subtitle(cfg) == f"preset quick, {cfg['steps']} steps, seed 0, embedded pydoc corpus, trained at 64"
 
 
 def test_per_position_plot_has_a_difference_panel_and_says_why_learned_is_absent(tmp_path):

@@ -140,3 +140,69 @@ def test_task_batches_deterministic_and_sizes_vary():
     assert [len(b.tokens) for b in ev] == [8, 8, 4]
     with pytest.raises(ValueError, match="unknown task"):
         SyntheticTask("add")
+
+
+# ------------------------------------------------------------------ passkey
+def _passkey(corpus):
+    from posenc.data.passkey import PasskeyTask
+
+    d = TextData(corpus)
+    return PasskeyTask(d.train, d.val)
+
+
+def test_passkey_sample_layout(corpus):
+    from posenc.data.passkey import KEY_BASE, KEY_DIGITS, MARK, key_digits
+
+    task = _passkey(corpus)
+    b = task.sample(64, 8, 0.5, task.val, torch.Generator().manual_seed(0))
+    assert b.tokens.shape == b.targets.shape == (8, 64) and int(b.mask.sum()) == 8 * KEY_DIGITS
+    seq = torch.cat([b.tokens, b.targets[:, -1:]], 1)  # (8, 65): the whole sequence
+    assert torch.equal(seq[:, 1:], b.targets) and torch.equal(seq[:, :-1], b.tokens)
+    filler = 65 - task.overhead
+    for row in seq:
+        marks = (row == MARK).nonzero().flatten().tolist()
+        assert marks == [round(0.5 * filler), 64 - KEY_DIGITS]  # the key at half depth, the question at the end
+        key, answer = row[marks[0] + 1 : marks[0] + 6], row[-KEY_DIGITS:]
+        assert torch.equal(key, answer)
+        assert [(int(c) - KEY_BASE) // 10 for c in key] == [0, 1, 2, 3, 4]  # place j: its own ten symbols
+    assert torch.equal(key_digits(key), torch.tensor([(int(c) - KEY_BASE) % 10 for c in key]))
+    assert torch.equal(b.targets[b.mask].view(8, KEY_DIGITS), b.targets[:, -KEY_DIGITS:])  # the answer is scored
+    for depth in (0.0, 1.0):
+        b = task.sample(64, 2, depth, task.val, torch.Generator().manual_seed(1))
+        first = (b.tokens[0] == MARK).nonzero()[0].item()
+        assert first == round(depth * filler)  # depth 0: the key opens the text; 1: right before the question
+
+
+def test_passkey_rows_are_filler_with_the_key_spliced_in(corpus):
+    """Written out row by row: filler[:k] + key + filler[k:] + key, the filler a window of the split."""
+    from posenc.data.passkey import KEY_BASE, KEY_DIGITS, MARK
+
+    task = _passkey(corpus)
+    b = task.sample(40, 16, None, task.train, torch.Generator().manual_seed(3))
+    special = bytes([MARK, *range(KEY_BASE, KEY_BASE + 50)])
+    val = bytes(task.train.tolist()).translate(bytes.maketrans(special, b" " * len(special)))
+    for row in torch.cat([b.tokens, b.targets[:, -1:]], 1):
+        r = row.tolist()
+        k = r.index(MARK)
+        key = r[k : k + 1 + KEY_DIGITS]
+        assert r[-1 - KEY_DIGITS :] == key
+        fill = r[:k] + r[k + 1 + KEY_DIGITS : -1 - KEY_DIGITS]
+        assert len(fill) == 41 - task.overhead and not set(fill) & set(special)
+        assert bytes(fill) in val
+
+
+def test_passkey_determinism_and_errors(corpus):
+    task = _passkey(corpus)
+    a, b = task.train_batch(3, 4, 32, seed=1), task.train_batch(3, 4, 32, seed=1)
+    assert torch.equal(a.tokens, b.tokens) and not torch.equal(a.tokens, task.train_batch(3, 4, 32, seed=2).tokens)
+    assert bool(a.mask.all())  # training scores every token: the filler as language, the answer as retrieval
+    e1 = next(task.eval_batches(48, 4, 4, depth=0.25))
+    e2 = next(task.eval_batches(48, 4, 4, depth=0.25))
+    assert torch.equal(e1.tokens, e2.tokens) and int(e1.mask.sum()) == 4 * 5
+    assert not torch.equal(e1.tokens, next(task.eval_batches(48, 4, 4, depth=0.75)).tokens)
+    with pytest.raises(ValueError, match="passkey length must be an int >= 12"):
+        task.sample(8, 1, 0.5, task.val, torch.Generator())
+    with pytest.raises(ValueError, match="exceeds the filler"):
+        task.sample(len(task.val) + 5, 1, 0.5, task.val, torch.Generator())
+    with pytest.raises(ValueError, match=r"depth must be in \[0, 1\]"):
+        task.sample(32, 1, 1.5, task.val, torch.Generator())

@@ -104,7 +104,9 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = make_parser().parse_args(argv)
+    args.argv = argv  # the command as given, for the records a tool writes (compare's report.md)
     return int(args.func(args) or 0)
 
 

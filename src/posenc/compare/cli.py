@@ -41,7 +41,8 @@ _HELP = {
     "dataset_split": "the dataset split to read",
     "dataset_field": "the dataset column holding the text",
     "task": "synthetic task: copy, reverse, sort, associative-recall (lengths count items), "
-    "grid (2-D: the symbol above each cell; lengths are grid sides)",
+    "grid (2-D: the symbol above each cell; lengths are grid sides), or passkey (retrieval of a key from "
+    "filler text; lengths count tokens); the preset then sets the task's lengths and budget",
     "val_fraction": "fraction of the corpus (its end) held out for validation",
     "dim": "model width D",
     "depth": "number of blocks",
@@ -60,7 +61,11 @@ _HELP = {
     "min_lr_ratio": "cosine decay ends at lr * min_lr_ratio",
     "weight_decay": "AdamW weight decay",
     "grad_clip": "clip the gradient norm to this (0: no clipping)",
-    "seed": "seed of weights, data order and data split",
+    "seeds": "comma-separated seeds: one model per encoding and seed (weights and data order); "
+    "tables show the mean and a 95%% interval (t with 3+ seeds, min-max with 2)",
+    "compile": "torch.compile the training step (pays on GPUs; on a small CPU model the compile time does not)",
+    "val_points": "validation points at the training length during training (convergence diagnostics; 0: none)",
+    "workers": "CPU processes training models side by side, 1 thread each (0: one per core)",
     "device": "auto, cpu or cuda",
     "dtype": "float32 or bfloat16 (autocast)",
     "randomized_positions": "train with sorted random positions from [0, max-pos) (Ruoss et al. 2023)",
@@ -236,9 +241,8 @@ def run(args: argparse.Namespace) -> int:
             cfg = build_config(args)
         rt = setup(cfg.device)  # under torchrun every rank writes into rank 0's default folder
         out = args.out or rt.broadcast(default_out())
-        results = compare(
-            cfg, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress, runtime=rt
-        )
+        results = compare(cfg, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
+                          runtime=rt, command=_command_line(getattr(args, "argv", None)))  # fmt: skip
     except (ValueError, DataError) as e:
         print(f"posenc compare: error: {e}", file=sys.stderr)
         return 2
@@ -258,3 +262,13 @@ def run(args: argparse.Namespace) -> int:
             extend_table(results).print()
         print(f"wall time {results['wall_seconds']:.1f} s; results in {out}/")
     return 0
+
+
+def _command_line(argv: list[str] | None) -> str:
+    """The command as given (``posenc compare ...``), for report.md."""
+    import shlex
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "compare" in argv:
+        argv = argv[argv.index("compare") + 1 :]
+    return "posenc compare" + "".join(" " + shlex.quote(a) for a in argv)

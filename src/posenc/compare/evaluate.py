@@ -52,14 +52,39 @@ def not_applicable(model: TransformerLM, seq_len: int) -> str | None:
 
 
 @torch.no_grad()
+def _score(model, batches, device: torch.device, L: int, dtype) -> dict[str, Any]:
+    """Loss summed by position, and exact-match counts over the scored targets of ``batches``."""
+    pos_loss = torch.zeros(L, dtype=torch.float64)
+    pos_count = torch.zeros(L, dtype=torch.float64)
+    solved = n_seq = correct_tok = 0
+    axes = model_axes(model)
+    for b in batches:
+        tokens, targets = b.tokens.to(device), b.targets.to(device)
+        mask = b.mask.to(device) if b.mask is not None else torch.ones_like(targets, dtype=torch.bool)
+        with autocast(device, dtype):
+            pos = positions_for(b.pos, axes)
+            logits = model(tokens, pos=None if pos is None else pos.to(device))
+        loss = masked_loss(logits, targets, mask)  # (b, L)
+        pos_loss += loss.double().sum(0).cpu()
+        pos_count += mask.double().sum(0).cpu()
+        hit = logits.argmax(-1) == targets  # (b, L)
+        solved += int((hit | ~mask).all(-1).sum())
+        correct_tok += int((hit & mask).sum())
+        n_seq += tokens.shape[0]
+    return {"pos_loss": pos_loss, "pos_count": pos_count, "solved": solved, "seqs": n_seq, "correct": correct_tok}
+
+
+@torch.no_grad()
 def evaluate(
     model: TransformerLM, source, length: int, *, device: torch.device, settings: EvalSettings
 ) -> dict[str, Any]:
     """One ``eval`` entry: loss/ppl/bpb (text) or accuracy (tasks) at ``length``, plus per-position loss.
 
-    Positions are ``arange`` (also after randomized-position training), or the grid
-    task's, as ``model`` reads them (:func:`posenc.data.positions_for`). An encoding that
-    cannot run at this length gives ``{"applicable": false, "reason": ...}`` with null metrics.
+    Passkey retrieval (a source with ``depths``) is scored at every depth: ``"depths"``
+    holds one accuracy each, ``"accuracy"`` their mean. Positions are ``arange`` (also
+    after randomized-position training), or the grid task's, as ``model`` reads them
+    (:func:`posenc.data.positions_for`). An encoding that cannot run at this length
+    gives ``{"applicable": false, "reason": ...}`` with null metrics.
     """
     s = settings
     L = source.seq_len(length)
@@ -68,29 +93,18 @@ def evaluate(
     if reason is not None:
         keys = ("loss", "ppl", "bpb") if text else ("loss", "accuracy", "token_accuracy")
         return {"length": length, "applicable": False, "reason": reason, **{k: None for k in keys}}
+    depths = getattr(source, "depths", None)
     if text:
         stride = min(s.stride if s.stride is not None else max(1, length // 2), length) if s.sliding else None
-        batches = source.eval_batches(length, s.batch_size, s.tokens, stride)
+        parts = [
+            _score(model, source.eval_batches(length, s.batch_size, s.tokens, stride), device, L, s.autocast_dtype)
+        ]
+    elif depths:
+        parts = [_score(model, source.eval_batches(length, s.batch_size, s.samples, d), device, L, s.autocast_dtype)
+                 for d in depths]  # fmt: skip
     else:
-        batches = source.eval_batches(length, s.batch_size, s.samples)
-    pos_loss = torch.zeros(L, dtype=torch.float64)
-    pos_count = torch.zeros(L, dtype=torch.float64)
-    solved = n_seq = correct_tok = 0
-    axes = model_axes(model)
-    for b in batches:
-        tokens, targets = b.tokens.to(device), b.targets.to(device)
-        mask = b.mask.to(device) if b.mask is not None else torch.ones_like(targets, dtype=torch.bool)
-        with autocast(device, s.autocast_dtype):
-            pos = positions_for(b.pos, axes)
-            logits = model(tokens, pos=None if pos is None else pos.to(device))
-        loss = masked_loss(logits, targets, mask)  # (b, L)
-        pos_loss += loss.double().sum(0).cpu()
-        pos_count += mask.double().sum(0).cpu()
-        if not text:
-            right = (logits.argmax(-1) == targets) | ~mask  # (b, L)
-            solved += int(right.all(-1).sum())
-            correct_tok += int(((logits.argmax(-1) == targets) & mask).sum())
-            n_seq += tokens.shape[0]
+        parts = [_score(model, source.eval_batches(length, s.batch_size, s.samples), device, L, s.autocast_dtype)]
+    pos_loss, pos_count = sum(p["pos_loss"] for p in parts), sum(p["pos_count"] for p in parts)
     n_tok = float(pos_count.sum())
     mean = float(pos_loss.sum()) / n_tok
     edges = torch.linspace(0, L, min(s.buckets, L) + 1).round().long().tolist()
@@ -104,6 +118,9 @@ def evaluate(
         # byte-level: bits per byte is the loss in bits
         entry.update(ppl=math.exp(mean), bpb=mean / math.log(2))
     else:
-        entry.update(accuracy=solved / n_seq, token_accuracy=correct_tok / n_tok)
+        acc = [p["solved"] / p["seqs"] for p in parts]
+        entry.update(accuracy=sum(acc) / len(acc), token_accuracy=sum(p["correct"] for p in parts) / n_tok)
+        if depths:
+            entry["depths"] = [{"depth": d, "accuracy": a} for d, a in zip(depths, acc)]
     entry.update(tokens=int(n_tok), per_position=buckets)
     return entry

@@ -40,6 +40,7 @@ from ..checkpoint import load_checkpoint
 from ..model import TransformerLM
 from ..output import Column, Table, length_axis, pyplot, readable_log_axis, save_figure, write_csv
 from .evaluate import EvalSettings, evaluate
+from .train import checkpoint_path
 
 __all__ = ["EXTEND_METHODS", "method_options", "with_options", "run_extend", "extend_table", "write_extend"]
 
@@ -114,7 +115,8 @@ def run_extend(cfg, source, ckpt_dir: Path, runs: list[dict[str, Any]], *, devic
         methods = [m for m in cfg.extend if applies(m, name)]
         if not methods:
             continue
-        trained, _ = load_checkpoint(ckpt_dir / f"{name}.pt", map_location=device)
+        seed = run.get("seed", cfg.seeds[0])
+        trained, _ = load_checkpoint(checkpoint_path(ckpt_dir, cfg, name, seed), map_location=device)
         enc = trained.encodings[0]
         for m in methods:
             opts = method_options(
@@ -127,7 +129,8 @@ def run_extend(cfg, source, ckpt_dir: Path, runs: list[dict[str, Any]], *, devic
                 continue
             log(f"extend {name} / {m} ({_describe(opts)}): evaluating at {', '.join(map(str, lens))}")
             evals = [evaluate(model, source, n, device=device, settings=settings) for n in lens]
-            out.append({"encoding": name, "method": m, "options": opts, "setting": _describe(opts), "eval": evals})
+            entry = {"encoding": name, "seed": seed, "method": m, "options": opts, "setting": _describe(opts)}
+            out.append({**entry, "eval": evals})
     skipped = sorted({r["encoding"] for r in runs} - {e["encoding"] for e in out})
     if skipped:
         log(f"extend: no method applies to {', '.join(skipped)} (rotary encodings only)")

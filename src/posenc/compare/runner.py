@@ -1,24 +1,29 @@
-"""Run a whole comparison: setup (device, processes, encodings, data), every encoding in
-turn, then the output files."""
+"""Run a whole comparison: setup (device, processes, encodings, data), every model (one per
+encoding and seed) in turn or on worker processes side by side, then the output files."""
 
 from __future__ import annotations
 
 import contextlib
+import platform
+import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..base import available, get_class
 from ..data import load_source
 from ..output import write_json
 from ..patterns import is_pattern, layers
 from ..train import Runtime, setup
-from .config import CompareConfig, parse_shard
+from .config import CompareConfig, from_dict, parse_shard
+from .pool import plan_workers, run_jobs
 from .report import run_subtitle, write_outputs
 from .rundir import RunDir
 from .train import train_encoding
 
-__all__ = ["compare", "make_source", "resolve_encodings"]
+__all__ = ["compare", "make_source", "resolve_encodings", "environment"]
 
 
 def resolve_encodings(cfg: CompareConfig) -> list[str]:
@@ -38,11 +43,42 @@ def resolve_encodings(cfg: CompareConfig) -> list[str]:
 
 
 def make_source(cfg: CompareConfig):
-    """The data source the config names (embedded corpus by default)."""
+    """The data source the config names (embedded corpus by default). Its batches take
+    the seed of each model; evaluation data is the same for every seed."""
     return load_source(
         task=cfg.task, text=cfg.text, dataset=cfg.dataset, dataset_config=cfg.dataset_config,
         dataset_split=cfg.dataset_split, dataset_field=cfg.dataset_field, val_fraction=cfg.val_fraction,
-        seed=cfg.seed, longest=max(cfg.train_len, *cfg.eval_lens), packed=cfg.packed,
+        seed=0, longest=max(cfg.train_len, *cfg.eval_lens), packed=cfg.packed,
+    )  # fmt: skip
+
+
+def _slow_first(cfg: CompareConfig, names: list[str]) -> list[str]:
+    """Encodings ordered for worker processes: the ones on slower attention backends first
+    (chunked, then the bias backends, then SDPA; within one, more position parameters
+    first: their gradients cost time), so that no long job starts last (the longest-first
+    rule for jobs on parallel workers)."""
+    from ..backends import select_backend
+    from ..base import build
+
+    rank = {"chunked": 0, "eager": 0, "sdpa": 2}  # any other (dense, flex, blockwise ...): 1
+
+    def cost(name: str) -> tuple[int, int]:
+        try:
+            enc = build(name, heads=cfg.heads, head_dim=cfg.dim // cfg.heads, max_len=cfg.train_len,
+                        **cfg.encoding_options.get(name, {}))  # fmt: skip
+        except (TypeError, ValueError):  # an encoding that needs other options: no opinion, keep its place
+            return (2, 0)
+        return rank.get(select_backend(enc, "cpu"), 1), -sum(p.numel() for p in enc.parameters())
+
+    return sorted(names, key=cost)
+
+
+def _run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """One model on a worker process (module level, so that it pickles)."""
+    cfg = from_dict(job["config"])
+    return train_encoding(
+        cfg, make_source(cfg), job["encoding"], seed=job["seed"], runtime=Runtime(torch.device("cpu")),
+        ckpt_dir=Path(job["ckpt_dir"]), resume=job["resume"], progress=job["progress"], position=job["position"],
     )  # fmt: skip
 
 
@@ -55,13 +91,19 @@ def compare(
     progress: bool = True,
     runtime: Runtime | None = None,
     log=print,
+    command: str | None = None,
 ) -> dict[str, Any]:
-    """Train and evaluate every encoding of ``cfg``; write the files to ``out``; return results.
+    """Train and evaluate every encoding of ``cfg`` once per seed; write the files to
+    ``out``; return the results.
+
+    On a CPU with one process (no torchrun), the models train side by side on
+    ``cfg.workers`` worker processes of one thread each (0: one per core; see
+    :mod:`posenc.compare.pool`); results do not depend on which worker ran them.
 
     The folder belongs to this run (see :mod:`posenc.compare.rundir`): a non-empty one is
     refused unless ``resume`` (continue it; its checkpoints must carry ``cfg``'s
     fingerprint) or ``overwrite`` (start it over), and a second process is kept out by a
-    lock for as long as this one runs.
+    lock for as long as this one runs. ``command``: the command line, for ``report.md``.
 
     Raises:
         ValueError: bad config or encoding names, an unusable or busy run folder, a
@@ -72,6 +114,13 @@ def compare(
     rt = runtime or setup(cfg.device)
     names = resolve_encodings(cfg)
     source = make_source(cfg)
+    jobs = [(name, seed) for name in names for seed in cfg.seeds]
+    if rt.distributed or rt.device.type != "cpu":
+        workers, threads = 1, torch.get_num_threads()
+    else:
+        workers, threads = plan_workers(cfg.workers, len(jobs))
+        if workers == 1:
+            threads = torch.get_num_threads()
     with contextlib.ExitStack() as stack:
         if rt.main:
             stack.enter_context(RunDir(out, resume=resume, overwrite=overwrite))
@@ -79,22 +128,39 @@ def compare(
             cfg.save(out / "config.json")
         rt.barrier()
         t0 = time.perf_counter()
-        runs: list[dict[str, Any]] = []
-        for index, name in enumerate(names, 1):
-            run = train_encoding(
-                cfg, source, name, runtime=rt, ckpt_dir=out / "checkpoints", resume=resume, progress=progress,
-                position=(index, len(names)), log=log,
-            )  # fmt: skip
-            runs.append(run)
+        runs: list[dict[str, Any] | None] = [None] * len(jobs)
+
+        def done(i: int, run: dict[str, Any]) -> None:
+            runs[i] = run
             if rt.main:
-                write_json(
-                    out / "results.json", {"config": cfg.to_dict(), "fingerprint": cfg.fingerprint(), "runs": runs}
-                )
-                log(f"[{index}/{len(names)}] {name}: " + ", ".join(_short(e) for e in run["eval"]))
+                partial = [r for r in runs if r is not None]
+                write_json(out / "results.json", {"config": cfg.to_dict(), "fingerprint": cfg.fingerprint(),
+                                                  "runs": partial})  # fmt: skip
+                who = run["encoding"] + (f" seed {run['seed']}" if len(cfg.seeds) > 1 else "")
+                log(f"[{len(partial)}/{len(jobs)}] {who}: " + ", ".join(_short(e) for e in run["eval"]))
+
+        if workers > 1:
+            order = {n: k for k, n in enumerate(_slow_first(cfg, names))}
+            todo = sorted(range(len(jobs)), key=lambda i: (order[jobs[i][0]], i))
+            payload = [{"config": cfg.to_dict(), "encoding": jobs[i][0], "seed": jobs[i][1],
+                        "ckpt_dir": str(out / "checkpoints"), "resume": resume,
+                        "progress": "lines" if progress else False, "position": (k + 1, len(jobs))}
+                       for k, i in enumerate(todo)]  # fmt: skip
+            log(f"training {len(jobs)} models on {workers} worker processes of {threads} thread(s) each")
+            run_jobs(payload, _run_job, workers=workers, threads=threads, on_done=lambda k, r: done(todo[k], r))
+        else:
+            for i, (name, seed) in enumerate(jobs):
+                run = train_encoding(
+                    cfg, source, name, seed=seed, runtime=rt, ckpt_dir=out / "checkpoints", resume=resume,
+                    progress=progress, position=(i + 1, len(jobs)), log=log,
+                )  # fmt: skip
+                done(i, run)
         results = {"config": cfg.to_dict(), "fingerprint": cfg.fingerprint(), "runs": runs,
                    "wall_seconds": round(time.perf_counter() - t0, 2), "device": str(rt.device),
                    "processes": rt.world}  # fmt: skip
         if rt.main:
+            results["command"] = command
+            results["environment"] = environment(rt, cfg, runs, workers=workers, threads=threads)
             if cfg.extend:  # the trained rotary models once per extension method (posenc.compare.extend)
                 from .extend import run_extend, write_extend
 
@@ -103,6 +169,27 @@ def compare(
             if results.get("extend"):
                 write_extend(out, results, run_subtitle(cfg.to_dict()))
     return results
+
+
+def environment(rt: Runtime, cfg: CompareConfig, runs, *, workers: int, threads: int) -> dict[str, Any]:
+    """Where the numbers come from: versions, device, processes and threads, dtype, and the
+    matmul peak of the training processes (MFU's denominator)."""
+    from .. import __version__
+
+    env: dict[str, Any] = {
+        "posenc": __version__, "torch": torch.__version__, "python": platform.python_version(),
+        "platform": platform.platform(), "device": str(rt.device), "dtype": cfg.dtype,
+        "worker_processes": workers, "threads_per_process": threads, "torchrun_processes": rt.world,
+    }  # fmt: skip
+    if rt.device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(rt.device)
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+        env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    peaks = [r["matmul_peak_flops"] for r in runs if r and r.get("matmul_peak_flops")]
+    if peaks:  # each process measured its own, at the thread count it trained with
+        env["matmul_peak_flops"] = statistics.median(peaks)
+    return env
 
 
 def _short(e: dict[str, Any]) -> str:

@@ -27,12 +27,13 @@ from ..checkpoint import load_checkpoint
 from ..data import Batch, positions_for, step_generator
 from ..model import TransformerLM
 from ..positions import randomized_positions
-from ..train import Every, Progress, Runtime, Trainer, adamw, cosine_schedule
+from ..train import Callback, Every, Progress, Runtime, Trainer, adamw, cosine_schedule, lm_loss
 from .config import CompareConfig
+from .diagnostics import convergence, process_matmul_peak, training_flops_per_token
 from .evaluate import EvalSettings, evaluate, model_axes
 from .rundir import RunDirError, check_checkpoint
 
-__all__ = ["batches", "build_model", "max_positions", "model_max_len", "train_encoding"]
+__all__ = ["batches", "build_model", "checkpoint_path", "max_positions", "model_max_len", "train_encoding"]
 
 
 def max_positions(cfg: CompareConfig, source) -> int:
@@ -46,9 +47,11 @@ def model_max_len(cfg: CompareConfig, source) -> int:
     return max_positions(cfg, source) if cfg.randomized_positions else source.seq_len(cfg.train_len)
 
 
-def build_model(cfg: CompareConfig, source, encoding: str) -> TransformerLM:
-    """The model of one encoding; shared weights get the same values for every encoding."""
-    torch.manual_seed(cfg.seed)
+def build_model(cfg: CompareConfig, source, encoding: str, seed: int | None = None) -> TransformerLM:
+    """The model of one encoding and seed (default: the first of ``cfg.seeds``); for a
+    given seed, shared weights get the same values for every encoding."""
+    seed = cfg.seeds[0] if seed is None else seed
+    torch.manual_seed(seed)
     model = TransformerLM(
         source.vocab_size,
         cfg.dim,
@@ -64,7 +67,7 @@ def build_model(cfg: CompareConfig, source, encoding: str) -> TransformerLM:
     )
     # Re-draw every non-encoding weight from the same seed, so that the encodings'
     # own parameters (drawn first, in different numbers) do not shift them.
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(seed)
     model.reset_parameters()
     return model
 
@@ -79,7 +82,7 @@ def batches(
     """
 
     def batch_at(step: int) -> Batch:
-        b = source.train_batch(step, batch_size, length)
+        b = source.train_batch(step, batch_size, length, seed=seed)
         b = b._replace(pos=positions_for(b.pos, axes))
         if max_pos is None:
             return b
@@ -89,11 +92,42 @@ def batches(
     return batch_at
 
 
+def checkpoint_path(ckpt_dir: Path, cfg: CompareConfig, encoding: str, seed: int) -> Path:
+    """``<encoding>.pt`` for a one-seed run, ``<encoding>.seed<k>.pt`` with several seeds."""
+    return ckpt_dir / (f"{encoding}.pt" if len(cfg.seeds) == 1 else f"{encoding}.seed{seed}.pt")
+
+
+class _Validate(Callback):
+    """The evaluation at the training length after each of ``steps`` (convergence diagnostics);
+    the model goes back to training mode after each."""
+
+    def __init__(self, model, source, length: int, settings: EvalSettings, device, steps: set[int], curve: list):
+        self.model, self.source, self.length, self.settings, self.device = model, source, length, settings, device
+        self.steps, self.curve = steps, curve
+
+    def on_step(self, state) -> None:
+        if state.step in self.steps:
+            self.model.eval()
+            e = evaluate(self.model, self.source, self.length, device=self.device, settings=self.settings)
+            self.model.train()
+            self.curve.append(_val_point(state.step, e))
+
+
+def _val_point(step: int, e: dict[str, Any]) -> dict[str, Any]:
+    return {"step": step, "loss": e["loss"], **{k: e[k] for k in ("ppl", "accuracy") if e.get(k) is not None}}
+
+
+def val_steps(cfg: CompareConfig) -> set[int]:
+    """The steps after which the training-length validation runs (the last one: the final evaluation)."""
+    return {round(cfg.steps * k / cfg.val_points) for k in range(1, cfg.val_points)} - {0} if cfg.val_points else set()
+
+
 def train_encoding(
     cfg: CompareConfig,
     source,
     encoding: str,
     *,
+    seed: int | None = None,
     runtime: Runtime,
     ckpt_dir: Path | None,
     resume: bool = False,
@@ -101,41 +135,48 @@ def train_encoding(
     position: tuple[int, int] = (1, 1),
     log=print,
 ) -> dict[str, Any]:
-    """Train and evaluate one encoding; returns its ``runs`` entry of ``results.json``.
+    """Train and evaluate one encoding with one seed (default: the first of ``cfg.seeds``);
+    returns its ``runs`` entry of ``results.json``.
 
     With ``resume`` and a checkpoint in ``ckpt_dir``, continue from it (or return its
-    stored result if that encoding had finished); a checkpoint written under another
+    stored result if that model had finished); a checkpoint written under another
     config, or unreadable, is a :class:`~posenc.compare.rundir.RunDirError`. ``position``:
-    ``(i, n)``, this encoding's place in the run, shown in the progress lines.
+    ``(i, n)``, this model's place in the run, shown in the progress lines.
     """
     rt = runtime
-    path = ckpt_dir / f"{encoding}.pt" if ckpt_dir is not None else None
-    model = build_model(cfg, source, encoding).to(rt.device)
+    seed = cfg.seeds[0] if seed is None else seed
+    path = checkpoint_path(ckpt_dir, cfg, encoding, seed) if ckpt_dir is not None else None
+    model = build_model(cfg, source, encoding, seed).to(rt.device)
+    fused = {"fused": True} if rt.device.type in ("cpu", "cuda") else {}  # one kernel per step: measured 1.05x
     trainer = Trainer(
-        model, adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay), runtime=rt,
+        model, adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay, **fused), runtime=rt,
+        loss=torch.compile(lm_loss) if cfg.compile else lm_loss,
         schedule=cosine_schedule(cfg.lr, cfg.steps, cfg.warmup, cfg.min_lr_ratio), grad_clip=cfg.grad_clip,
         autocast_dtype=torch.bfloat16 if cfg.dtype == "bfloat16" else None,
     )  # fmt: skip
-    state = None
+    state, curve = None, []
     if resume and path is not None and path.exists():
         saved, extra = load_for_resume(path, cfg)
         if extra.get("done"):
             return extra["result"]
         model.load_state_dict(saved.state_dict())
         state = trainer.load_state_dict(extra)
-    tag = f"[{position[0]}/{position[1]}] {encoding}"
+        curve = list(extra.get("val_curve", []))
+    tag = f"[{position[0]}/{position[1]}] {encoding}" + (f" seed {seed}" if len(cfg.seeds) > 1 else "")
     seq_len = source.seq_len(cfg.train_len)
-    mark = {"encoding": encoding, "compare_config": cfg.to_dict(), "fingerprint": cfg.fingerprint(),
+    mark = {"encoding": encoding, "seed": seed, "compare_config": cfg.to_dict(), "fingerprint": cfg.fingerprint(),
             "train_len": seq_len}  # fmt: skip
-    callbacks = []
+    settings = EvalSettings.from_config(cfg)
+    callbacks: list[Callback] = []
+    if rt.main and cfg.val_points:  # before the checkpoint of the same step, which keeps the curve
+        callbacks.append(_Validate(model, source, cfg.train_len, settings, rt.device, val_steps(cfg), curve))
     if path is not None:
-        callbacks.append(
-            Every(cfg.checkpoint_every, lambda s: trainer.save(path, s, done=False, **mark), until=cfg.steps)
-        )
+        save = lambda s: trainer.save(path, s, done=False, val_curve=curve, **mark)  # noqa: E731
+        callbacks.append(Every(cfg.checkpoint_every, save, until=cfg.steps))
     if progress and rt.main:
-        callbacks.append(Progress(tag, cfg.steps, state.step if state else 0, log))
+        callbacks.append(Progress(tag, cfg.steps, state.step if state else 0, log, terminal=progress_bar(progress)))
     max_pos = max_positions(cfg, source) if cfg.randomized_positions else None
-    batch_at = batches(source, batch_size=cfg.batch_size, length=cfg.train_len, max_pos=max_pos, seed=cfg.seed,
+    batch_at = batches(source, batch_size=cfg.batch_size, length=cfg.train_len, max_pos=max_pos, seed=seed,
                        axes=model_axes(model))  # fmt: skip
     state = trainer.fit(batch_at, cfg.steps, state=state, callbacks=callbacks)
 
@@ -145,23 +186,40 @@ def train_encoding(
         if progress:
             log(f"{tag}: evaluating at {', '.join(map(str, cfg.eval_lens_sorted))}")
         model.eval()
-        settings = EvalSettings.from_config(cfg)
         evals = [evaluate(model, source, n, device=rt.device, settings=settings) for n in cfg.eval_lens_sorted]
+        at_train = next((e for e in evals if e["length"] == cfg.train_len), None)
+        if cfg.val_points and at_train is None:
+            at_train = evaluate(model, source, cfg.train_len, device=rt.device, settings=settings)
+        if cfg.val_points:
+            curve.append(_val_point(cfg.steps, at_train))
         n_tokens = cfg.steps * cfg.batch_size * seq_len
+        flops = training_flops_per_token(model, seq_len)
         result = {
             "encoding": encoding,
+            "seed": seed,
             "params": model.num_params(),
             "train_seconds": round(state.seconds, 3),
             "train_tokens_per_s": round(n_tokens / state.seconds, 1) if state.seconds > 0 else None,
             "eval_seconds": round(time.perf_counter() - t0, 3),
             "final_train_loss": state.losses[-1] if state.losses else None,
+            "flops_per_token": flops,
+            "train_flops": flops * n_tokens,
+            "threads": torch.get_num_threads(),
+            "matmul_peak_flops": process_matmul_peak(rt.device, cfg.dtype),
+            "convergence": convergence(state.losses, curve),
+            "val_curve": curve,
             "train_loss": state.losses,
             "eval": evals,
         }
         if path is not None:
-            trainer.save(path, state, done=True, result=result, **mark)
+            trainer.save(path, state, done=True, result=result, val_curve=curve, **mark)
     rt.barrier()
     return result
+
+
+def progress_bar(progress: bool | str) -> bool | None:
+    """``progress`` True: a bar on a terminal, lines otherwise; ``"lines"``: always lines."""
+    return False if progress == "lines" else None
 
 
 def load_for_resume(path: Path, cfg: CompareConfig):

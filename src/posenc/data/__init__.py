@@ -10,6 +10,7 @@ download is needed:
   it needs the ``datasets`` package and the hub (or its local cache) and fails with a
   :class:`DataError` that says so;
 * :mod:`posenc.data.tasks` — ``copy``, ``reverse``, ``sort``, ``associative-recall``;
+* :mod:`posenc.data.passkey` — passkey retrieval from filler text of a corpus.
 * :mod:`posenc.data.grid` — ``grid``: the symbol above each cell of a 2-D grid.
 
 :class:`TextData` splits a byte string deterministically into train and validation
@@ -29,11 +30,13 @@ import torch
 from torch import Tensor
 
 from .grid import GridTask, positions_for
+from .passkey import PasskeyTask
 from .tasks import TASK_NAMES, TASKS, Batch, SyntheticTask, step_generator
 
 __all__ = [
     "Batch",
     "DataError",
+    "PasskeyTask",
     "GridTask",
     "TASKS",
     "TASK_NAMES",
@@ -188,11 +191,11 @@ class TextData:
         """Tokens in a sequence of evaluation length ``length`` (the length itself)."""
         return length
 
-    def train_batch(self, step: int, batch_size: int, length: int) -> Batch:
-        """Random windows of the train split: the same for a given ``(seed, step)``."""
+    def train_batch(self, step: int, batch_size: int, length: int, seed: int | None = None) -> Batch:
+        """Random windows of the train split: the same for a given ``(seed, step)`` (``seed``: this object's by default)."""
         if length + 1 > len(self.train):
             raise ValueError(f"train length {length} exceeds the train split ({len(self.train)} bytes)")
-        g = step_generator(self.seed, step)
+        g = step_generator(self.seed if seed is None else seed, step)
         starts = torch.randint(0, len(self.train) - length, (batch_size,), generator=g)  # (B,)
         idx = starts[:, None] + torch.arange(length + 1)  # (B, L+1)
         w = self.train[idx]
@@ -250,9 +253,10 @@ def load_source(
     seed: int = 0,
     longest: int = 1,
     packed: bool = False,
-) -> TextData | SyntheticTask | GridTask:
+) -> TextData | SyntheticTask | GridTask | PasskeyTask:
     """The data source named by at most one of ``task``, ``text`` or ``dataset``; the
-    embedded corpus when none is.
+    embedded corpus when none is. ``task="passkey"`` draws its filler from the text the
+    other arguments name (the embedded corpus by default).
 
     Args:
         longest: the longest window (training or evaluation length) the text validation
@@ -267,7 +271,7 @@ def load_source(
         raise DataError(f"packed documents need a text source; --task {task} has none")
     if task == "grid":
         return GridTask(seed=seed)
-    if task is not None:
+    if task is not None and task != "passkey":
         return SyntheticTask(task, seed=seed)
     if text is not None:
         data, name = read_text(text), f"--text {str(text)!r}"
@@ -287,4 +291,4 @@ def load_source(
             f"{name}: its validation split ({len(source.val)} bytes, the last {val_fraction:.0%}) is shorter "
             f"than the longest evaluation length + 1 ({longest + 1}); give more text or shorter --eval-lens"
         )
-    return source
+    return PasskeyTask(source.train, source.val, seed=seed) if task == "passkey" else source

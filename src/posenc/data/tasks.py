@@ -49,7 +49,7 @@ def step_generator(seed: int, step: int) -> torch.Generator:
 
 
 TASKS = ("copy", "reverse", "sort", "associative-recall")  # SyntheticTask's
-TASK_NAMES = (*TASKS, "grid")  # every task posenc compare offers (grid: posenc.data.grid)
+TASK_NAMES = (*TASKS, "grid", "passkey")  # every task posenc compare offers (posenc.data.grid, .passkey)
 
 
 @dataclass
@@ -113,9 +113,9 @@ class SyntheticTask:
         mask[:, -n_answer:] = True
         return Batch(tokens, targets, mask)
 
-    def train_batch(self, step: int, batch_size: int, length: int) -> Batch:
-        """A batch of one size drawn uniformly from ``[1, length]``."""
-        g = step_generator(self.seed, step)
+    def train_batch(self, step: int, batch_size: int, length: int, seed: int | None = None) -> Batch:
+        """A batch of one size drawn uniformly from ``[1, length]`` (``seed``: this object's by default)."""
+        g = step_generator(self.seed if seed is None else seed, step)
         n = int(torch.randint(1, length + 1, (1,), generator=g))
         return self.sample(n, batch_size, g)
 

@@ -1,0 +1,219 @@
+"""Is a model trained, and how well was the machine used? Convergence and MFU.
+
+* :func:`convergence` — from a run's training-loss history and a few validation losses
+  at the training length: is the model still clearly improving when training stops?
+* :func:`training_flops_per_token` — the model's training FLOPs per token (forward and
+  backward), counted from its layers.
+* :func:`matmul_peak_flops` — the machine's matmul rate, measured in this process.
+* :func:`mfu` — model FLOPs utilisation of a whole comparison, from its results dict.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "convergence",
+    "training_flops_per_token",
+    "matmul_peak_flops",
+    "process_matmul_peak",
+    "mfu",
+    "still_improving",
+    "CONVERGED_DROP",
+]
+
+# A model counts as still improving when its validation loss fell by more than this fraction
+# over the last 20 % of training (docs/compare.md has the measured curves behind it).
+CONVERGED_DROP = 0.02
+
+
+def _tail_slope(losses: Sequence[float], tail: float) -> float | None:
+    """Least-squares slope of ``losses`` over their last ``tail``, as the relative change
+    a straight line predicts across that stretch (negative: still falling)."""
+    n = len(losses)
+    k = max(5, int(round(n * tail)))
+    if n < 10 or k > n:
+        return None
+    ys = [float(v) for v in losses[-k:]]
+    xs = range(n - k, n)
+    mx, my = (n - k + n - 1) / 2, sum(ys) / k
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return slope * (k - 1) / my
+
+
+def convergence(
+    train_loss: Sequence[float],
+    val_points: Sequence[dict[str, Any]],
+    *,
+    tail: float = 0.2,
+    threshold: float = CONVERGED_DROP,
+) -> dict[str, Any]:
+    """Whether a model was still clearly improving when training stopped.
+
+    Two measurements over the last ``tail`` of training:
+
+    * ``val_drop``: the relative drop of the validation loss at the training length from
+      the last validation point at or before the tail's start to the last one;
+    * ``train_slope``: the least-squares line through the training losses of the tail,
+      as the relative change it predicts across the tail (negative: still falling).
+
+    The validation drop decides when there are two validation points: the training loss
+    keeps falling on data the model has seen after the held-out loss has flattened (the
+    quick preset at 1 600 steps: validation loss -0.3 to +0.7 % over the last 20 %, the
+    training loss's line -1.5 to -3.1 %), so its slope is recorded but only decides
+    without validation points.
+
+    Args:
+        train_loss: one training loss per step.
+        val_points: ``[{"step": s, "loss": l}, ...]`` (loss None: skipped).
+        threshold: ``converged`` is False when the deciding drop exceeds it.
+
+    Returns:
+        ``{"train_slope", "val_drop", "val_from_step", "tail", "threshold", "decided_by",
+        "converged"}``; ``converged`` (and ``decided_by``) None when there is too little
+        history to tell.
+    """
+    if not 0 < tail < 1 or not 0 < threshold < 1:
+        raise ValueError(f"need 0 < tail < 1 and 0 < threshold < 1, got tail={tail!r}, threshold={threshold!r}")
+    out: dict[str, Any] = {"tail": tail, "threshold": threshold, "val_drop": None, "val_from_step": None}
+    out["train_slope"] = _tail_slope(train_loss, tail)
+    pts = sorted((p for p in val_points if p.get("loss") is not None), key=lambda p: p["step"])
+    if len(pts) >= 2:
+        end = pts[-1]
+        cut = end["step"] * (1 - tail)
+        ref = ([p for p in pts[:-1] if p["step"] <= cut + 1e-9] or pts[:1])[-1]
+        out["val_drop"] = (ref["loss"] - end["loss"]) / ref["loss"]
+        out["val_from_step"] = ref["step"]
+    if out["val_drop"] is not None:
+        out["decided_by"], drop = "val_drop", out["val_drop"]
+    elif out["train_slope"] is not None:
+        out["decided_by"], drop = "train_slope", -out["train_slope"]
+    else:
+        out["decided_by"], drop = None, None
+    out["converged"] = None if drop is None else drop <= threshold
+    return out
+
+
+def still_improving(convs: Sequence[dict[str, Any]]) -> str | None:
+    """``"validation loss fell 3.1% over the last 20 %"`` for the worst of ``convs`` (the
+    ``convergence`` entries of one encoding's runs) that did not converge; None if all did
+    (or cannot tell)."""
+    worst = None
+    for c in convs:
+        if c.get("converged") is not False:
+            continue
+        by_val = c.get("decided_by", "val_drop") == "val_drop" and c.get("val_drop") is not None
+        drop = c["val_drop"] if by_val else -(c.get("train_slope") or 0.0)
+        if worst is None or drop > worst[0]:
+            worst = (drop, "validation" if by_val else "training", c.get("tail", 0.2))
+    if worst is None:
+        return None
+    return f"{worst[1]} loss fell {worst[0]:.1%} over the last {worst[2]:.0%}"
+
+
+def training_flops_per_token(model, seq_len: int) -> float:
+    """Training FLOPs per token of ``model`` at ``seq_len`` tokens (forward + backward).
+
+    Counted the way Kaplan et al. (2020, Table 1) and PaLM (Chowdhery et al. 2022, App. B)
+    count them:
+
+    * ``6 N`` for the ``N`` weights of the linear layers (2 FLOPs per multiply-add in the
+      forward pass, twice that in the backward for the input and the weight gradients);
+      token embeddings are a lookup and norms, biases and activations are negligible;
+    * attention's scores ``Q Kᵀ`` and weighted sum ``A V``: ``2·Dₐ`` FLOPs each per
+      (query, key) pair, ``Dₐ = heads × head_dim``, times 3 for training. A causal query
+      ``i`` sees ``i + 1`` keys, ``(L + 1) / 2`` on average, so ``6·Dₐ·(L + 1)`` per token and
+      layer (``12·Dₐ·L`` without the mask). The masked half is not useful work: the kernels
+      that run here skip it, and counting it would flatter MFU.
+
+    The position encodings' own layers and arithmetic are not counted (their modules are
+    skipped), so every encoding of a comparison gets the same useful work per token and
+    MFU compares their speed on equal terms.
+    """
+    from torch import nn
+
+    from ..attention import Attention
+    from ..base import PositionEncoding
+
+    if not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    own = {id(m) for e in model.modules() if isinstance(e, PositionEncoding) for m in e.modules()}
+    weights, attn = 0, 0.0
+    for m in model.modules():
+        if id(m) in own:
+            continue
+        if isinstance(m, nn.Linear):
+            weights += m.weight.numel()
+        elif isinstance(m, Attention):
+            d = m.heads * m.head_dim
+            attn += 6 * d * (seq_len + 1) if m.causal else 12 * d * seq_len
+    return 6.0 * weights + attn
+
+
+def matmul_peak_flops(*, dtype=None, size: int = 1024, seconds: float = 1.0, device=None) -> float:
+    """The matmul rate this process gets now (FLOP/s): the best of repeated ``size × size``
+    products in ``dtype`` (float32 by default) on ``device`` (CPU: the threads torch uses)."""
+    import torch
+
+    dtype = dtype or torch.float32
+    device = torch.device(device or "cpu")
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    torch.mm(a, b)  # warm up
+    sync()
+    best, t_end, rounds = 0.0, time.perf_counter() + seconds, 0
+    while rounds < 3 or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        best = max(best, 2 * size**3 / (time.perf_counter() - t0))
+        rounds += 1
+    return best
+
+
+_PEAKS: dict[tuple[str, str, int], float] = {}
+
+
+def process_matmul_peak(device, dtype: str = "float32") -> float:
+    """:func:`matmul_peak_flops` of this process on ``device`` in ``dtype`` (``"float32"`` or
+    ``"bfloat16"``) at its current thread count, measured once per process and remembered."""
+    import torch
+
+    key = (str(device), dtype, torch.get_num_threads())
+    if key not in _PEAKS:
+        _PEAKS[key] = matmul_peak_flops(dtype=getattr(torch, dtype), device=device)
+    return _PEAKS[key]
+
+
+def mfu(results: dict[str, Any]) -> dict[str, Any] | None:
+    """Model FLOPs utilisation of a comparison: the training FLOPs of every run over their
+    training seconds, divided by the matmul peak of the processes that trained them
+    (``results["environment"]["matmul_peak_flops"]``, measured in those processes at the
+    same thread count; with several worker processes this is each worker's share of the
+    machine, so the ratio is the machine's utilisation while they all train).
+
+    Returns ``{"flops_per_s", "peak_flops_per_s", "mfu", "per_encoding": {enc: mfu}}``, or
+    None when the runs or the environment lack the numbers.
+    """
+    peak = (results.get("environment") or {}).get("matmul_peak_flops")
+    runs = [r for r in results.get("runs", []) if r.get("train_flops") and r.get("train_seconds")]
+    if not peak or not runs:
+        return None
+    per: dict[str, list[float]] = {}
+    for r in runs:
+        per.setdefault(r["encoding"], []).append(r["train_flops"] / r["train_seconds"])
+    total = sum(r["train_flops"] for r in runs) / sum(r["train_seconds"] for r in runs)
+    return {
+        "flops_per_s": total,
+        "peak_flops_per_s": peak,
+        "mfu": total / peak,
+        "per_encoding": {e: sum(v) / len(v) / peak for e, v in per.items()},
+    }

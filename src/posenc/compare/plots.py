@@ -1,0 +1,157 @@
+"""The figures of a comparison: extrapolation (mean over seeds with its interval as a band),
+loss by position, and the passkey heatmaps (length × depth per encoding)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..output import length_axis, panel_grid, pyplot, readable_log_axis, save_figure
+from .reading import metric_name, summarize
+
+__all__ = ["draw_figures", "run_subtitle", "per_position_absent"]
+
+
+def run_subtitle(cfg: dict[str, Any]) -> str:
+    """One line naming the run: preset, steps, seed(s), data."""
+    if cfg.get("task"):
+        data = f"task {cfg['task']}"
+    elif cfg.get("text"):
+        data = f"text {Path(cfg['text']).name}"
+    elif cfg.get("dataset"):
+        data = f"dataset {cfg['dataset']}"
+    else:
+        data = "embedded pydoc corpus"
+    seeds = cfg.get("seeds") or [cfg.get("seed", 0)]
+    seed = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {','.join(map(str, seeds))}"
+    return f"preset {cfg.get('preset')}, {cfg.get('steps')} steps, {seed}, {data}, trained at {cfg.get('train_len')}"
+
+
+def draw_figures(out: Path, results: dict[str, Any]) -> list[str]:
+    """Draw every figure of the run into ``out``; returns their file names."""
+    cfg, runs = results["config"], results["runs"]
+    encs = list(dict.fromkeys(r["encoding"] for r in runs))
+    color = {e: f"C{i % 10}" for i, e in enumerate(encs)}  # the same in every figure
+    names = [_extrapolation(out, results, color), _per_position(out, results, color)]
+    if cfg.get("task") == "passkey":
+        names.append(_passkey(out, results))
+    return names
+
+
+def _extrapolation(out: Path, results: dict[str, Any], color) -> str:
+    plt = pyplot()
+    cfg = results["config"]
+    metric, s = metric_name(cfg), summarize(results)
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    plotted: list[float] = []
+    for enc in s.encodings:
+        cells = [(n, c) for n, c in s.cells[enc].items() if c is not None]
+        if not cells:
+            continue
+        x = [n for n, _ in cells]
+        mean, lo, hi = ([getattr(c, k) for _, c in cells] for k in ("mean", "lo", "hi"))
+        plotted += lo + hi
+        na = [n for n, c in s.cells[enc].items() if c is None]
+        label = enc + (f" (n/a at {', '.join(map(str, na))})" if na else "")
+        ax.plot(x, mean, marker="o", color=color[enc], label=label)
+        if any(c.has_width and c.kind != "wilson" for _, c in cells):  # an interval over seeds
+            ax.fill_between(x, lo, hi, color=color[enc], alpha=0.2, lw=0)
+    ax.axvline(cfg["train_len"], color="gray", ls="--", lw=1, label="train length")
+    length_axis(ax, s.lengths)
+    if metric == "ppl":
+        readable_log_axis(ax, plotted)
+        ax.set_ylabel("validation perplexity (bytes)")
+    else:
+        ax.set_ylabel("exact-match accuracy" + (" (mean over depths)" if cfg.get("task") == "passkey" else ""))
+        ax.set_ylim(-0.02, 1.02)
+    unit = " (problem size n)" if cfg.get("task") and cfg["task"] != "passkey" else " (tokens)"
+    ax.set_xlabel("evaluation length" + unit)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    seeds = len(cfg.get("seeds") or [0])
+    band = {1: None, 2: "bands: min–max of 2 seeds"}.get(seeds, f"bands: 95 % t-interval of {seeds} seeds")
+    save_figure(fig, out / "extrapolation.png", title="Length extrapolation", subtitle=run_subtitle(cfg), footer=band)
+    return "extrapolation.png"
+
+
+def per_position_absent(runs: list[dict[str, Any]], length: int) -> dict[str, str]:
+    """Encodings with no per-position curve at ``length``, and why (the plot says so)."""
+    out = {}
+    for r in runs:
+        e = next((e for e in r["eval"] if e["length"] == length), None)
+        if e is None or not e.get("applicable", True) or not e.get("per_position"):
+            out[r["encoding"]] = (e or {}).get("reason") or "not evaluated at this length"
+    return out
+
+
+def _per_position(out: Path, results: dict[str, Any], color) -> str:
+    """Loss by position at the longest length (mean over seeds), and its difference from
+    ``nope``'s (where an encoding breaks)."""
+    plt = pyplot()
+    cfg, runs = results["config"], results["runs"]
+    longest = max(e["length"] for r in runs for e in r["eval"])
+    absent = per_position_absent(runs, longest)
+    curves: dict[str, tuple[list[float], list[float]]] = {}
+    for enc in dict.fromkeys(r["encoding"] for r in runs):
+        if enc in absent:
+            continue
+        es = [next(e for e in r["eval"] if e["length"] == longest) for r in runs if r["encoding"] == enc]
+        x = [(b["start"] + b["end"]) / 2 for b in es[0]["per_position"]]
+        y = [sum(e["per_position"][k]["loss"] for e in es) / len(es) for k in range(len(x))]
+        curves[enc] = (x, y)
+    base = curves.get("nope")
+    panels = 2 if base is not None and len(curves) > 1 else 1
+    fig, axes = plt.subplots(panels, 1, figsize=(7.5, 4.2 * panels), sharex=True, squeeze=False)
+    seq_train = 2 * cfg["train_len"] if cfg.get("task") and cfg["task"] != "passkey" else cfg["train_len"]
+    ax = axes[0, 0]
+    for name, (x, y) in curves.items():
+        ax.plot(x, y, marker=".", color=color[name], label=name)
+    ax.set_ylabel("loss (nats / token)")
+    if panels == 2:
+        ax2 = axes[1, 0]
+        for name, (x, y) in curves.items():
+            if name != "nope" and len(y) == len(base[1]):
+                ax2.plot(x, [a - b for a, b in zip(y, base[1])], marker=".", color=color[name], label=name)
+        ax2.axhline(0, color="black", lw=0.8)
+        ax2.set_ylabel("loss − nope's loss (nats / token)")
+    for a in axes[:, 0]:
+        a.axvline(seq_train, color="gray", ls="--", lw=1, label="train length")
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=8)
+    axes[-1, 0].set_xlabel(f"position in a sequence of evaluation length {longest}")
+    footer = "not drawn: " + "; ".join(f"{k}: n/a ({v})" for k, v in absent.items()) if absent else None
+    title = f"Loss by position at length {longest}: where an encoding breaks"
+    save_figure(fig, out / "per_position.png", title=title, subtitle=run_subtitle(cfg), footer=footer)
+    return "per_position.png"
+
+
+def _passkey(out: Path, results: dict[str, Any]) -> str:
+    """One heatmap per encoding: exact-match accuracy by evaluation length (rows) and key depth
+    (columns), the mean over seeds written in each cell."""
+    s = summarize(results)
+    depths = sorted({d for by_len in s.depths.values() for cell in by_len.values() for d in cell})
+    fig, axes_of = panel_grid(len(s.encodings), 1, 4, size=(2.9, 2.6))
+    image = None
+    for k, enc in enumerate(s.encodings):
+        ax = axes_of(k)[0]
+        grid = [[(s.depths[enc].get(n) or {}).get(d) for d in depths] for n in s.lengths]
+        vals = [[float("nan") if c is None else c.mean for c in row] for row in grid]
+        image = ax.imshow(vals, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        for i, row in enumerate(vals):
+            for j, v in enumerate(row):
+                text = "n/a" if v != v else f"{100 * v:.0f}"
+                ax.text(
+                    j, i, text, ha="center", va="center", fontsize=7, color="white" if v != v or v < 0.6 else "black"
+                )
+        ax.set_xticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+        ax.set_yticks(range(len(s.lengths)), [str(n) for n in s.lengths])
+        ax.set_title(enc)
+        ax.set_xlabel("key depth")
+        ax.set_ylabel("length")
+    if image is not None:
+        fig.colorbar(image, ax=[a for k in range(len(s.encodings)) for a in axes_of(k)], shrink=0.8,
+                     label="exact match")  # fmt: skip
+    save_figure(fig, out / "passkey.png", title="Passkey retrieval: exact match (%) by length and key depth",
+                subtitle=run_subtitle(results["config"]), footer="depth 0 %: the key opens the text; 100 %: right "
+                "before the question")  # fmt: skip
+    return "passkey.png"

@@ -1,0 +1,268 @@
+"""The reading of a comparison, computed from its numbers.
+
+:func:`summarize` turns ``results["runs"]`` (one entry per encoding and seed) into
+intervals per encoding and length; :func:`findings` checks every published result the run
+can speak to and says whether this run agrees, with the numbers that decide it;
+:func:`caveats` says what the run cannot support. Nothing here is prose about a
+particular run: change the numbers and the reading changes
+(``tests/test_compare_reading.py`` flips them).
+
+Ties: two measurements that :func:`~posenc.compare.stats.tied` cannot tell apart decide
+nothing. With several seeds that is overlapping 95 % intervals; with one seed, a
+perplexity within 2 % (no interval exists) or accuracies whose Wilson intervals over the
+evaluation samples overlap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .diagnostics import still_improving
+from .stats import Interval, interval, rank_with_ties, tied, wilson
+
+__all__ = ["Summary", "summarize", "findings", "caveats", "train_spread", "metric_name"]
+
+# Press et al. 2022, Table 2 (WikiText-103, trained at 512): past the training length
+# sinusoidal degrades most (20.05 -> 43.54 at ~2x), then rotary (20.07 -> 21.37), then T5
+# (19.65 -> 18.79), and ALiBi least (19.73 -> 18.73), flat out to 20x (18.32).
+PRESS_ORDER = ("sinusoidal", "rope", "t5", "alibi")
+FLAT = 1.05  # "flat": the longest length's perplexity within 5 % of the training length's
+# Haviv et al. 2022 (125M, the Pile): NoPos 22.15 against learned 22.04 and sinusoidal 21.49.
+COMPETITIVE = 1.05
+# Kazemnejad et al. 2023 (decoder-only, synthetic tasks, past the training length): NoPE
+# generalises best, then T5's bias, ALiBi, rotary, and absolute positions (APE) worst.
+KAZEMNEJAD_ORDER = ("nope", "t5", "alibi", "rope", "sinusoidal", "learned")
+SPREAD_LIMIT = 1.15  # non-nope encodings at the training length, max/min (issue 17)
+SOLVED = 0.9  # a task is learned at the training length from 90 % exact match
+
+
+def metric_name(config: dict[str, Any]) -> str:
+    """``ppl`` for text, ``accuracy`` for tasks (passkey included)."""
+    return "accuracy" if config.get("task") else "ppl"
+
+
+@dataclass
+class Summary:
+    """Per encoding and length, the interval of the metric over seeds (None: cannot run there);
+    for text also the interval of ``ppl(L) / ppl(train_len)`` (``ratios``)."""
+
+    metric: str
+    train_len: int
+    lengths: list[int]
+    encodings: list[str]
+    cells: dict[str, dict[int, Interval | None]] = field(default_factory=dict)
+    ratios: dict[str, dict[int, Interval | None]] = field(default_factory=dict)
+    depths: dict[str, dict[int, dict[float, Interval]]] = field(default_factory=dict)
+    seeds: dict[str, list[int]] = field(default_factory=dict)
+    converged: dict[str, bool | None] = field(default_factory=dict)
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.metric == "accuracy"
+
+    @property
+    def past(self) -> list[int]:
+        """The evaluation lengths past the training length."""
+        return [n for n in self.lengths if n > self.train_len]
+
+    def at(self, length: int) -> dict[str, Interval]:
+        """The encodings that ran at ``length``, with their intervals."""
+        return {e: c[length] for e, c in self.cells.items() if c.get(length) is not None}
+
+    def ranking(self, length: int) -> list[list[str]]:
+        """Encodings best first at ``length``; tied ones share a rank."""
+        return rank_with_ties(self.at(length), higher_is_better=self.higher_is_better)
+
+
+def _accuracy_interval(values: list[float], samples: int) -> Interval:
+    """Seeds' interval; for one seed, the Wilson interval over its evaluation samples."""
+    return interval(values) if len(values) > 1 else wilson(values[0], samples)
+
+
+def summarize(results: dict[str, Any]) -> Summary:
+    """Intervals per encoding and length from ``results["runs"]`` (see the module docstring)."""
+    cfg, runs = results["config"], results["runs"]
+    metric = metric_name(cfg)
+    lengths = sorted({e["length"] for r in runs for e in r["eval"]})
+    encodings = list(dict.fromkeys(r["encoding"] for r in runs))
+    s = Summary(metric, cfg["train_len"], lengths, encodings)
+    samples = int(cfg.get("eval_samples") or 1)
+    for enc in encodings:
+        mine = [r for r in runs if r["encoding"] == enc]
+        s.seeds[enc] = [r.get("seed", 0) for r in mine]
+        flags = [(r.get("convergence") or {}).get("converged") for r in mine]
+        s.converged[enc] = None if all(f is None for f in flags) else not any(f is False for f in flags)
+        by_len = [{e["length"]: e for e in r["eval"] if e.get("applicable", True)} for r in mine]
+        s.cells[enc], s.ratios[enc], s.depths[enc] = {}, {}, {}
+        for n in lengths:
+            vals = [b[n][metric] for b in by_len if n in b and b[n].get(metric) is not None]
+            if not vals:
+                s.cells[enc][n] = None
+            elif metric == "accuracy":
+                entries = [b[n] for b in by_len if n in b]
+                per_depth = {d["depth"]: [] for e in entries for d in e.get("depths", [])}
+                for e in entries:
+                    for d in e.get("depths", []):
+                        per_depth[d["depth"]].append(d["accuracy"])
+                s.cells[enc][n] = _accuracy_interval(vals, samples * max(1, len(per_depth)))
+                s.depths[enc][n] = {d: _accuracy_interval(v, samples) for d, v in per_depth.items()}
+            else:
+                s.cells[enc][n] = interval(vals)
+            if metric == "ppl":
+                base = s.train_len
+                r = [b[n]["ppl"] / b[base]["ppl"] for b in by_len if n in b and base in b and b[base].get("ppl")]
+                s.ratios[enc][n] = interval(r) if r else None
+    return s
+
+
+def _fmt(v: float, metric: str) -> str:
+    return f"{100 * v:.1f}%" if metric == "accuracy" else f"{v:.2f}"
+
+
+def _chain(cells: dict[str, Interval], order: tuple[str, ...], *, first_larger: bool) -> list[dict[str, Any]]:
+    """Adjacent pairs of ``order`` present in ``cells``: does each pair's first value exceed
+    (``first_larger``) or fall below the second's? ``agrees`` None: tied."""
+    names = [e for e in order if e in cells]
+    out = []
+    for a, b in zip(names, names[1:]):
+        ia, ib = cells[a], cells[b]
+        agrees = None if tied(ia, ib) else (ia.mean > ib.mean) == first_larger
+        out.append({"pair": (a, b), "agrees": agrees, "values": (ia.mean, ib.mean)})
+    return out
+
+
+def _verdict(checks: list[dict[str, Any]]) -> str:
+    decided = [c["agrees"] for c in checks if c["agrees"] is not None]
+    if not decided:
+        return "undecided"
+    return "agrees" if all(decided) else "disagrees" if not any(decided) else "partly"
+
+
+def _pair_text(c: dict[str, Any], fmt) -> str:
+    (a, b), (va, vb) = c["pair"], c["values"]
+    mark = {True: "as published", False: "reversed", None: "tied"}[c["agrees"]]
+    return f"{a} {fmt(va)} vs {b} {fmt(vb)} ({mark})"
+
+
+def _ordering(s: Summary, table, order, *, first_larger: bool, fmt) -> tuple[str, str, list] | None:
+    checks, parts = [], []
+    for n in s.past:
+        cells = {e: t[n] for e, t in table.items() if t.get(n) is not None}
+        pairs = _chain(cells, order, first_larger=first_larger)
+        if pairs:
+            checks += [{**p, "length": n} for p in pairs]
+            parts.append(f"L={n}: " + "; ".join(_pair_text(p, fmt) for p in pairs))
+    return (_verdict(checks), " | ".join(parts), checks) if checks else None
+
+
+def findings(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each published finding this run can speak to: ``{"source", "claim", "verdict", "evidence"}``.
+
+    ``verdict``: ``"agrees"``, ``"disagrees"``, ``"partly"`` (some comparisons agree,
+    some are reversed) or ``"undecided"`` (every comparison tied).
+    """
+    s = summarize(results)
+    out: list[dict[str, Any]] = []
+    task = results["config"].get("task")
+    if s.metric == "ppl" and s.past:
+        o = _ordering(s, s.ratios, PRESS_ORDER, first_larger=True, fmt=lambda v: f"x{v:.2f}")
+        if o:
+            out.append({"source": "Press et al. 2022, Table 2",
+                        "claim": "past the training length perplexity grows most for sinusoidal, then rotary, "
+                                 "then T5, and least for ALiBi (compared: ppl(L) / ppl(train length))",
+                        "verdict": o[0], "evidence": o[1], "checks": o[2]})  # fmt: skip
+        far = max(s.past)
+        ratio = s.ratios.get("alibi", {}).get(far)
+        if ratio is not None:
+            out.append({"source": "Press et al. 2022, Table 2",
+                        "claim": f"ALiBi stays flat past the training length (here: within {FLAT - 1:.0%} "
+                                 f"at {far / s.train_len:g}x)",
+                        "verdict": "agrees" if ratio.mean <= FLAT else "disagrees",
+                        "evidence": f"alibi {s.cells['alibi'][s.train_len].mean:.2f} at L={s.train_len} -> "
+                                    f"{s.cells['alibi'][far].mean:.2f} at L={far} (x{ratio.mean:.3f})"})  # fmt: skip
+    if s.metric == "ppl" and s.train_len in s.lengths:
+        here = s.at(s.train_len)
+        refs = {e: here[e] for e in ("learned", "sinusoidal") if e in here}
+        if "nope" in here and refs:
+            best = min(refs, key=lambda e: refs[e].mean)
+            ratio = here["nope"].mean / refs[best].mean
+            out.append({"source": "Haviv et al. 2022",
+                        "claim": "a causal LM without positions is competitive with absolute positions at the "
+                                 f"training length (NoPos 22.15 vs learned 22.04 and sinusoidal 21.49 at 125M; "
+                                 f"here: within {COMPETITIVE - 1:.0%})",
+                        "verdict": "agrees" if ratio <= COMPETITIVE else "disagrees",
+                        "evidence": f"at L={s.train_len}: nope {here['nope'].mean:.2f} vs {best} "
+                                    f"{refs[best].mean:.2f} (x{ratio:.3f})"})  # fmt: skip
+    if s.metric == "accuracy" and task != "passkey" and s.past:
+        learned = {e for e, c in s.cells.items() if c.get(s.train_len) is not None and c[s.train_len].mean >= SOLVED}
+        table = {e: c for e, c in s.cells.items() if e in learned}
+        o = _ordering(s, table, KAZEMNEJAD_ORDER, first_larger=True, fmt=lambda v: _fmt(v, "accuracy"))
+        skipped = sorted(set(s.cells) & set(KAZEMNEJAD_ORDER) - learned)
+        note = f" (left out, not learned at the training length: {', '.join(skipped)})" if skipped else ""
+        if o:
+            out.append({"source": "Kazemnejad et al. 2023",
+                        "claim": "past the training length NoPE generalises best, then T5's bias, ALiBi, rotary, "
+                                 "and absolute positions worst (compared: exact-match accuracy)",
+                        "verdict": o[0], "evidence": o[1] + note, "checks": o[2]})  # fmt: skip
+        elif skipped:
+            out.append({"source": "Kazemnejad et al. 2023", "claim": "the ordering of length generalisation "
+                        "on synthetic tasks", "verdict": "undecided", "evidence": "fewer than two of its encodings "
+                        f"learned the task at the training length{note}"})  # fmt: skip
+    return out
+
+
+def train_spread(s: Summary) -> tuple[float, tuple[str, float], tuple[str, float]] | None:
+    """Max/min of the non-nope encodings' perplexity at the training length (None if < 2)."""
+    if s.metric != "ppl":
+        return None
+    cells = {e: i.mean for e, i in s.at(s.train_len).items() if e != "nope"}
+    if len(cells) < 2:
+        return None
+    lo = min(cells.items(), key=lambda kv: kv[1])
+    hi = max(cells.items(), key=lambda kv: kv[1])
+    return hi[1] / lo[1], lo, hi
+
+
+def passkey_reach(s: Summary) -> dict[str, int | None]:
+    """Per encoding, the longest evaluated length up to which every depth is retrieved with
+    >= 90 % exact match (None: not even at the shortest)."""
+    out = {}
+    for enc, by_len in s.depths.items():
+        reach = None
+        for n in s.lengths:
+            d = by_len.get(n)
+            if not d or min(i.mean for i in d.values()) < SOLVED:
+                break
+            reach = n
+        out[enc] = reach
+    return out
+
+
+def caveats(results: dict[str, Any]) -> list[str]:
+    """What this run cannot support, one sentence each (empty when nothing is amiss)."""
+    s = summarize(results)
+    out = []
+    still = [e for e, c in s.converged.items() if c is False]
+    if still:
+        details = []
+        for enc in still:
+            conv = [r.get("convergence") or {} for r in results["runs"] if r["encoding"] == enc]
+            details.append(f"{enc} ({still_improving(conv)})")
+        out.append(f"not converged: train longer — {', '.join(details)}; models still improving are compared "
+                   "before they reached their quality")  # fmt: skip
+    if all(len(v) == 1 for v in s.seeds.values()):
+        out.append("one seed: no intervals over seeds; differences of a few percent may be seed noise "
+                   "(--seeds 0,1,2 gives 95 % intervals)")  # fmt: skip
+    if s.metric == "accuracy":
+        weak = [e for e, c in s.cells.items() if c.get(s.train_len) is not None and c[s.train_len].mean < SOLVED]
+        if weak:
+            vals = ", ".join(f"{e} {_fmt(s.cells[e][s.train_len].mean, 'accuracy')}" for e in weak)
+            out.append(f"not learned at the training length (< {SOLVED:.0%} exact match): {vals}; nothing about "
+                       "length generalisation can be read from these")  # fmt: skip
+    spread = train_spread(s)
+    if spread is not None and spread[0] > SPREAD_LIMIT:
+        out.append(f"at the training length the encodings other than nope differ by max/min {spread[0]:.2f} > "
+                   f"{SPREAD_LIMIT} ({spread[2][0]} {spread[2][1]:.2f} vs {spread[1][0]} {spread[1][1]:.2f}): "
+                   "numbers past it mix quality with extrapolation")  # fmt: skip
+    return out

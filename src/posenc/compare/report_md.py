@@ -1,0 +1,169 @@
+"""``report.md``: one page that reads itself, generated from a comparison's results.
+
+The command, the reading (each published finding the run can speak to, whether this run
+agrees and the numbers that decide it; what the run cannot support), the table with
+intervals, rankings with ties, convergence, passkey retrieval by depth, the figures, the
+environment and the full config. Every sentence is computed from ``results``; nothing is
+written by hand about a particular run.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .diagnostics import mfu, still_improving
+from .reading import SPREAD_LIMIT, caveats, findings, passkey_reach, summarize, train_spread
+from .stats import Interval
+
+__all__ = ["report_markdown", "table_rows", "fmt_interval", "status_of"]
+
+
+def fmt_interval(i: Interval | None, metric: str) -> str:
+    """``4.41 ± 0.05`` (t-interval), ``4.41 (4.38–4.45)`` (two seeds: min–max), ``4.41`` (one)."""
+    if i is None:
+        return "n/a"
+
+    def f(v: float) -> str:
+        if metric == "accuracy":
+            return f"{100 * v:.1f}%"
+        return f"{v:.2f}" if abs(v) < 1000 else f"{v:.3g}"
+
+    if i.kind == "t95":
+        return f"{f(i.mean)} ± {f(i.half_width)}"
+    if i.kind == "range":
+        return f"{f(i.mean)} ({f(i.lo)}–{f(i.hi)})"
+    return f(i.mean)
+
+
+def status_of(results: dict[str, Any], encoding: str) -> str:
+    """``ok``, ``not converged: train longer (validation loss fell 4.1% over the last 20%)`` or ``-`` (unknown)."""
+    convs = [r.get("convergence") or {} for r in results["runs"] if r["encoding"] == encoding]
+    flags = [c.get("converged") for c in convs]
+    why = still_improving(convs)
+    if why is not None:
+        return f"not converged: train longer ({why})"
+    return "ok" if flags and all(f is True for f in flags) else "-"
+
+
+def interval_note(results: dict[str, Any]) -> str:
+    seeds = results["config"].get("seeds") or [results["config"].get("seed", 0)]
+    if len(seeds) >= 3:
+        return f"mean ± 95 % t-interval of {len(seeds)} seeds ({', '.join(map(str, seeds))})"
+    if len(seeds) == 2:
+        return f"mean (min–max) of 2 seeds ({seeds[0]}, {seeds[1]})"
+    return f"one seed ({seeds[0]}): no interval"
+
+
+def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]], list[str]]:
+    """``(headers, rows, notes)`` of the main table: one row per encoding, the metric at every
+    evaluation length (with its interval over seeds), speed, and the convergence status."""
+    s = summarize(results)
+    cfg = results["config"]
+    unit = "n" if cfg.get("task") and cfg.get("task") != "passkey" else "L"
+    heads = ["encoding", "params", "train s", "tok/s"]
+    heads += [f"{unit}={n}" + (" (train)" if n == s.train_len else "") for n in s.lengths] + ["status"]
+    rows = []
+    for enc in s.encodings:
+        mine = [r for r in results["runs"] if r["encoding"] == enc]
+        secs = sum(r.get("train_seconds") or 0.0 for r in mine) / len(mine)
+        tps = [r["train_tokens_per_s"] for r in mine if r.get("train_tokens_per_s")]
+        rows.append([enc, f"{mine[0].get('params', 0):,}", f"{secs:.1f}", f"{sum(tps) / len(tps):,.0f}" if tps else "-",
+                     *(fmt_interval(s.cells[enc].get(n), s.metric) for n in s.lengths), status_of(results, enc)])  # fmt: skip
+    notes = [
+        f"{'validation perplexity (bytes)' if s.metric == 'ppl' else 'exact-match accuracy'}: {interval_note(results)}"
+    ]
+    spread = train_spread(s)
+    if spread is not None:
+        ok = "within" if spread[0] <= SPREAD_LIMIT else "NOT within"
+        notes.append(f"spread at the training length (encodings other than nope): max/min {spread[0]:.3f} "
+                     f"({spread[2][0]} {spread[2][1]:.2f} / {spread[1][0]} {spread[1][1]:.2f}), {ok} {SPREAD_LIMIT}")  # fmt: skip
+    m = mfu(results)
+    if m is not None:
+        notes.append(f"MFU {m['mfu']:.1%}: {m['flops_per_s'] / 1e9:.1f} GFLOP/s of training over a matmul peak of "
+                     f"{m['peak_flops_per_s'] / 1e9:.1f} GFLOP/s measured in the same process")  # fmt: skip
+    return heads, rows, notes
+
+
+def _md_table(heads: list[str], rows: list[list[str]]) -> list[str]:
+    out = [
+        "| " + " | ".join(heads) + " |",
+        "|" + "|".join("---" if k == 0 else "---:" for k in range(len(heads))) + "|",
+    ]
+    out += ["| " + " | ".join([f"`{r[0]}`", *(c.replace("|", "\\|") for c in r[1:])]) + " |" for r in rows]
+    return out
+
+
+def report_markdown(results: dict[str, Any], figures: list[str]) -> str:
+    """The whole ``report.md`` (see the module docstring); ``figures``: PNG names in the run folder."""
+    cfg = results["config"]
+    s = summarize(results)
+    lines = ["# posenc compare: report", ""]
+    data = f"task {cfg['task']}" if cfg.get("task") else cfg.get("text") or cfg.get("dataset") or "the embedded corpus"
+    wall = results.get("wall_seconds")
+    lines += [f"{len(s.encodings)} encodings × {len(cfg.get('seeds') or [0])} seed(s), preset {cfg.get('preset')}, "
+              f"{cfg.get('steps')} steps, {data}, trained at {s.train_len}"
+              + (f"; wall time {wall:.0f} s" if wall else "") + ".", ""]  # fmt: skip
+    lines += ["## Command", "", "```", results.get("command") or "(run through the Python API)", "```", ""]
+    lines += [
+        "## Reading",
+        "",
+        "Computed from the numbers below (`posenc.compare.reading`); it changes when they do.",
+        "",
+    ]
+    found = findings(results)
+    for f in found:
+        lines.append(f"- **{f['verdict']}** — {f['source']}: {f['claim']}. Here: {f['evidence']}.")
+    if not found:
+        lines.append("- No published finding this run can speak to (it needs the encodings and lengths they compare).")
+    reach = passkey_reach(s) if cfg.get("task") == "passkey" else {}
+    for enc, n in reach.items():
+        lines.append(f"- passkey, {enc}: " + (f"retrieved at every depth (>= 90 %) up to L={n}" if n else
+                     "not retrieved at every depth (>= 90 %) even at the shortest length"))  # fmt: skip
+    cav = caveats(results)
+    if cav:
+        lines += ["", "What this run cannot support:", ""] + [f"- {c}" for c in cav]
+    heads, rows, notes = table_rows(results)
+    lines += ["", "## Results", "", *_md_table(heads, rows), ""] + [f"{n}  " for n in notes]
+    lines += ["", "## Ranking at each length", "", "Best first; `=` joins encodings this run cannot tell apart "
+              "(overlapping 95 % intervals; with one seed, perplexities within 2 % or accuracies whose Wilson "
+              "intervals overlap).", ""]  # fmt: skip
+    for n in s.lengths:
+        ranks = s.ranking(n)
+        if ranks:
+            lines.append(f"- L={n}: " + " > ".join(" = ".join(group) for group in ranks))
+    limit = next((r["convergence"].get("threshold") for r in results["runs"] if r.get("convergence")), None)
+    limit = f"{limit:.0%}" if limit is not None else "the threshold"
+    lines += ["", "## Convergence", "", "Validation loss at the training length during training. A model whose "
+              f"validation loss fell more than {limit} over the last 20 % of the steps is still improving (without "
+              "validation points: its training loss's least-squares line over that stretch decides; it is shown "
+              "for every run, but it keeps falling on seen data after the validation loss has flattened).",
+              ""]  # fmt: skip
+    lines += ["| encoding | seed | validation loss (step: loss) | validation change, last 20 % "
+              "| train-loss change, last 20 % | status |", "|---|---:|---|---:|---:|---|"]  # fmt: skip
+    for r in results["runs"]:
+        c = r.get("convergence") or {}
+        curve = ", ".join(f"{p['step']}: {p['loss']:.3f}" for p in r.get("val_curve", []) if p.get("loss") is not None)
+        slope, drop = c.get("train_slope"), c.get("val_drop")
+        state = {True: "converged", False: "not converged: train longer", None: "-"}[c.get("converged")]
+        lines.append(f"| `{r['encoding']}` | {r.get('seed', 0)} | {curve or '-'} | "
+                     f"{'-' if drop is None else f'{-drop:+.1%}'} | "
+                     f"{'-' if slope is None else f'{slope:+.1%}'} | {state} |")  # fmt: skip
+    if cfg.get("task") == "passkey":
+        lines += ["", "## Passkey retrieval by depth", "", "Exact match of the 5-digit key; depth 0 % = the key "
+                  "opens the text, 100 % = right before the question.", ""]  # fmt: skip
+        depths = sorted({d for e in s.depths.values() for n in e.values() for d in n})
+        lines += ["| encoding | length | " + " | ".join(f"{d:.0%}" for d in depths) + " |",
+                  "|---|---:|" + "---:|" * len(depths)]  # fmt: skip
+        for enc in s.encodings:
+            for n in s.lengths:
+                cell = s.depths[enc].get(n)
+                if cell:
+                    vals = [fmt_interval(cell.get(d), "accuracy") if cell.get(d) else "" for d in depths]
+                    lines.append(f"| `{enc}` | {n} | " + " | ".join(vals) + " |")
+    if figures:
+        lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figures]
+    env = results.get("environment") or {}
+    lines += ["", "## Environment", ""] + [f"- {k}: {v}" for k, v in env.items()]
+    lines += ["", "## Config", "", "```json", json.dumps(cfg, indent=2, sort_keys=True), "```", ""]
+    return "\n".join(lines)
