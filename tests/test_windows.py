@@ -210,3 +210,11 @@ def test_window_and_sink_gradients_equal_eager(enc):
         for g, r in zip(grads(name), ref, strict=True):
             assert_close(g, r, n=n, msg=f"{enc} {name}")
     assert attn.sinks.grad is not None
+
+
+def test_query_block_follows_the_span():
+    assert AttentionMask().query_block(1024) == 1024
+    assert AttentionMask(window=128).query_block(1024) == 128
+    assert AttentionMask(window=8).query_block(1024) == 64  # at least 64 rows per block
+    assert AttentionMask(window=512, chunk=200).query_block(256) == 200
+    assert AttentionMask(window=4).query_block(4) == 4
