@@ -313,3 +313,19 @@ def test_throughput_hf_rows(one_thread):
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in rows), rows
     head, body = hf_table(rows)
     assert body[0][2] == "1.00×" and all(b[2].endswith("×") for b in body)
+
+
+def test_bench_windows(tmp_path, one_thread):
+    """``--windows``: each posenc layer also with a sliding window (the former
+    benchmarks/window_cost.py), timed against the same baseline."""
+    from posenc.cli import main
+
+    out = tmp_path / "out"
+    argv = ["bench", "--encodings", "alibi,rope", "--lengths", "64", "--windows", "16", "--modes", "fwd"]
+    argv += ["--warmup", "0", "--repeats", "1", "--no-throughput", "--no-references", "--no-memory"]
+    argv += ["--out", str(out), "--quiet", "--device", "cpu"]
+    assert main(argv) == 0
+    rows = json.loads((out / "layers.json").read_text())["rows"]
+    labels = {r["label"]: r for r in rows}
+    assert {"posenc:alibi", "posenc:alibi[W=16]", "posenc:rope[W=16]"} <= set(labels)
+    assert all(r["status"] == "ok" and r["ratio"] > 0 for r in rows)

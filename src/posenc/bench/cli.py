@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument(
+        "--windows", type=_int_list, default=[], help="also each posenc layer with a sliding window of W keys (W,...)"
+    )
     p.add_argument("--masks", type=_str_list, default=["causal"], help="causal and/or bidir (default causal)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -137,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         max_seconds=args.max_seconds,
         memory_lengths=sorted(set(args.memory_lengths)),
         profile=args.profile,
+        windows=sorted(set(args.windows)),
     )
     machine = machine_record(torch.device(device))
     say = (lambda s: None) if args.quiet else (lambda s: print(f"  {s}", file=sys.stderr, flush=True))

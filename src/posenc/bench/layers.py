@@ -94,6 +94,7 @@ def posenc_case(
         return m, m
 
     label = f"posenc:{encoding}" + (f"[{backend}]" if backend != "auto" else "")
+    label += f"[W={options['window']}]" if options.get("window") else ""
     return Case(label, encoding, "posenc", causal, make, backend=backend, options=dict(options))
 
 

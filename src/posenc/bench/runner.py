@@ -45,6 +45,7 @@ class BenchConfig:
     chunk_size: int = 1024
     max_seconds: float = 60.0  # a case that takes longer per run skips its longer lengths
     memory_lengths: list[int] = field(default_factory=list)  # peak memory only (one profiled fwd+bwd)
+    windows: list[int] = field(default_factory=list)  # also each posenc layer with a sliding window of W keys
     profile: bool = False  # the top operators of each posenc case (one profiled run per mode at the longest L)
     seed: int = 0
 
@@ -104,16 +105,12 @@ def _cases(cfg: BenchConfig, device, dtype, causal: bool, encodings: list[str]) 
     cases = [baseline_case(causal=causal, **kw)]
     for e in encodings:
         for b in cfg.backends:
-            cases.append(
-                posenc_case(
-                    e,
-                    causal=causal,
-                    max_len=max([*cfg.lengths, *cfg.memory_lengths]),
-                    backend=b,
-                    chunk_size=cfg.chunk_size,
-                    **kw,
+            for w in [None, *cfg.windows]:
+                opts = {"window": w} if w else {}
+                max_len = max([*cfg.lengths, *cfg.memory_lengths])
+                cases.append(
+                    posenc_case(e, causal=causal, max_len=max_len, backend=b, chunk_size=cfg.chunk_size, **opts, **kw)
                 )
-            )
     if cfg.references:
         cases += [c for c in reference_cases(encodings, **kw) if c.causal == causal]
     return cases
