@@ -68,6 +68,11 @@ def test_seeds_intervals_convergence_mfu_and_report(tmp_path, capsys):
     # FLOPs from the model, the peak measured in the same process, MFU in [0, 1]
     assert r0["train_flops"] == pytest.approx(r0["flops_per_token"] * 10 * 4 * 16)
     assert res["environment"]["matmul_peak_flops"] > 0 and res["environment"]["torch"] == torch.__version__
+    m = res["summary"]["mfu"]  # the numbers under the table, in results.json
+    assert 0 < m["mfu"] < 1 and m["peak_flops_per_s"] == res["environment"]["matmul_peak_flops"]
+    spread = res["summary"]["train_spread"]
+    assert spread["max_over_min"] == pytest.approx(spread["max"][1] / spread["min"][1]) and spread["limit"] == 1.15
+    assert sorted(res["summary"]["not_converged"]) == ["alibi", "rope"]
     table = (out / "table.md").read_text()
     assert "mean ± 95 % t-interval of 3 seeds" in table and " ± " in table and "note: MFU " in table
     printed = capsys.readouterr().out

@@ -5,7 +5,8 @@
 * every backend an encoding supports equals eager on CUDA (``blockwise`` runs its general
   backend there), outputs and gradients;
 * decoding with the KV cache on CUDA equals the full forward, for every causal encoding;
-* ``backend="auto"`` picks FlexAttention for the scalar biases on CUDA.
+* ``backend="auto"`` picks FlexAttention for the scalar biases on CUDA;
+* windows, chunks and learned sinks on every backend equal eager (outputs and gradients).
 """
 
 from __future__ import annotations
@@ -91,3 +92,20 @@ def test_kv_cache_on_cuda_equals_full_forward(name):
     torch.testing.assert_close(
         torch.cat(steps, 1), full, **tolerance(torch.float32, n=n, magnitude=max(1.0, float(full.abs().amax())))
     )
+
+
+@pytest.mark.parametrize("kw", [{"window": 7}, {"chunk": 16}, {"window": 7, "sinks": True}, {"sinks": True}])
+@pytest.mark.parametrize("name", ["alibi", "t5", "rope"])
+def test_windows_chunks_sinks_on_every_backend_on_cuda(name, kw):
+    """Window / chunk masks (FlexAttention block sparsity) and learned sinks, outputs and gradients."""
+    torch.manual_seed(0)
+    attn = posenc.Attention(DIM, HEADS, name, head_dim=HEAD_DIM, max_len=MAX_LEN, **kw)
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    attn = attn.to(CUDA)
+    x = torch.randn(2, L, DIM, device=CUDA)
+    ref = outputs_and_grads(attn, x, "eager")
+    for b in [*posenc.supported_backends(attn.encoding), "auto"]:
+        if b != "eager":
+            assert_same(outputs_and_grads(attn, x, b), ref, dtype=torch.float32, msg=f"{name}/{b}/{kw}")

@@ -195,7 +195,8 @@ def test_passkey_determinism_and_errors(corpus):
     task = _passkey(corpus)
     a, b = task.train_batch(3, 4, 32, seed=1), task.train_batch(3, 4, 32, seed=1)
     assert torch.equal(a.tokens, b.tokens) and not torch.equal(a.tokens, task.train_batch(3, 4, 32, seed=2).tokens)
-    assert bool(a.mask.all())  # training scores every token: the filler as language, the answer as retrieval
+    # training scores the answer only, as evaluation does
+    assert torch.equal(a.mask, (torch.arange(32) >= 32 - 5).expand(4, 32))
     e1 = next(task.eval_batches(48, 4, 4, depth=0.25))
     e2 = next(task.eval_batches(48, 4, 4, depth=0.25))
     assert torch.equal(e1.tokens, e2.tokens) and int(e1.mask.sum()) == 4 * 5

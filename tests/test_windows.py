@@ -184,3 +184,37 @@ def test_sinks_learn_and_are_validated():
         posenc.Attention(8, 2, "rope", sinks=1)
     lm = posenc.TransformerLM(50, 16, 2, 2, "gpt-oss", max_len=32, window=4)
     assert [b.attn.sinks is not None for b in lm.blocks] == [True, True]
+
+
+@pytest.mark.parametrize("enc", ["rope", "alibi", "t5"])
+def test_window_and_sink_gradients_equal_eager(enc):
+    torch.manual_seed(0)
+    B, L, D, H = 2, 21, 16, 2
+    attn = posenc.Attention(D, H, enc, max_len=64, chunk_size=4, sinks=True, window=5)
+    attn.dense_chunk = 4
+    with torch.no_grad():
+        attn.sinks.copy_(torch.tensor([0.7, -0.3]))
+    x = torch.randn(B, L, D)
+
+    def grads(backend):
+        attn.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        (attn(xi, backend=backend) * torch.linspace(-1, 1, D)).sum().backward()
+        return [xi.grad] + [p.grad for p in attn.parameters()]
+
+    ref = grads("eager")
+    n = attention_n(dim=D, head_dim=D // H, length=L, grad=True)
+    for name in posenc.supported_backends(attn.encoding):
+        if name in ("eager", "flex"):  # (FlexAttention has no CPU backward)
+            continue
+        for g, r in zip(grads(name), ref, strict=True):
+            assert_close(g, r, n=n, msg=f"{enc} {name}")
+    assert attn.sinks.grad is not None
+
+
+def test_query_block_follows_the_span():
+    assert AttentionMask().query_block(1024) == 1024
+    assert AttentionMask(window=128).query_block(1024) == 128
+    assert AttentionMask(window=8).query_block(1024) == 64  # at least 64 rows per block
+    assert AttentionMask(window=512, chunk=200).query_block(256) == 200
+    assert AttentionMask(window=4).query_block(4) == 4

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from ..output import Column, Table, clean, write_csv, write_json
+from .diagnostics import mfu
 from .plots import draw_figures, per_position_absent, run_subtitle
-from .reading import caveats, metric_name
+from .reading import SPREAD_LIMIT, caveats, metric_name, summarize, train_spread
 from .report_md import report_markdown, table_rows
 
 __all__ = ["write_outputs", "results_table", "merge_results", "metric_name", "run_subtitle", "per_position_absent"]
@@ -24,6 +25,20 @@ def results_table(results: dict[str, Any]) -> Table:
     unit = "n" if cfg.get("task") and cfg.get("task") != "passkey" else "L"
     title = f"{metric_name(cfg)} by evaluation length (trained at {unit}={cfg['train_len']}; n/a: cannot run there)"
     return Table(columns, rows, title=title, notes=notes + caveats(results))
+
+
+def summary(results: dict[str, Any]) -> dict[str, Any]:
+    """What the notes under the table say, as numbers: MFU (:func:`~posenc.compare.diagnostics.mfu`),
+    the spread at the training length (max/min of the encodings other than nope), and the
+    encodings not converged."""
+    s = summarize(results)
+    spread = train_spread(s)
+    return {
+        "mfu": mfu(results),
+        "train_spread": None if spread is None else {"max_over_min": spread[0], "min": list(spread[1]),
+                                                     "max": list(spread[2]), "limit": SPREAD_LIMIT},
+        "not_converged": [e for e, c in s.converged.items() if c is False],
+    }  # fmt: skip
 
 
 def _csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -46,7 +61,7 @@ def write_outputs(out: Path, results: dict[str, Any]) -> Table:
     """Write config.json, results.json, results.csv, table.md, the figures and report.md;
     return the table."""
     out.mkdir(parents=True, exist_ok=True)
-    results = clean(results)
+    results = clean({**results, "summary": summary(results)})
     write_json(out / "config.json", results["config"])
     write_json(out / "results.json", results)
     passkey = results["config"].get("task") == "passkey"

@@ -27,9 +27,11 @@ Exact match: a sample is solved when the argmax at all five answer positions is 
 what greedy decoding would answer (chance 1e-5).
 
 Training puts the key at a uniformly random depth in sequences of the training length
-and scores every token: the filler as language modelling, the answer as retrieval
-(``Batch.mask`` is all true). Evaluation scores only the answer digits, at every
-evaluation length × :data:`DEPTHS`, with fixed seeded samples.
+and scores only the answer digits (``Batch.mask``), like evaluation, which scores them at
+every evaluation length × :data:`DEPTHS` with fixed seeded samples. Scoring every token
+instead (the filler as language modelling as well) left most models without the retrieval
+step after 2 400 steps (exact match at the training length: alibi 0.3 %, t5 8.4 %, rope
+13.1 %, sinusoidal 100 %); with the answer alone ALiBi reached 92 % at step 960.
 """
 
 from __future__ import annotations
@@ -123,11 +125,10 @@ class PasskeyTask:
         return Batch(tokens, targets, mask)
 
     def train_batch(self, step: int, batch_size: int, length: int, seed: int | None = None) -> Batch:
-        """Training sequences of ``length`` tokens, keys at random depths; every target is
-        scored (``mask`` all true): the filler as language, the answer as retrieval."""
+        """Training sequences of ``length`` tokens, keys at random depths; only the answer is
+        scored (``mask``), as in evaluation."""
         g = step_generator(self.seed if seed is None else seed, step)
-        b = self.sample(length, batch_size, None, self.train, g)
-        return Batch(b.tokens, b.targets, torch.ones_like(b.mask))
+        return self.sample(length, batch_size, None, self.train, g)
 
     def eval_batches(self, length: int, batch_size: int, count: int, depth: float = 0.5) -> Iterator[Batch]:
         """``count`` fixed samples of ``length`` tokens with the key at ``depth``; only the
