@@ -8,7 +8,7 @@ import math
 import pytest
 
 from posenc import TransformerLM
-from posenc.compare.diagnostics import convergence, matmul_peak_flops, mfu, training_flops_per_token
+from posenc.compare.diagnostics import convergence, matmul_peak_flops, mfu, still_improving, training_flops_per_token
 from posenc.compare.reading import caveats, findings, passkey_reach, summarize
 from posenc.compare.stats import interval, rank_with_ties, t_quantile, tied, wilson
 
@@ -76,6 +76,14 @@ def test_convergence_flags_a_model_still_improving():
     # without validation points the training loss's line decides, at the same threshold
     assert convergence(falling, [])["converged"] is False and convergence(flat, [])["converged"] is True
     assert convergence(falling, [])["decided_by"] == "train_slope"
+    # a task: exact match decides (a solved task's loss is ~0 and its relative drop noise)
+    solved = [{"step": 800, "loss": 8e-4, "accuracy": 1.0}, {"step": 1000, "loss": 2e-5, "accuracy": 1.0}]
+    c = convergence(flat, solved)
+    assert c["converged"] is True and c["decided_by"] == "val_accuracy_gain" and c["val_drop"] > 0.9
+    rising = [{"step": 800, "loss": 0.3, "accuracy": 0.35}, {"step": 1000, "loss": 0.1, "accuracy": 0.9}]
+    c = convergence(flat, rising)
+    assert c["converged"] is False and c["val_accuracy_gain"] == pytest.approx(0.55)
+    assert still_improving([c]) == "exact match rose 55.0 points over the last 20%"
     # either side of the threshold: a 1.9 % drop is converged, 2.1 % is not
     assert convergence(flat, [{"step": 800, "loss": 1.0}, {"step": 1000, "loss": 0.981}])["converged"] is True
     assert convergence(flat, [{"step": 800, "loss": 1.0}, {"step": 1000, "loss": 0.979}])["converged"] is False
