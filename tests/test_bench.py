@@ -49,14 +49,33 @@ def test_scalar_biases_go_to_flex_on_cuda(name):
     assert posenc.select_backend(enc, "cpu") == "blockwise"
 
 
+@pytest.mark.parametrize("name", ["alibi", "t5", "shaw", "kerple", "xl", "deberta"])
+def test_blockwise_only_for_long_sequences(name):
+    """On CPU blockwise runs only from BLOCKWISE_MIN_SCORES scores per head: at compare's
+    training length (64) the one-shot backends measured faster; KV-cache decoding (one
+    query over many keys) stays on them too."""
+    enc = _small(name)
+    side = int(posenc.backends.BLOCKWISE_MIN_SCORES**0.5)
+    short = posenc.select_backend(enc, "cpu", 64, 64)
+    assert short != "blockwise" and short in posenc.supported_backends(enc)
+    assert posenc.select_backend(enc, "cpu", 1, 4096) == short
+    assert posenc.select_backend(enc, "cpu", side, side) == "blockwise"
+    assert posenc.select_backend(enc, "cpu", side - 1, side) == short
+    assert posenc.select_backend(enc, "cuda", 64, 64) == posenc.select_backend(enc, "cuda")
+    attn = posenc.Attention(16, 2, encoding=name, causal=True)
+    assert attn.resolve_backend(None, "cpu", 64, 64) == short
+    assert attn.resolve_backend(None, "cpu", side, side) == "blockwise"
+
+
 def test_bench_resolves_auto_backend_per_device():
     from posenc.bench.layers import posenc_case
     from posenc.bench.runner import resolved_backend
 
     case = posenc_case("alibi", heads=2, head_dim=8, causal=True, max_len=64, device="cpu", dtype=torch.float32)
     module, _ = case.make(16)
-    assert resolved_backend(case, module, torch.device("cpu")) == "blockwise"
-    assert resolved_backend(case, module, torch.device("cuda")) == "flex"
+    assert resolved_backend(case, module, torch.device("cpu"), 1024) == "blockwise"
+    assert resolved_backend(case, module, torch.device("cpu"), 64) == "dense"
+    assert resolved_backend(case, module, torch.device("cuda"), 64) == "flex"
 
 
 def test_peak_memory_cpu_counts_live_bytes():
@@ -124,7 +143,9 @@ def test_bench_smoke_l128(tmp_path, one_thread):
         assert r["status"] == "ok", (r["label"], r["status"])
         assert r["L"] == 128 and r["time_s"] > 0 and r["ratio"] > 0 and r["peak_bytes"] > 0
     backends = {r["label"]: r["backend"] for r in rows if r["impl"] == "posenc"}
-    assert backends["posenc:rope"] == "sdpa" and backends["posenc:alibi"] == "blockwise"
+    assert (
+        backends["posenc:rope"] == "sdpa" and backends["posenc:alibi"] == "dense"
+    )  # 128 x 128: below BLOCKWISE_MIN_SCORES
     trows = json.loads((out / "throughput.json").read_text())["rows"]
     assert {(r["impl"], r["encoding"]) for r in trows} >= {("posenc", "rope"), ("x-transformers", "rope")}
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in trows), trows
@@ -206,12 +227,22 @@ def test_graph_breaks_rows():
 
 
 # --------------------------------------------------------------------------- torch.compile
+_BLOCKWISE = [
+    n
+    for n in posenc.available()
+    if "blockwise" in posenc.supported_backends(posenc.build(n, heads=2, head_dim=8, max_len=16))
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", posenc.available())
-def test_compile_transformer_lm(name):
-    """torch.compile of a whole TransformerLM equals eager in loss and gradients."""
+@pytest.mark.parametrize(
+    "name, backend", [(n, "auto") for n in posenc.available()] + [(n, "blockwise") for n in _BLOCKWISE]
+)
+def test_compile_transformer_lm(name, backend):
+    """torch.compile of a whole TransformerLM equals eager in loss and gradients (auto picks
+    dense at this length, so the blockwise backend, with its graph breaks, is forced once)."""
     torch.manual_seed(0)
-    lm = posenc.TransformerLM(64, 32, 2, 2, encoding=name, max_len=32)
+    lm = posenc.TransformerLM(64, 32, 2, 2, encoding=name, max_len=32, backend=backend)
     tokens = torch.randint(0, 64, (2, 17))
 
     def loss_of(model):

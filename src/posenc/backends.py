@@ -61,6 +61,7 @@ from .mask import in_query_blocks as _in_query_blocks
 from .sinks import append_sink_key, sink_bias, sink_mods, sink_softmax
 
 __all__ = [
+    "BLOCKWISE_MIN_SCORES",
     "AttendFn",
     "BACKENDS",
     "BACKEND_ALIASES",
@@ -319,19 +320,30 @@ def supported_backends(enc: PositionEncoding) -> list[str]:
     return out + ["chunked", "eager"]
 
 
-def select_backend(enc: PositionEncoding, device_type: str) -> str:
-    """The backend ``"auto"`` runs for ``enc`` on ``device_type`` (``"cpu"``, ``"cuda"``, ...).
+# ``blockwise`` pays for its per-block fused calls only from about this many scores per
+# head (q_len * k_len); below it the one-shot dense/chunked backends are faster. Measured
+# fwd+bwd, causal, 1 thread (docs/bench.md, "When auto picks blockwise"): at 64x64
+# (compare's quick preset) blockwise is 1.2-4.8x slower for alibi/t5/kerple/shaw/xl; at
+# 512x512 it is faster or level for all of them.
+BLOCKWISE_MIN_SCORES = 512 * 512
+
+
+def select_backend(enc: PositionEncoding, device_type: str, q_len: int | None = None, k_len: int | None = None) -> str:
+    """The backend ``"auto"`` runs for ``enc`` on ``device_type`` (``"cpu"``, ``"cuda"``, ...)
+    for ``q_len`` queries over ``k_len`` keys (None: long; the choice for long sequences).
 
     FlexAttention is chosen on CUDA only: on CPU it has no backward, and its compiled
     forward costs a long compile for each new shape. ``blockwise`` is chosen on CPU only
-    (its fused calls are CPU SDPA's flash kernel).
+    (its fused calls are CPU SDPA's flash kernel), and only from
+    :data:`BLOCKWISE_MIN_SCORES` scores per head, where it measured faster.
     """
     ok = supported_backends(enc)
     if "sdpa" in ok:
         return "sdpa"
     if "flex" in ok and enc.has_score_mod and device_type == "cuda":
         return "flex"
-    if "blockwise" in ok and device_type == "cpu":
+    short = q_len is not None and k_len is not None and q_len * k_len < BLOCKWISE_MIN_SCORES
+    if "blockwise" in ok and device_type == "cpu" and not short:
         return "blockwise"
     if "dense" in ok:
         return "dense"

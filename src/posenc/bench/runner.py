@@ -74,11 +74,11 @@ class Row:
     profile: list[dict] = field(default_factory=list)  # top operators: name, self_s, share
 
 
-def resolved_backend(case: Case, module, device: torch.device) -> str:
-    """The backend a posenc case actually runs (``auto`` resolved by the layer itself)."""
+def resolved_backend(case: Case, module, device: torch.device, L: int) -> str:
+    """The backend a posenc case actually runs at length ``L`` (``auto`` resolved by the layer itself)."""
     if not isinstance(module, Attention):
         return ""
-    return module.resolve_backend(case.backend, device.type)
+    return module.resolve_backend(case.backend, device.type, L, L)
 
 
 def _step(module, fn: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor, mode: str) -> Callable[[], None]:
@@ -171,7 +171,7 @@ def _run_length(cfg, cases, causal, L, device, dtype, D, too_slow, progress) -> 
                 case.label,
                 case.impl,
                 case.encoding,
-                resolved_backend(case, module, device),
+                resolved_backend(case, module, device, L),
                 causal,
                 L,
                 mode,
@@ -249,7 +249,7 @@ def _memory_length(cfg, cases, causal, L, device, dtype, D, progress) -> list[Ro
         try:
             torch.manual_seed(cfg.seed)
             module, fn = case.make(L)
-            row.backend = resolved_backend(case, module, device)
+            row.backend = resolved_backend(case, module, device, L)
             row.peak_bytes = peak_memory(_step(module, fn, x, grad, "fwd+bwd"), device=device)
         except Exception as e:
             row.status = f"error: {type(e).__name__}: {str(e)[:200]}"
