@@ -9,7 +9,7 @@ BOS byte (0) instead, as LLM pre-training sequences do, and the streams start wi
 Validation windows of 8 x 64 tokens are decoded token by token; the script prints the
 perplexity of each 64-token segment of the stream, and of a full (uncached) forward::
 
-    PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/streaming_sinks.py [--ckpt rope.pt] [--windows 24]
+    PYTHONPATH=src OMP_NUM_THREADS=1 python examples/streaming_sinks.py [--ckpt rope.pt] [--windows 24]
 """
 
 import argparse
