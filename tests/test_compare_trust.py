@@ -48,6 +48,7 @@ def test_task_presets_set_lengths_unless_given():
     pk = preset_config("quick", task="passkey")
     assert pk.train_len == text.train_len and pk.eval_lens == text.eval_lens
     assert pk.encoding_options == text.encoding_options
+    assert pk.lr == text.lr / 2 and preset_config("quick", task="passkey", lr=1e-2).lr == 1e-2
 
 
 def test_seeds_intervals_convergence_mfu_and_report(tmp_path, capsys):

@@ -272,7 +272,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "steps": 3000,
                 "encoding_options": {"t5": {"max_distance": 32}},
             },
-            "passkey": {"eval_samples": 64},  # the text budget: 1 600 steps at 64 tokens
+            # the text budget (1 600 steps at 64 tokens) at half the text lr: at 1e-2 ALiBi's
+            # seed-0 model stopped on a 68 % plateau; at 5e-3 all 21 models of the core seven
+            # x seeds 0-2 reach >= 99.7 % at the training length (docs/compare.md)
+            "passkey": {"eval_samples": 64, "lr": 5e-3},
         },  # fmt: skip
     },
     "standard": dict(
