@@ -106,6 +106,33 @@ def test_floater_solves_once_per_forward_and_caches_at_inference():
     assert_close(ref, lm(t, pos=pos).detach(), n=lm_n(dim=16, depth=3, length=8))  # cached table == solve with grad
 
 
+@pytest.mark.parametrize("frame", ["rotating", "fixed"])
+def test_floater_backward_keeps_one_copy_of_the_weights(frame):
+    """Autograd keeps the float64 MLP weights once per solve, not once per function
+    evaluation (4 per position with rk4): the copies cost ~1 MiB per position at D = 512 and
+    made L = 16384 need ~23 GiB. The other saved tensors are state-sized (at most hidden x D),
+    so the saved bytes grow by a bounded amount per position."""
+    enc = posenc.build("floater", heads=2, head_dim=32, hidden=16, frame=frame)  # D = 64
+    shapes = {tuple(enc.field.net[0].weight.shape), tuple(enc.field.net[2].weight.shape)}
+    saved = {}
+    for L in (16, 64):
+        kept = {}  # distinct storages autograd keeps: data_ptr -> tensor
+
+        def pack(t, kept=kept):
+            kept[t.untyped_storage().data_ptr()] = t
+            return t
+
+        enc._memo.call = None
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = enc.positions(torch.arange(L))
+        weights = sum(t.dtype == torch.float64 and tuple(t.shape) in shapes for t in kept.values())
+        saved[L] = (weights, sum(t.untyped_storage().nbytes() for t in kept.values()))
+        del out
+    assert saved[16][0] == saved[64][0] <= 2, saved  # w1 and w2, once, whatever the length
+    per_position = (saved[64][1] - saved[16][1]) / 48
+    assert per_position < 4 * 64 * 8 * 40, saved  # 4 stages x ~40 state-sized float64 tensors
+
+
 def test_floater_bad_options():
     with pytest.raises(ValueError, match="torchdiffeq solver.*'rk5'"):
         posenc.build("floater", heads=1, head_dim=4, method="rk5")
