@@ -8,6 +8,8 @@ a KV-cache offset and with key padding (including a row that sees no key).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from tests.conftest import assert_close
@@ -209,6 +211,101 @@ def test_bad_arguments():
         make_plan(Geometry(4, 4, True), "other", None, 2)
     with pytest.raises(ValueError, match="block"):
         make_plan(Geometry(4, 4, True), "none", None, 0)
+
+
+# ---------------------------------------------------------------- ALiBi: far keys left out
+@pytest.fixture
+def cut_pieces(monkeypatch):
+    """Records every flash-call piece :func:`posenc.kernels.segments._head_groups` hands out."""
+    from posenc.kernels import segments
+
+    pieces = []
+    real = segments._head_groups
+
+    def spy(call, cuts, delta, n_heads):
+        groups = real(call, cuts, delta, n_heads)
+        pieces.append((call, n_heads, groups))
+        return groups
+
+    monkeypatch.setattr(segments, "_head_groups", spy)
+    return pieces
+
+
+def _dropped(pieces):
+    """``(head, rows, keys)`` of every key range a call left out for a head."""
+    out = []
+    for call, n_heads, groups in pieces:
+        for h in range(n_heads):
+            ks = [ks for hs, ks in groups if h in range(n_heads)[hs]]
+            a, b = (ks[0].start or 0, ks[0].stop or call.k1 - call.k0) if ks else (0, 0)
+            rows = slice(call.r0, call.r1)
+            if a > 0:
+                out.append((h, rows, slice(call.k0, call.k0 + a)))
+            if b < call.k1 - call.k0:
+                out.append((h, rows, slice(call.k0 + b, call.k1)))
+    return out
+
+
+def _alibi_long(causal):
+    m = torch.tensor([1.0, 0.5, 0.01])  # two steep heads whose far keys underflow, one that never does
+    bias = (lambda d: m[:, None] * d) if causal else (lambda d: -m[:, None] * d.abs())
+    return DistanceTerms(bias=bias, kind="linear", far=(0, 0), slopes=(m, -m))
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("offset", [0, 37])
+def test_alibi_far_keys_left_out_equal_reference(causal, dtype, offset, cut_pieces):
+    """Over 400 keys the steep heads' calls leave far keys out (the spy sees it), and the
+    output and every gradient still equal the dense float32 reference."""
+    torch.manual_seed(1)
+    Lq = 400 - offset
+    terms = _alibi_long(causal)
+    q, k, v = (torch.randn(B, H, n, DH).to(dtype).requires_grad_() for n in (Lq, 400, 400))
+    grad = torch.randn(B, H, Lq, DH)
+    kw = dict(scale=DH**-0.5, causal=causal, offset=offset)
+    out = distance_attention(q, k, v, terms, block=64, **kw)
+    ref = reference(q, k, v, terms, kpm=None, **kw)
+    dropped = _dropped(cut_pieces)
+    assert {h for h, _, _ in dropped} == {0, 1}, "the steep heads leave keys out, the shallow one none"
+    n = DH + 2 * 400
+    assert_close(out.float(), ref, n=n, dtype=dtype, msg="output")
+    got = torch.autograd.grad(out.float(), (q, k, v), grad)
+    want = torch.autograd.grad(ref, (q, k, v), grad)
+    for name, a, b in zip("qkv", got, want):
+        assert_close(a.float(), b.float(), n=2 * n + B * Lq, dtype=dtype, msg=f"grad {name}")
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_alibi_left_out_keys_have_weight_below_smallest_normal(causal, cut_pieces):
+    """The bound behind the cut, at its tightest: every query is ``u``, the far keys are
+    ``+a·u`` (the largest score Cauchy–Schwarz allows) and the near keys ``-a·u`` (the
+    smallest), so a far key's weight is within ``1 - e^-m`` of ``e^(2·scale·|q|·|k| - m·|d|)``.
+    In float64, every key a call left out still has weight below float32's smallest normal."""
+    L, near = 500, 120
+    u = torch.randn(DH, dtype=torch.float64)
+    u = 1.5 * u / u.norm()
+    q = u.expand(1, H, L, DH).clone()
+    j = torch.arange(L)
+    far = ((j < L - near) if causal else ((j < L // 2 - near) | (j >= L // 2 + near))).double()
+    k = (2 * far - 1)[:, None] * u  # +u far, -u near
+    k = k.expand(1, H, L, DH).clone()
+    v = torch.randn(1, H, L, DH, dtype=torch.float64)
+    terms = _alibi_long(causal)
+    scale = DH**-0.5
+    distance_attention(q.float(), k.float(), v.float(), terms, scale=scale, causal=causal, block=32)
+    dropped = _dropped(cut_pieces)
+    assert dropped, "the steep heads leave keys out"
+    s = scale * q @ k.transpose(-1, -2)
+    d = (j[None, :] - j[:, None]).double()
+    s = s + terms.bias(d.long().view(-1)).double().view(H, L, L)
+    if causal:
+        s = s.masked_fill(j[None, :] > j[:, None], float("-inf"))
+    p = torch.softmax(s, -1)[0]
+    worst = max(float(p[h, rows, keys].max()) for h, rows, keys in dropped)
+    assert worst < 2.0**-126, worst  # e^-87.3
+    # and the cut is not needlessly far: here some left-out key comes within e^-5 of it
+    assert worst > math.exp(-95.0), worst
 
 
 # ---------------------------------------------------------------- the blockwise backend

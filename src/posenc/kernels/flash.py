@@ -83,18 +83,20 @@ def safe_lse(lse: Tensor) -> Tensor:
     return lse.masked_fill(lse == float("-inf"), 0.0)
 
 
-def merge_into(out: Tensor, lse: Tensor, rows: slice, part_out: Tensor, part_lse: Tensor) -> None:
+def merge_into(
+    out: Tensor, lse: Tensor, rows: slice, part_out: Tensor, part_lse: Tensor, heads: slice = slice(None)
+) -> None:
     """Merge one partial softmax over a key subset into the running ``(out, lse)`` of ``rows``.
 
     ``out`` ``(B, H, Lq, Dh)`` float32 and ``lse`` ``(B, H, Lq)`` float32 are updated in
-    place; ``part_out`` is the part's normalised output, ``part_lse`` its log-sum-exp
-    (``-inf`` for rows the part gives nothing).
+    place (only the ``heads`` given); ``part_out`` is the part's normalised output,
+    ``part_lse`` its log-sum-exp (``-inf`` for rows the part gives nothing).
     """
-    old = lse[:, :, rows]
+    old = lse[:, heads, rows]
     new = torch.logaddexp(old, part_lse)
     ref = safe_lse(new)
     keep = torch.exp(old - ref).unsqueeze(-1)
     add = torch.exp(part_lse - ref).unsqueeze(-1)
-    o = out[:, :, rows]
+    o = out[:, heads, rows]
     o.mul_(keep).add_(part_out.float() * add)
-    lse[:, :, rows] = new
+    lse[:, heads, rows] = new

@@ -17,10 +17,22 @@ Far-field variants: a call on the ``"left"`` or ``"right"`` side uses that side'
 ``slope·(J - i + delta)`` to its log-sum-exp: magnitudes stay bounded by the distance to
 the block, not the position. In bfloat16 and float16 the column is split into a high and
 a low half (two columns) to keep float32 accuracy.
+
+Keys too far to count (linear terms): with a decaying slope ``m`` (ALiBi) and no key
+padding, row ``i``'s log-sum-exp is at least its own key's score ``scale·q_i·k_i`` (bias 0
+at ``d = 0``), so a key at distance ``|d|`` has weight at most
+``exp(2·scale·max|q|·max|k| − |m·d|)`` (Cauchy–Schwarz, per head). Each unmasked flash call
+leaves out, per head, the keys where that bound is below ``e^-90``, under float32's
+smallest normal ``2^-126``: their summed weight is below ``Lk·2^-126``, some ``2^-100``
+of the output's own rounding at any practical ``Lk``, and they are exactly the keys whose
+weights would be denormal (slow on x86 for a thread that does not flush them) or 0. The
+steep heads then attend a band of ``(90 + 2·scale·max|q|·max|k|)/m`` keys instead of
+every key (:func:`_cutoffs`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +60,66 @@ class SegmentConfig:
     slope_left: Tensor | None = None  # (H,) float32, linear terms only (no gradient)
     slope_right: Tensor | None = None
     keep_bytes: int = 256 * 2**20  # explicit parts whose probabilities fit are kept for backward
+    cut_keys: bool = True  # linear terms: leave out keys whose weight is provably < 2^-126 (module doc)
+
+
+# a key whose weight is provably below e^-CUT_LOGIT is left out: e^-90 < 2^-129, below
+# float32's smallest normal 2^-126 with a margin for the kernel's own rounding of the score
+CUT_LOGIT = 90.0
+
+
+def _cutoffs(cfg: SegmentConfig, t: dict) -> tuple[list, list] | None:
+    """Per head, the largest ``|d|`` still attended on the left and on the right (None: all).
+
+    None for the whole call when the bound of the module doc does not hold: no linear
+    call, key padding (a row's own key may be padded), or a row whose own key (``d = 0``)
+    is not among its visible keys.
+    """
+    plan, g = cfg.plan, cfg.plan.geometry
+    if not cfg.cut_keys or cfg.key_padding_mask is not None or cfg.slope_left is None:
+        return None
+    if not any(c.centre is not None and not c.causal for c in plan.calls):
+        return None
+    own_key = g.delta <= 0 and g.Lq - 1 - g.delta <= g.Lk - 1 and (not g.causal or -g.delta <= g.offset)
+    if not own_key:
+        return None
+    with torch.no_grad():
+        qn = t["q"].float().norm(dim=-1).amax(dim=(0, 2))  # (H,)
+        kn = t["k"].float().norm(dim=-1).amax(dim=(0, 2))
+        reach = (CUT_LOGIT + 2 * cfg.scale * qn * kn).tolist()
+    left, right = cfg.slope_left.float().tolist(), cfg.slope_right.float().tolist()
+    cut_l = [int(r / m) if m > 0 and math.isfinite(r / m) else None for r, m in zip(reach, left)]
+    cut_r = [int(r / -m) if m < 0 and math.isfinite(r / -m) else None for r, m in zip(reach, right)]
+    return cut_l, cut_r
+
+
+def _head_groups(call: FlashCall, cuts, delta: int, H: int) -> list[tuple[slice, slice]]:
+    """``(heads, keys within the call)`` pieces of one flash call: per head, the call's keys
+    that some row of it still attends under ``cuts`` (:func:`_cutoffs`); runs of heads with
+    the same range share a piece; heads with no key left get none."""
+    n = call.k1 - call.k0
+    if cuts is None or call.centre is None or call.causal or call.flip:
+        return [(slice(None), slice(None))]
+    cut = cuts[0] if call.side == "left" else cuts[1]
+    ranges = []
+    for h in range(H):
+        a, b = 0, n
+        if cut[h] is not None:
+            if call.side == "left":  # key j is attended by row r0 iff r0 - j - delta <= cut
+                a = min(n, max(0, call.r0 - delta - cut[h] - call.k0))
+            else:  # key j is attended by row r1 - 1 iff j - (r1 - 1) + delta <= cut
+                b = max(0, min(n, call.r1 - 1 - delta + cut[h] + 1 - call.k0))
+        ranges.append((a, b))
+    if all(r == (0, n) for r in ranges):
+        return [(slice(None), slice(None))]
+    groups, h0 = [], 0
+    for h in range(1, H + 1):
+        if h == H or ranges[h] != ranges[h0]:
+            a, b = ranges[h0]
+            if a < b:
+                groups.append((slice(h0, h), slice(a, b)))
+            h0 = h
+    return groups
 
 
 def _side(t: dict, side: str) -> tuple[str, str, str]:
@@ -186,18 +258,22 @@ class SegmentAttention(torch.autograd.Function):
         lse = torch.full((B, H, Lq), float("-inf"), device=q.device)
         masks = _Masks(cfg.key_padding_mask, q.dtype)
         operands = _Operands(cfg, t)
+        cuts = _cutoffs(cfg, t)
         for call in plan.calls:
             qc, kc, vc, shift = operands(call)
-            oc, lc = flash_forward(qc, kc, vc, scale=cfg.scale, causal=call.causal, mask=masks.mask(call))
-            if shift is not None:
-                lc = lc + shift
-            vis = masks.visible(call)
-            if vis is not None:
-                lc = lc.masked_fill(~vis, float("-inf"))
-            oc = oc[..., :Dv]
-            if call.flip:
-                oc, lc = oc.flip(2), lc.flip(-1)
-            merge_into(out, lse, _global(call, Lq, g.Lk)[0], oc, lc)
+            for hs, ks in _head_groups(call, cuts, g.delta, H):  # (no cut: one piece, all heads and keys)
+                oc, lc = flash_forward(
+                    qc[:, hs], kc[:, hs, ks], vc[:, hs, ks], scale=cfg.scale, causal=call.causal, mask=masks.mask(call)
+                )
+                if shift is not None:
+                    lc = lc + shift[:, hs]
+                vis = masks.visible(call)
+                if vis is not None:
+                    lc = lc.masked_fill(~vis, float("-inf"))
+                oc = oc[..., :Dv]
+                if call.flip:
+                    oc, lc = oc.flip(2), lc.flip(-1)
+                merge_into(out, lse, _global(call, Lq, g.Lk)[0], oc, lc, heads=hs)
         sizes = [b.size() for b in plan.bands] + [(s.r1 - s.r0) * s.width for s in plan.strips]
         keep = sum(sizes) * B * H * 4 <= cfg.keep_bytes
         kept = []
@@ -220,7 +296,7 @@ class SegmentAttention(torch.autograd.Function):
                 merge_into(out, lse, slice(strip.r0, strip.r1), ob, lb)
                 kept.append((p, lb))
         out = out.to(q.dtype)
-        ctx.cfg, ctx.kept = cfg, kept
+        ctx.cfg, ctx.kept, ctx.cuts = cfg, kept, cuts
         ctx.save_for_backward(*tensors, out, lse)
         return out
 
@@ -246,22 +322,25 @@ class SegmentAttention(torch.autograd.Function):
             rows = slice(call.r0, call.r1)
             do_c, out_c, lse_c = rev if call.flip else fwd
             lc = lse_c[:, :, rows] if shift is None else lse_c[:, :, rows] - shift
-            dq, dk, dv = flash_backward(
-                _pad_cols(do_c[:, :, rows], vc.shape[-1]),  # a far-field variant may have a column
-                qc,
-                kc,
-                vc,
-                _pad_cols(out_c[:, :, rows], vc.shape[-1]),
-                lc.contiguous(),
-                scale=cfg.scale,
-                causal=call.causal,
-                mask=masks.mask(call),
-            )
             grows, gkeys = _global(call, Lq, g.Lk)
-            for name, d, sl in zip(operands.names(call), (dq, dk, dv), (grows, gkeys, gkeys)):
-                if grads[name] is not None:
-                    d = d[..., : t[name].shape[-1]]
-                    grads[name][:, :, sl] += d.flip(2) if call.flip else d
+            H = qc.shape[1]
+            for hs, ks in _head_groups(call, ctx.cuts, g.delta, H):
+                dq, dk, dv = flash_backward(
+                    _pad_cols(do_c[:, hs, rows], vc.shape[-1]),  # a far-field variant may have a column
+                    qc[:, hs],
+                    kc[:, hs, ks],
+                    vc[:, hs, ks],
+                    _pad_cols(out_c[:, hs, rows], vc.shape[-1]),
+                    lc[:, hs].contiguous(),
+                    scale=cfg.scale,
+                    causal=call.causal,
+                    mask=masks.mask(call),
+                )
+                keys = gkeys if ks == slice(None) else slice(gkeys.start + ks.start, gkeys.start + ks.stop)
+                for name, d, sl in zip(operands.names(call), (dq, dk, dv), (grows, keys, keys)):
+                    if grads[name] is not None:
+                        d = d[..., : t[name].shape[-1]]
+                        grads[name][:, hs, sl] += d.flip(2) if call.flip else d
         kept = iter(ctx.kept)
         common = dict(scale=cfg.scale, geom=g)
         for band in plan.bands:
