@@ -154,10 +154,49 @@ def test_fire_equals_paper_listing(causal):
         enc.L_multiplier.fill_(1.3)
     pos = torch.arange(n)
     ref = paper(torch.zeros(1, n, 1))[0]
-    assert_close(enc.bias(pos, pos), ref, n=paper.mlp[0].out_features + 8)  # MLP of width 32 + ψ's 8 ops
-    # gradients reach c and the threshold multiplier, as in the paper
-    enc.bias(pos, pos).square().sum().backward()
+    got = enc.bias(pos, pos)
+    assert_close(got, ref, n=paper.mlp[0].out_features + 8)  # MLP of width 32 + ψ's 8 ops
+    # gradients of every parameter (the MLP's, c, the threshold multiplier) equal the listing's
+    w = torch.randn_like(ref)
+    (got * w).sum().backward()
+    (ref * w).sum().backward()
     assert enc.c.grad.abs() > 0 and enc.L_multiplier.grad.abs() > 0
+    mine = dict(enc.named_parameters())
+    for name, p in paper.named_parameters():
+        if p.grad is None:
+            continue
+        # each gradient sums n² pairs' contributions, each through the width-32 MLP and ψ
+        assert_close(mine[name].grad, p.grad, n=n * n + 40, magnitude=float(w.abs().sum()) / n, msg=name)
+
+
+def test_relu_mlp_1d_is_the_mlp():
+    """The piecewise evaluation against the plain MLP in float64, values and gradients, with
+    the corner cases of its pieces: a unit with w1 = 0 (on or off everywhere), two units with
+    the same kink, inputs on both sides of every kink and beyond the outermost ones."""
+    from posenc.encodings.fire import relu_mlp_1d
+
+    torch.manual_seed(0)
+    W, H = 12, 3
+    w1, b1 = torch.randn(W, dtype=torch.float64), torch.randn(W, dtype=torch.float64)
+    w1[0], b1[0] = 0.0, 0.7  # constant, on
+    w1[1], b1[1] = 0.0, -0.2  # constant, off
+    w1[3], b1[3] = 2 * w1[2], 2 * b1[2]  # the same kink as unit 2
+    w2, b2 = torch.randn(H, W, dtype=torch.float64), torch.randn(H, dtype=torch.float64)
+    kinks = (-b1 / w1)[w1 != 0]
+    u = torch.cat([torch.linspace(-4, 4, 57, dtype=torch.float64), kinks + 1e-3, kinks - 1e-3]).view(7, 11)
+    leaves = [t.clone().requires_grad_() for t in (u, w1, b1, w2, b2)]
+    got = relu_mlp_1d(*leaves)
+    ref_leaves = [t.clone().requires_grad_() for t in (u, w1, b1, w2, b2)]
+    uu, a1, c1, a2, c2 = ref_leaves
+    ref = torch.relu(uu.unsqueeze(-1) * a1 + c1) @ a2.t() + c2
+    assert got.shape == ref.shape == (*u.shape, H)
+    assert_close(got, ref, n=2 * W, dtype=torch.float64)
+    g = torch.randn_like(ref)
+    for a, b, name in zip(
+        torch.autograd.grad(got, leaves, g), torch.autograd.grad(ref, ref_leaves, g), ["u", "w1", "b1", "w2", "b2"]
+    ):
+        assert_close(a, b, n=u.numel() * 2 * W, dtype=torch.float64, msg=name)
+    assert torch.autograd.gradcheck(lambda x: relu_mlp_1d(x, w1, b1, w2, b2), (u.clone().requires_grad_(),))
 
 
 def test_fire_depends_on_query_position_past_threshold():

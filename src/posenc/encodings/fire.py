@@ -6,15 +6,83 @@ Context Transformers", 2023. ``f_θ(ψ(i - j) / ψ(max(i, L_thr)))``, ``ψ(x) = 
 
 Its ``score_mod`` evaluates the MLP inside the closure (FlexAttention), so no ``L×L``
 tensor is built on the flex path.
+
+Elsewhere (eager, dense, chunked) the MLP is evaluated as what it is: ``f_θ`` has one
+scalar input and one ReLU layer, so it is piecewise linear in ``u`` with at most
+``mlp_width`` kinks (``u = -b1_k/w1_k``). :func:`relu_mlp_1d` sorts the kinks, forms one
+slope and one intercept per head for each of the ``mlp_width + 1`` pieces (from the
+parameters, with autograd: ``(W+1)×H`` numbers), and per pair looks up its piece and
+computes ``slope·u + intercept``; backward sums the incoming gradient per piece
+(``Σ g`` and ``Σ g·u``). Per pair that is a few passes over ``H`` values instead of the
+MLP's ``mlp_width``-wide hidden layer, which made FIRE's bias the bulk of its step.
+The values are the MLP's up to rounding (the oracle test holds them, and the gradients of
+every parameter, to the paper's listing).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import PositionEncoding, ScoreMod, Stage, register
 from .bias import _per_head
+
+
+class _Pieces(torch.autograd.Function):
+    """``slope[piece(u)]·u + intercept[piece(u)]``: ``u`` ``(...)`` -> ``(..., H)``.
+
+    ``knots`` ``(K,)`` sorted; the piece of ``u`` is the number of knots ``<= u``;
+    ``slope``, ``intercept`` ``(K + 1, H)``.
+    """
+
+    @staticmethod
+    def forward(ctx, u: Tensor, slope: Tensor, intercept: Tensor, knots: Tensor) -> Tensor:
+        u = u.contiguous()
+        piece = torch.searchsorted(knots, u, right=True)
+        H = slope.shape[1]
+        both = F.embedding(piece, torch.cat((slope, intercept), 1))  # (..., 2H): one gather
+        ctx.save_for_backward(u, piece, slope)
+        return torch.addcmul(both[..., H:], both[..., :H], u.unsqueeze(-1))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        u, piece, slope = ctx.saved_tensors
+        grad = grad.contiguous()
+        gu = (grad * F.embedding(piece, slope)).sum(-1) if ctx.needs_input_grad[0] else None
+        if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
+            return gu, None, None, None
+        # per-piece sums, first along each row of keys (scatter), then over the rows
+        # (a pairwise sum): float32 error grows with the row length, not with all L² pairs
+        n, H, K1 = u.shape[-1] if u.dim() else 1, slope.shape[1], slope.shape[0]
+        g = grad.reshape(-1, n, H)
+        index = piece.reshape(-1, n, 1).expand(-1, -1, H)
+        zeros = grad.new_zeros(g.shape[0], K1, H)
+        d_intercept = zeros.scatter_add(1, index, g).sum(0)
+        d_slope = zeros.scatter_add_(1, index, g * u.reshape(-1, n, 1)).sum(0)
+        return gu, d_slope, d_intercept, None
+
+
+def relu_mlp_1d(u: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
+    """``w2·relu(w1·u + b1) + b2`` for a scalar ``u`` per element: ``u`` ``(...)`` -> ``(..., H)``.
+
+    ``w1``, ``b1`` ``(W,)``, ``w2`` ``(H, W)``, ``b2`` ``(H,)``. Evaluated piece by piece
+    (module doc); differentiable in ``u`` and every parameter (the piece boundaries carry
+    no gradient: the function is continuous across them).
+    """
+    W = w1.shape[0]
+    with torch.no_grad():
+        kink = torch.where(w1 != 0, -b1 / w1, torch.full_like(b1, float("inf")))
+        knots, order = torch.sort(kink)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(W, device=w1.device)
+        piece = torch.arange(W + 1, device=w1.device)[:, None]  # piece t: knots[t-1] <= u < knots[t]
+        # unit k is on in piece t: w1 > 0 and u >= its kink (t > rank), w1 < 0 and u < its kink
+        # (t <= rank), or w1 = 0 and b1 > 0
+        on = torch.where(w1 > 0, piece > rank, torch.where(w1 < 0, piece <= rank, b1 > 0)).to(w1.dtype)
+    slope = (on * w1) @ w2.t()  # (W + 1, H)
+    intercept = (on * b1) @ w2.t() + b2
+    return _Pieces.apply(u, slope, intercept, knots)
 
 
 @register
@@ -85,8 +153,7 @@ class FIRE(PositionEncoding):
         u = self.normalized_distance(q_pos, k_pos)  # (..., Lq, Lk)
         w1, b1 = self.mlp[0].weight.float()[:, 0], self.mlp[0].bias.float()
         w2, b2 = self.mlp[2].weight.float(), self.mlp[2].bias.float()
-        hidden = torch.relu(u.unsqueeze(-1) * w1 + b1)  # (..., Lq, Lk, W)
-        return _per_head(hidden @ w2.t() + b2)  # (..., H, Lq, Lk)
+        return _per_head(relu_mlp_1d(u, w1, b1, w2, b2))  # (..., H, Lq, Lk)
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         """The MLP evaluated inside the closure, unrolled over its hidden units (pointwise only)."""
