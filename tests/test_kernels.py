@@ -122,6 +122,21 @@ KINDS = ["t5", "shaw", "deberta", "alibi", "kerple", "xl"]
 @pytest.mark.parametrize("setting", ["plain", "offset", "padding", "recompute"])
 def test_distance_attention_equals_reference(kind, causal, dtype, setting):
     """``recompute``: the band's probabilities are recomputed in backward instead of kept."""
+    _check_against_reference(kind, causal, dtype, setting)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("setting", ["plain", "offset", "padding", "recompute"])
+def test_bias_bands_split_by_keys_equal_reference(causal, dtype, setting, monkeypatch):
+    """A bias without vector terms (Kerple) has its bands cut into pieces of 5 keys."""
+    from posenc.kernels import relative
+
+    monkeypatch.setattr(relative, "BIAS_BAND_KEYS", 5)
+    _check_against_reference("kerple", causal, dtype, setting)
+
+
+def _check_against_reference(kind, causal, dtype, setting):
     torch.manual_seed(0)
     Lq, offset = 19, 0
     Lk = Lq
@@ -177,10 +192,13 @@ def test_padded_row_is_zero_and_finite():
 def test_plan_covers_every_visible_pair_once(causal):
     """Each (row, key) the mask allows lands in exactly one flash call, strip or band;
     flash calls hold no masked pair (bands and strips mask theirs)."""
-    for kind, far in (("clamp", (-3, 5)), ("clamp", (-2, -2)), ("linear", (0, 0)), ("none", None)):
+    cases = (("clamp", (-3, 5), None), ("clamp", (-2, -2), None), ("linear", (0, 0), None))
+    for kind, far, band_keys in (*cases, ("none", None, None), ("none", None, 3)):
         for Lq, offset in ((13, 0), (5, 9), (1, 20)):
             g = Geometry(Lq, Lq + offset, causal, offset, -offset)
-            plan = make_plan(g, kind, far, block=4)
+            plan = make_plan(g, kind, far, block=4, band_keys=band_keys)
+            if band_keys:
+                assert all(b.k1 - b.k0 <= band_keys for b in plan.bands)
             calls = torch.zeros(Lq, g.Lk, dtype=torch.long)
             for c in plan.calls:
                 for r in range(c.r0, c.r1):

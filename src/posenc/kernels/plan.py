@@ -136,11 +136,13 @@ def _clamp_plan(geom: Geometry, lo: int, hi: int, block: int) -> Plan:
     return Plan(geom, tuple(calls), (), tuple(strips))
 
 
-def make_plan(geom: Geometry, kind: str, far: tuple[int, int] | None, block: int) -> Plan:
+def make_plan(geom: Geometry, kind: str, far: tuple[int, int] | None, block: int, band_keys: int | None = None) -> Plan:
     """Split the work of one call into flash calls, strips and bands.
 
     ``kind``: ``"clamp"``, ``"linear"`` or ``"none"`` (module docstring); ``far = (lo, hi)``:
-    the terms have their far-field form for ``d <= lo`` and for ``d >= hi``.
+    the terms have their far-field form for ``d <= lo`` and for ``d >= hi``; ``band_keys``:
+    at most this many keys per band (a block's keys become several bands, merged like the
+    other parts), so that a band's ``(B, H, block, keys)`` scores stay in cache.
     """
     if kind not in ("clamp", "linear", "none"):
         raise ValueError(f"kind must be 'clamp', 'linear' or 'none', got {kind!r}")
@@ -148,6 +150,9 @@ def make_plan(geom: Geometry, kind: str, far: tuple[int, int] | None, block: int
         raise ValueError(f"kind={kind!r} needs far=(lo, hi) with lo <= hi, got {far!r}")
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
+    if band_keys is not None and band_keys < 1:
+        raise ValueError(f"band_keys must be >= 1 or None, got {band_keys}")
+    span = band_keys or geom.Lk
     if kind == "clamp":
         return _clamp_plan(geom, far[0], far[1], block)
     calls: list[FlashCall] = []
@@ -158,7 +163,7 @@ def make_plan(geom: Geometry, kind: str, far: tuple[int, int] | None, block: int
         if kend <= 0:
             continue  # no row of this block sees a key (a causal call with keys all ahead)
         if kind == "none":
-            bands.append(Band(s, e, 0, kend))
+            bands += [Band(s, e, k, min(k + span, kend)) for k in range(0, kend, span)]
             continue
         lo, hi = far
         centre = (s + e - 1) // 2 - geom.delta
