@@ -67,6 +67,24 @@ def test_blockwise_only_for_long_sequences(name):
     assert attn.resolve_backend(None, "cpu", side, side) == "blockwise"
 
 
+def test_chunked_blocks_shrink_with_the_key_count(monkeypatch):
+    """``chunked`` runs blocks of CHUNKED_SCORES // Lk rows, 64..256, never past chunk_size;
+    the blocks it actually runs follow the rule."""
+    from posenc import backends as B
+
+    assert B.chunked_rows(64, 1024) == 256 and B.chunked_rows(1024, 1024) == 256
+    assert B.chunked_rows(2048, 1024) == 128 and B.chunked_rows(4096, 1024) == 64
+    assert B.chunked_rows(16384, 1024) == 64 and B.chunked_rows(1024, 3) == 3
+    seen = []
+    real = B._in_query_blocks
+    monkeypatch.setattr(B, "_in_query_blocks", lambda block, c, *a: seen.append(c) or real(block, c, *a))
+    enc = _small("cope")
+    q = torch.randn(1, 2, 2048, 8)
+    pos = torch.arange(2048)[None]
+    B.chunked(enc, q, q, q, pos, pos, posenc.AttentionMask(causal=True))
+    assert seen == [128]
+
+
 def test_bench_resolves_auto_backend_per_device():
     from posenc.bench.layers import posenc_case
     from posenc.bench.runner import resolved_backend

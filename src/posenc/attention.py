@@ -58,8 +58,10 @@ class Attention(nn.Module):
         backend: ``"auto"`` or a name in :data:`posenc.BACKENDS` (``"relative"`` is the
             old name of ``"chunked"``).
         qkv_bias: bias terms on the q/k/v/o projections.
-        chunk_size: query block of the ``chunked`` backend (``dense`` uses at most
-            ``dense_chunk`` of it).
+        chunk_size: the most query rows in one block of any blocked backend; each uses
+            its own measured block below it (``chunked``
+            :func:`posenc.backends.chunked_rows`, ``dense`` ``dense_chunk``,
+            ``blockwise`` :data:`posenc.kernels.backend.BLOCK`).
         window: attend to the last ``window`` keys only, the query included (sliding
             window; :class:`~posenc.AttentionMask`); None: no window.
         chunk: attend only within aligned chunks of ``chunk`` tokens (Llama 4); None: no chunks.

@@ -62,6 +62,9 @@ from .sinks import append_sink_key, sink_bias, sink_mods, sink_softmax
 
 __all__ = [
     "BLOCKWISE_MIN_SCORES",
+    "CHUNKED_ROWS",
+    "CHUNKED_SCORES",
+    "chunked_rows",
     "AttendFn",
     "BACKENDS",
     "BACKEND_ALIASES",
@@ -82,7 +85,9 @@ class BlockOptions:
     """How the blocked backends cut the work.
 
     Attributes:
-        chunk_size: query block of ``chunked``.
+        chunk_size: the most query rows in one block of any blocked backend; each uses its
+            own block below it: ``chunked`` :func:`chunked_rows`, ``dense`` ``dense_chunk``,
+            ``blockwise`` :data:`posenc.kernels.backend.BLOCK`.
         dense_chunk: query block of ``dense`` (at most ``chunk_size``): small blocks let
             causal attention skip most masked keys while the fused kernel still sees long rows.
         checkpoint_bytes: saved-score budget of one call above which ``dense``/``chunked``
@@ -228,8 +233,23 @@ def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, opti
     return _in_query_blocks(block, min(o.chunk_size, o.dense_chunk), recompute, q, k, v, q_pos, k_pos, mask)
 
 
+# query rows per block of ``chunked``: CHUNKED_SCORES // Lk, between 64 and CHUNKED_ROWS.
+# Each of its steps is an elementwise pass over the block's (B, H, rows, keys) scores, and
+# blocks that stay near the cache cut the passes' cost. fwd+bwd of one causal layer, H = 8,
+# Dh = 64, 2 threads, ms with rows 1024 / 256 / 128 / 64: cope L=1024: 539 / 188 / 161 / 151,
+# L=2048: 1558 / 686 / 576 / -, L=4096: 7522 / 3736 / 2254 / 2249; xl L=1024: 148 / 109 /
+# 114 / -; deberta L=1024: 158 / 155 / 200 / - (its per-block table products favour larger blocks).
+CHUNKED_ROWS = 256
+CHUNKED_SCORES = 256 * 1024
+
+
+def chunked_rows(k_len: int, chunk_size: int) -> int:
+    """Query rows per block of ``chunked`` for ``k_len`` keys (at most ``chunk_size``)."""
+    return min(chunk_size, CHUNKED_ROWS, max(64, CHUNKED_SCORES // max(k_len, 1)))
+
+
 def chunked(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
-    """:func:`scores`, softmax and values in query blocks of ``options.chunk_size`` rows.
+    """:func:`scores`, softmax and values in query blocks of :func:`chunked_rows` rows.
 
     Each block sees only the keys the mask lets it see. With gradients, the blocks are
     recomputed in backward when the saved scores of the whole call would exceed
@@ -241,7 +261,8 @@ def chunked(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, op
     def block(qb, kb, vb, qp, kp, m):
         return _materialized(enc, qb, kb, vb, qp, kp, m, qk_proj, sinks)
 
-    return _in_query_blocks(block, o.chunk_size, recompute, q, k, v, q_pos, k_pos, mask)
+    rows = chunked_rows(k.shape[2], o.chunk_size)
+    return _in_query_blocks(block, rows, recompute, q, k, v, q_pos, k_pos, mask)
 
 
 def eager(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
