@@ -67,22 +67,41 @@ def test_blockwise_only_for_long_sequences(name):
     assert attn.resolve_backend(None, "cpu", side, side) == "blockwise"
 
 
-def test_chunked_blocks_shrink_with_the_key_count(monkeypatch):
-    """``chunked`` runs blocks of CHUNKED_SCORES // Lk rows, 64..256, never past chunk_size;
-    the blocks it actually runs follow the rule."""
+def test_chunked_blocks_keep_to_a_score_budget(monkeypatch):
+    """``chunked`` blocks hold at most CHUNKED_ROWS rows and CHUNKED_SCORES scores per head
+    (at least 8 rows), so that the blocks of a long causal call have about one size; they
+    cover every query once, in order, and the output equals one block over everything."""
     from posenc import backends as B
 
     assert B.chunked_rows(64, 1024) == 256 and B.chunked_rows(1024, 1024) == 256
     assert B.chunked_rows(2048, 1024) == 128 and B.chunked_rows(4096, 1024) == 64
-    assert B.chunked_rows(16384, 1024) == 64 and B.chunked_rows(1024, 3) == 3
-    seen = []
-    real = B._in_query_blocks
-    monkeypatch.setattr(B, "_in_query_blocks", lambda block, c, *a: seen.append(c) or real(block, c, *a))
+    assert B.chunked_rows(1 << 20, 1024) == 8 and B.chunked_rows(1024, 3) == 3
+    monkeypatch.setattr(B, "CHUNKED_SCORES", 64 * 64)
+    monkeypatch.setattr(B, "CHUNKED_ROWS", 32)
+    blocks = []
+    real = B._materialized
+
+    def spy(enc, q, k, *a, **kw):
+        blocks.append((q.shape[2], k.shape[2]))
+        return real(enc, q, k, *a, **kw)
+
+    monkeypatch.setattr(B, "_materialized", spy)
     enc = _small("cope")
-    q = torch.randn(1, 2, 2048, 8)
-    pos = torch.arange(2048)[None]
-    B.chunked(enc, q, q, q, pos, pos, posenc.AttentionMask(causal=True))
-    assert seen == [128]
+    L = 1000
+    q, k, v = (torch.randn(1, 2, L, 8) for _ in range(3))
+    pos = torch.arange(L)[None]
+    out = B.chunked(enc, q, k, v, pos, pos, posenc.AttentionMask(causal=True))
+    rows = [r for r, _ in blocks]
+    assert sum(rows) == L and max(rows) == 32 and min(rows[:-1]) == 8
+    seen = 0
+    for r, n in blocks:
+        seen += r
+        assert n == seen  # causal: a block sees the keys up to its last query
+        assert r * n <= 64 * 64 or r <= 8  # (8: the least; fewer: the last block)
+    sizes = [r * n for r, n in blocks[len(blocks) // 2 : -1]]
+    assert max(sizes) <= 2 * min(sizes)  # the second half of the blocks: about one size
+    whole = B.eager(enc, q, k, v, pos, pos, posenc.AttentionMask(causal=True))
+    assert_close(out, whole, n=2 * L + 8)
 
 
 def test_bench_resolves_auto_backend_per_device():

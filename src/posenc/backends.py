@@ -233,19 +233,22 @@ def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, opti
     return _in_query_blocks(block, min(o.chunk_size, o.dense_chunk), recompute, q, k, v, q_pos, k_pos, mask)
 
 
-# query rows per block of ``chunked``: CHUNKED_SCORES // Lk, between 64 and CHUNKED_ROWS.
-# Each of its steps is an elementwise pass over the block's (B, H, rows, keys) scores, and
-# blocks that stay near the cache cut the passes' cost. fwd+bwd of one causal layer, H = 8,
-# Dh = 64, 2 threads, ms with rows 1024 / 256 / 128 / 64: cope L=1024: 539 / 188 / 161 / 151,
-# L=2048: 1558 / 686 / 576 / -, L=4096: 7522 / 3736 / 2254 / 2249; xl L=1024: 148 / 109 /
-# 114 / -; deberta L=1024: 158 / 155 / 200 / - (its per-block table products favour larger blocks).
+# ``chunked`` blocks: at most CHUNKED_ROWS query rows and CHUNKED_SCORES scores per head
+# (rows x keys the block sees; at least 8 rows). Each of its steps is an elementwise pass
+# over the block's (B, H, rows, keys) scores, and blocks that stay near the cache cut the
+# passes' cost. fwd+bwd of one causal layer, H = 8, Dh = 64, 2 threads, ms with rows
+# 1024 / 256 / 128 / 64: cope L=1024: 539 / 188 / 161 / 151, L=2048: 1558 / 686 / 576 / -,
+# L=4096: 7522 / 3736 / 2254 / 2249; xl L=1024: 148 / 109 / 114 / -; deberta L=1024: 158 /
+# 155 / 200 / - (its per-block table products favour larger blocks). Bounding the scores
+# (not only the rows) also gives the blocks of a causal call one size, which keeps the C
+# heap from fragmenting (posenc.mask.in_query_blocks).
 CHUNKED_ROWS = 256
 CHUNKED_SCORES = 256 * 1024
 
 
 def chunked_rows(k_len: int, chunk_size: int) -> int:
-    """Query rows per block of ``chunked`` for ``k_len`` keys (at most ``chunk_size``)."""
-    return min(chunk_size, CHUNKED_ROWS, max(64, CHUNKED_SCORES // max(k_len, 1)))
+    """Query rows of a ``chunked`` block whose rows all see ``k_len`` keys (at most ``chunk_size``)."""
+    return min(chunk_size, CHUNKED_ROWS, max(8, CHUNKED_SCORES // max(k_len, 1)))
 
 
 def chunked(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
@@ -261,8 +264,8 @@ def chunked(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, op
     def block(qb, kb, vb, qp, kp, m):
         return _materialized(enc, qb, kb, vb, qp, kp, m, qk_proj, sinks)
 
-    rows = chunked_rows(k.shape[2], o.chunk_size)
-    return _in_query_blocks(block, rows, recompute, q, k, v, q_pos, k_pos, mask)
+    rows = min(o.chunk_size, CHUNKED_ROWS)
+    return _in_query_blocks(block, rows, recompute, q, k, v, q_pos, k_pos, mask, scores=CHUNKED_SCORES)
 
 
 def eager(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:

@@ -257,19 +257,31 @@ class AttentionMask:
         return mod
 
 
-def in_query_blocks(block, c: int, recompute: bool, q, k, v, q_pos, k_pos, mask: AttentionMask) -> Tensor:
+def in_query_blocks(
+    block, c: int, recompute: bool, q, k, v, q_pos, k_pos, mask: AttentionMask, scores: int | None = None
+) -> Tensor:
     """Run ``block`` on query rows ``[s, s + c)`` against only the keys the mask lets them see.
 
     ``block`` has a backend's signature; ``recompute``: checkpoint each block (its scores
     are rebuilt in backward). A window or chunk shrinks ``c`` (:meth:`AttentionMask.query_block`).
-    The blocked backends of :mod:`posenc.backends` run through it.
+    ``scores``: also keep each block's ``rows × keys`` at most this (at least 8 rows), so
+    that every block of a long causal call allocates score tensors of about one size.
+    Blocks whose sizes grow with the key count leave the C allocator's heap fragmented
+    (each block's tensors no longer fit where the previous block's were freed): CoPE's
+    ``chunked`` fwd+bwd at L = 8192 peaked at 9.2 GiB resident for about 1 GiB of live
+    tensors. The blocked backends of :mod:`posenc.backends` run through it.
     """
     (Lq, Lk), c = (q.shape[2], k.shape[2]), mask.query_block(c)
-    if Lq <= c:
+    if Lq <= c and (scores is None or Lq * Lk <= scores):
         return block(q, k, v, q_pos, k_pos, mask)
     outs = []
-    for s in range(0, Lq, c):
+    e = 0
+    while e < Lq:
+        s = e
         e = min(s + c, Lq)
+        if scores is not None:
+            ks, ke = mask.key_range(s, e, Lk)
+            e = min(e, s + max(8, scores // max(ke - ks, 1)))
         ks, ke = mask.key_range(s, e, Lk)
         args = (q[:, :, s:e], k[:, :, ks:ke], v[:, :, ks:ke], q_pos[:, s:e], k_pos[:, ks:ke], mask.narrow(s, ks, ke))
         outs.append(checkpoint(block, *args, use_reentrant=False) if recompute else block(*args))
