@@ -7,8 +7,10 @@
 #   bash benchmarks/regenerate.sh all        # RESULTS-all.md: every encoding, the HF / x-transformers
 #                                            #   references, memory, training throughput (packed, HF Llama
 #                                            #   converted vs stock), graph breaks (~1 h)
-#   bash benchmarks/regenerate.sh memory     # RESULTS-memory.md: peak memory of one fwd+bwd at L = 16384,
-#                                            #   every encoding (untimed, so any load will do; ~40 min)
+#   bash benchmarks/regenerate.sh memory     # RESULTS-memory.md: peak resident memory of one fwd+bwd at
+#                                            #   L = 16384, every encoding, each in a fresh process
+#                                            #   (--memory-method rss; untimed, so any load will do; ~15 min;
+#                                            #   add --memory-method profiler for live tensor bytes instead)
 #
 # Env: PY (interpreter; default .venv/bin/python, else python3), THREADS (2), LENGTHS,
 # REPEATS (3), ENCODINGS (comma-separated, overrides the set), NOTES (free text recorded in
@@ -37,7 +39,7 @@ all)
     exec "$PY" -m posenc.cli bench "${args[@]}" "${common[@]}" \
         --out benchmarks/results-all --markdown benchmarks/RESULTS-all.md "$@" ;;
 memory)
-    args=(--memory-only --memory-lengths "${LENGTHS:-16384}" --masks causal)
+    args=(--memory-only --memory-lengths "${LENGTHS:-16384}" --masks causal --memory-method rss)
     [ -n "${ENCODINGS:-}" ] && args+=(--encodings "$ENCODINGS")
     exec "$PY" -m posenc.cli bench "${args[@]}" "${common[@]}" \
         --out benchmarks/results-memory --markdown benchmarks/RESULTS-memory.md "$@" ;;

@@ -199,10 +199,39 @@ def test_bench_rejects_unknown_encoding(tmp_path, capsys):
     assert "diagonal" in capsys.readouterr().err
     assert main(["bench", "--memory-only", "--out", str(tmp_path), "--quiet"]) == 2
     assert "--memory-lengths" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="masks"):
-        from posenc.bench import BenchConfig
+    assert main(["bench", "--memory-method", "rss", "--device", "cuda", "--out", str(tmp_path), "--quiet"]) == 2
+    assert "rss" in capsys.readouterr().err
+    from posenc.bench import BenchConfig
 
+    with pytest.raises(ValueError, match="masks"):
         BenchConfig(encodings=["rope"], lengths=[8], masks=("sideways",))
+    with pytest.raises(ValueError, match="memory_method"):
+        BenchConfig(encodings=["rope"], lengths=[8], memory_method="top")
+
+
+def test_bench_memory_rss_runs_each_case_in_a_fresh_process():
+    """``memory_method="rss"``: each memory-only case runs in a child process whose peak
+    resident memory is the row's; a case that fails in the child is an error row."""
+    from posenc.bench.rss import peak_rss
+    from posenc.bench.runner import BenchConfig, run_layers
+
+    cfg = BenchConfig(
+        encodings=["alibi"], lengths=[], memory_lengths=[256], references=False, memory_method="rss", heads=2
+    )
+    rows = run_layers(cfg)
+    assert [(r.label, r.status, r.memory_method) for r in rows] == [
+        ("sdpa (no position)", "ok", "rss"),
+        ("posenc:alibi", "ok", "rss"),
+    ]
+    base, alibi = rows
+    assert alibi.backend in posenc.supported_backends(posenc.build("alibi", heads=2, head_dim=64))
+    assert 100 * 2**20 < base.peak_bytes < 4 * 2**30 and base.peak_ratio == 1.0  # Python + torch, and the step
+    spec = dict(
+        encoding="alibi", backend="auto", options={"nosuch": 1}, causal=True, L=8, heads=2, head_dim=8,
+        dtype="float32", batch=1, seed=0, chunk_size=64, max_len=8,
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="exit 1.*nosuch"):
+        peak_rss(spec)
 
 
 def test_bench_masks_memory_profile_and_failures(tmp_path, one_thread, monkeypatch, capsys):

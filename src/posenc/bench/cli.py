@@ -55,6 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated L at which only peak memory is measured (one untimed fwd+bwd per posenc layer)",
     )
     p.add_argument("--memory-only", action="store_true", help="skip the timed lengths (with --memory-lengths)")
+    p.add_argument(
+        "--memory-method",
+        choices=("profiler", "rss"),
+        default="profiler",
+        help="at --memory-lengths on CPU: live torch tensor bytes from the profiler, or the peak resident "
+        "memory of a fresh process per case (what must fit in the machine's RAM)",
+    )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
@@ -113,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
     if args.memory_only and not args.memory_lengths:
         print("--memory-only needs --memory-lengths", file=sys.stderr)
         return 2
+    if args.memory_method == "rss" and args.device not in (None, "cpu"):
+        print(f"--memory-method rss measures a CPU process; got --device {args.device}", file=sys.stderr)
+        return 2
     lengths = [] if args.memory_only else sorted(set(args.lengths or DEFAULT_LENGTHS))
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -139,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size,
         max_seconds=args.max_seconds,
         memory_lengths=sorted(set(args.memory_lengths)),
+        memory_method=args.memory_method,
         profile=args.profile,
         windows=sorted(set(args.windows)),
     )

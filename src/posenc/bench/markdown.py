@@ -63,6 +63,13 @@ def markdown_report(
             "memory events (allocations − frees in time order), above what was alive before the step; "
             "CUDA: `torch.cuda.max_memory_allocated` above the allocation before the step."
             + (
+                " Memory-only rows measured with `--memory-method rss`: the peak resident memory "
+                "(`ru_maxrss`) of a fresh process that built the layer and ran one step, Python and "
+                "torch included (about 250–300 MiB before the step): what has to fit in RAM."
+                if any(r.get("memory_method") == "rss" for r in _memory_only(rows))
+                else ""
+            )
+            + (
                 f" At L = {', '.join(str(L) for L in sorted({r['L'] for r in _memory_only(rows)}))} the posenc layers "
                 "and the baseline ran one untimed step each (memory only; the references hold L×L tensors)."
                 if _memory_only(rows)

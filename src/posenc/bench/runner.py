@@ -19,11 +19,13 @@ from torch import Tensor
 from ..attention import Attention
 from .layers import Case, baseline_case, posenc_case, reference_cases
 from .measure import median, peak_memory, time_runs, top_operators
+from .rss import peak_rss
 
-__all__ = ["BenchConfig", "MASKS", "MODES", "Row", "run_layers", "resolved_backend"]
+__all__ = ["BenchConfig", "MASKS", "MEMORY_METHODS", "MODES", "Row", "run_layers", "resolved_backend"]
 
 MODES = ("fwd", "fwd+bwd")
 MASKS = ("causal", "bidir")
+MEMORY_METHODS = ("profiler", "rss")
 
 
 @dataclass
@@ -45,6 +47,7 @@ class BenchConfig:
     chunk_size: int = 1024
     max_seconds: float = 60.0  # a case that takes longer per run skips its longer lengths
     memory_lengths: list[int] = field(default_factory=list)  # peak memory only (one profiled fwd+bwd)
+    memory_method: str = "profiler"  # CPU: "profiler" (live tensor bytes) or "rss" (a fresh process per case)
     windows: list[int] = field(default_factory=list)  # also each posenc layer with a sliding window of W keys
     profile: bool = False  # the top operators of each posenc case (one profiled run per mode at the longest L)
     seed: int = 0
@@ -53,6 +56,10 @@ class BenchConfig:
         bad = [m for m in self.masks if m not in MASKS]
         if bad or not self.masks:
             raise ValueError(f"masks must be a non-empty subset of {MASKS}, got {self.masks!r}")
+        if self.memory_method not in MEMORY_METHODS:
+            raise ValueError(f"memory_method must be one of {MEMORY_METHODS}, got {self.memory_method!r}")
+        if self.memory_method == "rss" and self.device != "cpu":
+            raise ValueError(f"memory_method 'rss' measures a CPU process; got device {self.device!r}")
 
 
 @dataclass
@@ -71,6 +78,7 @@ class Row:
     peak_ratio: float | None = None
     status: str = "ok"
     kind: str = "time"  # "time": timed (and peak memory); "memory": peak memory only
+    memory_method: str = "profiler"  # how peak_bytes was measured (memory rows): "profiler" or "rss"
     profile: list[dict] = field(default_factory=list)  # top operators: name, self_s, share
 
 
@@ -245,12 +253,32 @@ def _memory_length(cfg, cases, causal, L, device, dtype, D, progress) -> list[Ro
         if progress:
             progress(f"memory {case.label} L={L}{'' if causal else ' bidir'}")
         row = Row(case.label, case.impl, case.encoding, "", causal, L, "fwd+bwd", kind="memory")
+        row.memory_method = cfg.memory_method
         rows.append(row)
         try:
-            torch.manual_seed(cfg.seed)
-            module, fn = case.make(L)
-            row.backend = resolved_backend(case, module, device, L)
-            row.peak_bytes = peak_memory(_step(module, fn, x, grad, "fwd+bwd"), device=device)
+            if cfg.memory_method == "rss":
+                spec = dict(
+                    encoding=case.encoding,
+                    backend=case.backend,
+                    options=case.options,
+                    causal=causal,
+                    L=L,
+                    heads=cfg.heads,
+                    head_dim=cfg.head_dim,
+                    dtype=cfg.dtype,
+                    batch=cfg.batch,
+                    seed=cfg.seed,
+                    chunk_size=cfg.chunk_size,
+                    max_len=max([*cfg.lengths, *cfg.memory_lengths]),
+                    threads=torch.get_num_threads(),
+                )
+                got = peak_rss(spec)
+                row.backend, row.peak_bytes = got["backend"], got["peak_bytes"]
+            else:
+                torch.manual_seed(cfg.seed)
+                module, fn = case.make(L)
+                row.backend = resolved_backend(case, module, device, L)
+                row.peak_bytes = peak_memory(_step(module, fn, x, grad, "fwd+bwd"), device=device)
         except Exception as e:
             row.status = f"error: {type(e).__name__}: {str(e)[:200]}"
             continue
