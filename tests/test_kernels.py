@@ -424,3 +424,30 @@ def test_blockwise_backend_falls_back(kernel_calls):
         window: int | None = None
 
     assert kernel_mask(Windowed(window=None)) and not kernel_mask(Windowed(window=4))
+
+
+@pytest.mark.parametrize("name", ["nope", "rope", "alibi", "t5", "shaw"])
+def test_bfloat16_runs_in_float32_where_the_cpu_kernel_cannot(name, monkeypatch):
+    """On CPUs without AVX-512, torch 2.13's fused CPU kernel raises for bfloat16 from 64
+    keys on (``pack_vnni2``); posenc then runs it in float32 and casts back. Forced here
+    (whatever this CPU has): every fused backend equals eager in output and gradients."""
+    from posenc.kernels import flash
+
+    monkeypatch.setattr(flash, "_bf16_flash_works", lambda: False)
+    assert flash.needs_upcast(torch.zeros(1, dtype=torch.bfloat16))
+    assert not flash.needs_upcast(torch.zeros(1)) and not flash.needs_upcast(torch.zeros(1, dtype=torch.float16))
+    torch.manual_seed(0)
+    attn = posenc.Attention(32, 2, name, causal=True, max_len=128).bfloat16()
+    x = torch.randn(1, 128, 32).bfloat16()
+    outs = {}
+    for b in [b for b in posenc.supported_backends(attn.encoding) if b in ("sdpa", "dense", "blockwise")] + ["eager"]:
+        attn.zero_grad()
+        xi = x.clone().requires_grad_()
+        y = attn(xi, backend=b)
+        y.float().sum().backward()
+        outs[b] = (y.float(), xi.grad.float())
+    eager = outs.pop("eager")
+    assert outs
+    for b, (y, g) in outs.items():
+        assert_close(y, eager[0], n=2 * 32 + 8 + 2 * 128, dtype=torch.bfloat16, msg=f"{name} {b} output")
+        assert_close(g, eager[1], n=4 * 32 + 16 + 4 * 128, dtype=torch.bfloat16, msg=f"{name} {b} gradient")

@@ -56,6 +56,7 @@ from torch import Tensor, nn
 
 from .base import PositionEncoding, Stage
 from .kernels.backend import blockwise
+from .kernels.flash import needs_upcast
 from .mask import AttentionMask
 from .mask import in_query_blocks as _in_query_blocks
 from .sinks import append_sink_key, sink_bias, sink_mods, sink_softmax
@@ -184,6 +185,17 @@ def _saved_score_bytes(q: Tensor, k: Tensor, mask: AttentionMask) -> int:
     return B * H * Lq * k.shape[2] * 4 * 3 // (2 if mask.causal else 1)
 
 
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, **kw) -> Tensor:
+    """``F.scaled_dot_product_attention``, run in float32 (and cast back) for CPU bfloat16
+    where the CPU's fused kernel cannot run it (:func:`posenc.kernels.flash.needs_upcast`)."""
+    if needs_upcast(q):
+        mask = kw.get("attn_mask")
+        if mask is not None and mask.is_floating_point():
+            kw["attn_mask"] = mask.float()
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kw).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, **kw)
+
+
 def _needs_grad(*tensors: Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
@@ -197,10 +209,10 @@ def sdpa(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, optio
         (B, H, Lq, _), Lk, scale = q.shape, k.shape[2], enc.scale
         if sinks is not None:  # one zero key whose score is the sink logit
             bias = sink_bias(None, m.dense(Lq, Lk, q.device), sinks, (B, H, Lq, Lk)).to(q.dtype)
-            return F.scaled_dot_product_attention(q, *append_sink_key(k, v), attn_mask=bias, scale=scale)
+            return _sdpa(q, *append_sink_key(k, v), attn_mask=bias, scale=scale)
         if m.is_causal_square(Lq, Lk):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=m.dense(Lq, Lk, q.device), scale=scale)
+            return _sdpa(q, k, v, is_causal=True, scale=scale)
+        return _sdpa(q, k, v, attn_mask=m.dense(Lq, Lk, q.device), scale=scale)
 
     c = (options or BlockOptions()).dense_chunk if mask.limited else q.shape[2]
     return _in_query_blocks(block, c, False, q, k, v, q_pos, k_pos, mask)
@@ -226,7 +238,7 @@ def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, opti
             kb, vb = append_sink_key(kb, vb)
         elif keep is not None:
             bias = bias.masked_fill(~keep, float("-inf"))
-        return F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bias.to(qb.dtype), scale=scale)
+        return _sdpa(qb, kb, vb, attn_mask=bias.to(qb.dtype), scale=scale)
 
     learned_bias = _needs_grad(q, k, v) and any(p.requires_grad for p in enc.parameters())
     recompute = learned_bias and _saved_score_bytes(q, k, mask) > o.checkpoint_bytes

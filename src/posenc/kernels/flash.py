@@ -15,14 +15,43 @@ kernel's top-left alignment: row ``t`` of the call sees keys ``0..t`` of the cal
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from torch import Tensor
 
-__all__ = ["flash_forward", "flash_backward", "flush_denormals", "merge_into", "safe_lse"]
+__all__ = ["flash_forward", "flash_backward", "flush_denormals", "merge_into", "needs_upcast", "safe_lse"]
 
 _FWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+@functools.cache
+def _bf16_flash_works() -> bool:
+    """Whether this CPU's flash kernel runs bfloat16 over 64+ keys, forward and backward.
+
+    torch 2.13's CPU kernel packs bfloat16 with an AVX-512 instruction and raises
+    ``RuntimeError: pack_vnni2 is only supported when avx512 is supported`` on CPUs
+    without AVX-512 (or under ``ATEN_CPU_CAPABILITY=avx2``/``default``), from 64 keys on;
+    ``F.scaled_dot_product_attention`` fails the same way. float16 is not affected.
+    """
+    x = torch.zeros(1, 1, 128, 8, dtype=torch.bfloat16)
+    try:
+        out, lse = _FWD(x, x, x, 0.0, True, scale=1.0)
+        _BWD(out, x, x, x, out, lse, 0.0, True, scale=1.0)
+        return True
+    except RuntimeError:
+        return False
+
+
+def needs_upcast(t: Tensor) -> bool:
+    """True for a CPU bfloat16 tensor on a CPU whose fused kernel cannot run bfloat16
+    (:func:`_bf16_flash_works`): the callers then run the kernel in float32 and cast back."""
+    return t.dtype == torch.bfloat16 and t.device.type == "cpu" and not _bf16_flash_works()
+
+
+def _f32(t: Tensor | None) -> Tensor | None:
+    return t.float() if t is not None and t.is_floating_point() else t
 
 
 def flash_forward(
@@ -33,6 +62,9 @@ def flash_forward(
     ``mask``: additive, the dtype of ``q``, broadcastable to ``(B, H, Lq, Lk)``. A row whose
     keys are all masked comes back as ``out = 0, lse = 0``: callers fix its ``lse``.
     """
+    if needs_upcast(q):
+        out, lse = _FWD(q.float(), k.float(), v.float(), 0.0, causal, attn_mask=_f32(mask), scale=scale)
+        return out.to(q.dtype), lse
     return _FWD(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
 
 
@@ -49,6 +81,10 @@ def flash_backward(
     mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of one call, given the output and log-sum-exp of the whole softmax."""
+    if needs_upcast(q):
+        args = (grad_out.float(), q.float(), k.float(), v.float(), out.float(), lse)
+        dq, dk, dv = _BWD(*args, 0.0, causal, attn_mask=_f32(mask), scale=scale)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
     return _BWD(grad_out, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scale)
 
 
