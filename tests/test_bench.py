@@ -67,6 +67,46 @@ def test_blockwise_only_for_long_sequences(name):
     assert attn.resolve_backend(None, "cpu", side, side) == "blockwise"
 
 
+@pytest.mark.parametrize("name", ["alibi", "t5", "shaw", "kerple", "xl", "deberta"])
+def test_blockwise_bidirectional_only_from_its_own_threshold(name):
+    """Bidirectional calls take blockwise only from BLOCKWISE_MIN_SCORES_BIDIR scores per
+    head (the one-shot backends measured faster below it); causal ones keep the causal rule,
+    and a layer resolves with its own causality unless the call says otherwise."""
+    enc = _small(name, causal=False)
+    side = int(posenc.backends.BLOCKWISE_MIN_SCORES_BIDIR**0.5)
+    causal_side = int(posenc.backends.BLOCKWISE_MIN_SCORES**0.5)
+    assert side > causal_side
+    short = posenc.select_backend(enc, "cpu", 64, 64, causal=False)
+    assert short != "blockwise" and short in posenc.supported_backends(enc)
+    assert posenc.select_backend(enc, "cpu", side - 1, side, causal=False) == short
+    assert posenc.select_backend(enc, "cpu", side, side, causal=False) == "blockwise"
+    assert posenc.select_backend(enc, "cpu", causal_side, causal_side, causal=False) == short
+    assert posenc.select_backend(enc, "cpu", causal_side, causal_side, causal=True) == "blockwise"
+    assert posenc.select_backend(enc, "cpu", causal_side, causal_side) == "blockwise"  # unknown: causal rule
+    assert posenc.select_backend(enc, "cuda", 64, 64, causal=False) == posenc.select_backend(enc, "cuda")
+    bidir = posenc.Attention(16, 2, encoding=name, causal=False)
+    assert bidir.resolve_backend(None, "cpu", causal_side, causal_side) == short
+    assert bidir.resolve_backend(None, "cpu", side, side) == "blockwise"
+    assert bidir.resolve_backend(None, "cpu", causal_side, causal_side, causal=True) == "blockwise"
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        posenc.select_backend(enc, "cpu", 64, 64, causal="yes")
+
+
+def test_layer_runs_the_backend_it_resolves(monkeypatch):
+    """A bidirectional layer at 1024 x 1024 runs the one-shot backend (not blockwise), a causal
+    one blockwise: the rule reaches the call, not only resolve_backend."""
+    ran = []
+    for name in ("blockwise", "dense"):
+        fn = posenc.BACKENDS[name]
+        monkeypatch.setitem(posenc.BACKENDS, name, lambda *a, _n=name, _f=fn, **kw: ran.append(_n) or _f(*a, **kw))
+    x = torch.randn(1, 1024, 16)
+    for causal in (False, True):
+        attn = posenc.Attention(16, 2, encoding="alibi", causal=causal)
+        with torch.no_grad():
+            attn(x)
+    assert ran == ["dense", "blockwise"]
+
+
 def test_chunked_blocks_keep_to_a_score_budget(monkeypatch):
     """``chunked`` blocks hold at most CHUNKED_ROWS rows and CHUNKED_SCORES scores per head
     (at least 8 rows), so that the blocks of a long causal call have about one size; they

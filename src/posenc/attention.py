@@ -330,20 +330,28 @@ class Attention(nn.Module):
         if cache is not None:
             mask = replace(mask, **cache.mask_fields(Lk))
         mask.check(B, L, Lk)
-        name = self.resolve_backend(backend, x.device.type, L, Lk)
+        name = self.resolve_backend(backend, x.device.type, L, Lk, causal=mask.causal)
         qk_proj = (self.q_proj, self.k_proj)
         opts = self.block_options
         out = BACKENDS[name](self.encoding, *p, mask, qk_proj=qk_proj, options=opts, sinks=self.sinks)  # (B, H, L, Dh)
         return self.o_proj(out.transpose(1, 2).reshape(B, L, self.heads * self.head_dim))
 
     def resolve_backend(
-        self, backend: str | None, device_type: str, q_len: int | None = None, k_len: int | None = None
+        self,
+        backend: str | None,
+        device_type: str,
+        q_len: int | None = None,
+        k_len: int | None = None,
+        *,
+        causal: bool | None = None,
     ) -> str:
         """The backend a call runs: ``backend`` (or the layer's), ``"auto"`` resolved for
-        ``device_type`` and ``q_len`` queries over ``k_len`` keys (:func:`posenc.select_backend`)."""
+        ``device_type`` and ``q_len`` queries over ``k_len`` keys, causal or not (None: the
+        layer's own ``causal``) (:func:`posenc.select_backend`)."""
         name = canonical_backend(backend or self.backend)
         if name == "auto":
-            return select_backend(self.encoding, device_type, q_len, k_len)
+            causal = self.causal if causal is None else causal
+            return select_backend(self.encoding, device_type, q_len, k_len, causal=causal)
         if name not in supported_backends(self.encoding):
             raise ValueError(
                 f"backend {name!r} cannot run encoding {self.encoding.name!r}; "

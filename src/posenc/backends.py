@@ -12,7 +12,8 @@ API reference (what :class:`posenc.Attention` calls, and what other code may cal
         # options: a BlockOptions (query block sizes, recompute budget)
         # sinks: (H,) learned sink logits (gpt-oss, posenc.sinks) or None
     posenc.supported_backends(enc) -> list[str]     # every one of them equals "eager"
-    posenc.select_backend(enc, device_type) -> str  # what backend="auto" runs
+    posenc.select_backend(enc, device_type, q_len=None, k_len=None, *, causal=None) -> str
+        # what backend="auto" runs
 
 ============  ======================================  =====================================
 backend       runs                                    how
@@ -63,6 +64,7 @@ from .sinks import append_sink_key, sink_bias, sink_mods, sink_softmax
 
 __all__ = [
     "BLOCKWISE_MIN_SCORES",
+    "BLOCKWISE_MIN_SCORES_BIDIR",
     "CHUNKED_ROWS",
     "CHUNKED_SCORES",
     "chunked_rows",
@@ -362,23 +364,45 @@ def supported_backends(enc: PositionEncoding) -> list[str]:
 # (compare's quick preset) blockwise is 1.2-4.8x slower for alibi/t5/kerple/shaw/xl; at
 # 512x512 it is faster or level for all of them.
 BLOCKWISE_MIN_SCORES = 512 * 512
+# Bidirectional calls pay more for blockwise's explicit parts (a band or strip on both
+# sides of the diagonal, and the right far field's own fused calls), against a baseline
+# kernel that skips nothing: there the one-shot backends win up to about 2048 x 2048.
+# Measured fwd+bwd of one bidirectional Attention, B = 1, H = 8, Dh = 64, 2 threads, ratios
+# to plain SDPA at L = 512 / 1024 / 2048, blockwise against dense (scalar bias) or chunked:
+# alibi 1.30 / 1.46 / 1.34 vs 1.06 / 1.27 / 1.29, t5 2.03 / 1.71 / 1.52 vs 1.27 / 1.54 /
+# 1.69, kerple 1.23 / 1.39 / 1.43 vs 1.14 / 1.30 / 1.54, shaw 2.11 / 1.80 / 1.45 vs 1.29 /
+# 1.55 / 1.75, xl 1.88 / 2.01 / 2.04 vs 1.79 / 2.07 / 2.68, deberta 6.83 / 4.70 / 2.76 vs
+# 2.48 / 2.84 / 5.19 (docs/bench.md, "When auto picks blockwise").
+BLOCKWISE_MIN_SCORES_BIDIR = 2048 * 2048
 
 
-def select_backend(enc: PositionEncoding, device_type: str, q_len: int | None = None, k_len: int | None = None) -> str:
+def select_backend(
+    enc: PositionEncoding,
+    device_type: str,
+    q_len: int | None = None,
+    k_len: int | None = None,
+    *,
+    causal: bool | None = None,
+) -> str:
     """The backend ``"auto"`` runs for ``enc`` on ``device_type`` (``"cpu"``, ``"cuda"``, ...)
     for ``q_len`` queries over ``k_len`` keys (None: long; the choice for long sequences).
 
     FlexAttention is chosen on CUDA only: on CPU it has no backward, and its compiled
     forward costs a long compile for each new shape. ``blockwise`` is chosen on CPU only
     (its fused calls are CPU SDPA's flash kernel), and only from
-    :data:`BLOCKWISE_MIN_SCORES` scores per head, where it measured faster.
+    :data:`BLOCKWISE_MIN_SCORES` scores per head (:data:`BLOCKWISE_MIN_SCORES_BIDIR` when
+    ``causal`` is False), where it measured faster. ``causal=None`` (not known) takes the
+    causal rule.
     """
+    if causal is not None and not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool or None, got {causal!r}")
     ok = supported_backends(enc)
     if "sdpa" in ok:
         return "sdpa"
     if "flex" in ok and enc.has_score_mod and device_type == "cuda":
         return "flex"
-    short = q_len is not None and k_len is not None and q_len * k_len < BLOCKWISE_MIN_SCORES
+    least = BLOCKWISE_MIN_SCORES_BIDIR if causal is False else BLOCKWISE_MIN_SCORES
+    short = q_len is not None and k_len is not None and q_len * k_len < least
     if "blockwise" in ok and device_type == "cpu" and not short:
         return "blockwise"
     if "dense" in ok:

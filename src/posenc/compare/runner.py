@@ -68,7 +68,7 @@ def _slow_first(cfg: CompareConfig, names: list[str]) -> list[str]:
                         **cfg.encoding_options.get(name, {}))  # fmt: skip
         except (TypeError, ValueError):  # an encoding that needs other options: no opinion, keep its place
             return (2, 0)
-        return rank.get(select_backend(enc, "cpu", cfg.train_len, cfg.train_len), 1), -sum(
+        return rank.get(select_backend(enc, "cpu", cfg.train_len, cfg.train_len, causal=True), 1), -sum(
             p.numel() for p in enc.parameters()
         )
 

@@ -186,7 +186,7 @@ def attend(
     with ``uses_layer_projections``.
     """
     mask = AttentionMask(causal=causal, offset=offset, key_padding=key_padding, documents=documents)
-    return BACKENDS[select_backend(enc, q.device.type, q.shape[-2], k.shape[-2])](
+    return BACKENDS[select_backend(enc, q.device.type, q.shape[-2], k.shape[-2], causal=bool(causal))](
         enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj
     )
 
