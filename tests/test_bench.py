@@ -466,3 +466,21 @@ def test_bench_windows(tmp_path, one_thread):
     labels = {r["label"]: r for r in rows}
     assert {"posenc:alibi", "posenc:alibi[W=16]", "posenc:rope[W=16]"} <= set(labels)
     assert all(r["status"] == "ok" and r["ratio"] > 0 for r in rows)
+
+
+def test_ratio_table_names_each_backend_a_case_ran():
+    """Where auto changes backend with the length, the table's backend cell says so (a
+    bidirectional ALiBi layer runs dense up to 1024, blockwise from 2048)."""
+    from posenc.bench.report import ratio_table
+
+    def row(label, causal, L, backend):
+        return dict(label=label, causal=causal, L=L, mode="fwd", status="ok", ratio=1.0, time_s=0.01, backend=backend)
+
+    rows = [row("posenc:alibi", False, L, b) for L, b in ((4096, "blockwise"), (1024, "dense"), (2048, "blockwise"))]
+    rows += [row("posenc:alibi", True, L, "blockwise") for L in (1024, 2048)]
+    rows += [row("posenc:t5", False, L, b) for L, b in ((1024, "dense"), (2048, "blockwise"), (4096, "dense"))]
+    _, body = ratio_table(rows, "fwd")
+    cells = {(r[0], r[1]): r[2] for r in body}
+    assert cells[("posenc:alibi", "bidir")] == "dense; blockwise from 2048"
+    assert cells[("posenc:alibi", "causal")] == "blockwise"
+    assert cells[("posenc:t5", "bidir")] == "dense; blockwise from 2048; dense from 4096"

@@ -61,10 +61,13 @@ def _cell_time(r) -> str:
 
 
 def _backend(rows, label, causal) -> str:
-    for r in rows:
-        if r["label"] == label and r["causal"] == causal and r["backend"]:
-            return r["backend"]
-    return ""
+    """The backend a case ran, or each one and the length it took over from where ``auto``
+    changed with the length (``"dense; blockwise from 2048"``)."""
+    runs: list[tuple[str, int]] = []  # (backend, first length), in length order
+    for r in sorted((r for r in rows if r["label"] == label and r["causal"] == causal), key=lambda r: r["L"]):
+        if r["backend"] and (not runs or runs[-1][0] != r["backend"]):
+            runs.append((r["backend"], r["L"]))
+    return "; ".join(name if i == 0 else f"{name} from {L}" for i, (name, L) in enumerate(runs))
 
 
 def ratio_table(rows: list[dict], mode: str) -> tuple[list[str], list[list[str]]]:
