@@ -12,6 +12,7 @@ from tests.conftest import assert_close, attention_n, lm_n
 
 import posenc
 from posenc import Stage
+from posenc.allocator import _glibc
 from posenc.bench.measure import machine_record, peak_memory, time_runs
 
 
@@ -228,6 +229,9 @@ def test_bench_smoke_l128(tmp_path, one_thread):
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in trows), trows
     text = md.read_text()
     assert "| sdpa (no position) |" in text and "L=128" in text and data["machine"]["cpu"] in text
+    if _glibc() is not None:  # --allocator tuned is the default: recorded in machine.json and the report
+        assert data["machine"]["allocator"]["mmap_threshold"] == posenc.allocator.MMAP_THRESHOLD
+        assert "tuned by `posenc.tune_allocator`" in text
 
 
 def test_bench_rejects_unknown_encoding(tmp_path, capsys):

@@ -33,12 +33,14 @@ Public names::
     posenc.AttentionMask                          # what each query may see
     posenc.scores(enc, q, k, q_pos, k_pos)        # the pre-softmax score sum
     posenc.BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask)   # see posenc.backends
+    posenc.tune_allocator()                       # glibc keeps freed blocks (long CPU sequences)
 """
 
 from . import (
     encodings,  # noqa: F401  (registers the built-in encodings)
     positions,
 )
+from .allocator import tune_allocator
 from .attention import Attention, Projection
 from .backends import BACKENDS, BlockOptions, scores, select_backend, supported_backends
 from .base import PositionEncoding, Stage, available, build, get_class, register
@@ -78,4 +80,5 @@ __all__ = [
     "scores",
     "select_backend",
     "supported_backends",
+    "tune_allocator",
 ]

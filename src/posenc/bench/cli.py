@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..allocator import tune_allocator
 from ..base import available
 from .compile import graph_breaks
 from .markdown import markdown_report
@@ -72,6 +73,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--allocator",
+        choices=("tuned", "default"),
+        default="tuned",
+        help="tuned (default): glibc keeps freed blocks in its heap (posenc.tune_allocator), so one case's "
+        "timing does not depend on what ran before it in the process; default: the C library's own settings",
+    )
     p.add_argument("--modes", type=_str_list, default=list(MODES), help="fwd and/or fwd+bwd")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
@@ -130,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.allocator == "tuned":
+        tune_allocator()
 
     cfg = BenchConfig(
         encodings=encodings,

@@ -19,6 +19,17 @@ from .report import (
 __all__ = ["markdown_report"]
 
 
+def _allocator_line(m: dict) -> str:
+    """How the C allocator was set (``posenc.tune_allocator``, ``--allocator``)."""
+    a = m.get("allocator")
+    if not a:
+        return "C allocator: the C library's defaults (`--allocator default`)."
+    return (
+        f"C allocator: {a['libc']} tuned by `posenc.tune_allocator` (mmap threshold {a['mmap_threshold'] / 2**20:.0f} "
+        f"MiB, trim threshold {a['trim_threshold'] / 2**20:.0f} MiB: freed blocks stay in the heap)."
+    )
+
+
 def markdown_report(
     rows,
     trows,
@@ -41,7 +52,8 @@ def markdown_report(
         "",
         f"Machine: {m['cpu']}, {m['cpu_count']} CPUs, torch {m['torch']} with {m['torch_threads']} threads, "
         f"device `{m['device']}`" + (f" ({m['gpu']})" if "gpu" in m else "") + f", Python {m['python']}. "
-        f"Load average (1 min) at the start: {m.get('loadavg_1m', '?')}, at the end: {m.get('loadavg_1m_end', '?')}.",
+        f"Load average (1 min) at the start: {m.get('loadavg_1m', '?')}, at the end: {m.get('loadavg_1m_end', '?')}. "
+        + _allocator_line(m),
         "",
         f"Layer: B = {config['batch']}, H = {config['heads']}, Dh = {config['head_dim']}, "
         f"{config['dtype']}, q/k/v/o projections included; {config['warmup']} warm-up run, then up to "

@@ -28,6 +28,8 @@ from datetime import datetime, timezone
 
 import torch
 
+from ..allocator import allocator_settings
+
 __all__ = ["time_runs", "peak_memory", "machine_record", "top_operators"]
 
 
@@ -169,6 +171,7 @@ def machine_record(device: torch.device) -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "device": str(device),
+        "allocator": allocator_settings(),  # None: the C library's defaults
     }
     if device.type == "cuda":
         rec["gpu"] = torch.cuda.get_device_name(device)
