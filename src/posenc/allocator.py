@@ -12,7 +12,7 @@ in a process of its own and 3.0-3.9 s after other encodings' layers had run in i
 bench`` times every encoding in one process), most of the difference in system time.
 
 :func:`tune_allocator` raises both thresholds, so that freed blocks stay in the heap and
-are reused: the same bench gave CoPE 2.0-2.1 s (3.7-3.8x plain SDPA instead of 5.1-6.1x),
+are reused: the same benches gave CoPE 2.0-2.1 s (3.5-3.8x plain SDPA instead of 5.1-6.6x),
 and FIRE, DeBERTa and Transformer-XL a few per cent (docs/bench.md, "The C allocator").
 The cost: the process keeps the memory of its largest step (its resident size does not
 shrink back after it). ``posenc bench`` calls it unless given ``--allocator default``;
