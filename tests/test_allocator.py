@@ -17,6 +17,8 @@ _CYCLES = """
 import resource, sys, torch, posenc
 if sys.argv[1] == "tuned":
     assert posenc.tune_allocator()
+elif sys.argv[1] == "mmap":  # every block from a fresh mapping, returned on free
+    assert posenc.tune_allocator(128 * 1024, 128 * 1024)
 def cycle():
     ts = [torch.empty(4 * 2**20).fill_(1.0) for _ in range(8)]
     del ts
@@ -37,11 +39,13 @@ def _faults(mode: str) -> int:
 
 @pytest.mark.skipif(_glibc() is None, reason="the C library is not glibc")
 def test_tuned_heap_keeps_freed_blocks():
-    """With the defaults, glibc gives 128 MiB of freed blocks back to the system every cycle
-    and the kernel zeroes the pages again on the next (about one fault per page); tuned,
-    the blocks stay in the heap and are reused without faults."""
-    default, tuned = _faults("default"), _faults("tuned")
-    assert default > _PAGES // 2, f"the defaults faulted only {default} times in {_PAGES} pages"
+    """Tuned, freed blocks stay in the heap and are reused without page faults. The control
+    (a fixed 128 KiB mmap threshold: every block a fresh mapping, unmapped on free) faults
+    on about every page, so the count does see faults. glibc's defaults lie anywhere in
+    between (4096 to 98 208 faults measured here): its dynamic thresholds and the heap's
+    layout decide, which is what made one case's time depend on what ran before it."""
+    control, tuned = _faults("mmap"), _faults("tuned")
+    assert control > _PAGES // 2, f"the control faulted only {control} times in {_PAGES} pages"
     assert tuned < _PAGES // 20, f"tuned still faulted {tuned} times in {_PAGES} pages"
 
 
