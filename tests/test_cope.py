@@ -93,6 +93,62 @@ def test_cope_attention_equals_paper_listing(backend):
     assert_close(attn(x, backend=backend), ref, n=attention_n(dim=dim, head_dim=Dh, length=n) + 2 * Dh + n + 2)
 
 
+@pytest.mark.parametrize("backend", ["eager", "chunked"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cope_gradients_equal_paper_listing(backend, dtype):
+    """Gradients of every parameter (q/k/v/o projections and E) and of the input against the
+    listing run in float64: posenc.scores hands CoPE the score's own q·kᵀ (terms_read_qk),
+    so the gates and the score share one product and one backward through it."""
+    torch.manual_seed(0)
+    H, Dh, n, dim = 2, 8, 23, 16
+    attn = posenc.Attention(dim, H, "cope", npos_max=6, chunk_size=4)
+    with torch.no_grad():
+        attn.encoding.pos_emb.normal_()
+    ref_attn = posenc.Attention(dim, H, "cope", npos_max=6).double()
+    ref_attn.load_state_dict(attn.state_dict())
+    paper = _PaperCoPE(6, Dh).double()
+    with torch.no_grad():
+        paper.pos_emb.copy_(ref_attn.encoding.pos_emb[None])
+    x = torch.randn(1, n, dim, dtype=torch.float64)
+    g = torch.randn(1, n, dim, dtype=torch.float64)
+
+    xr = x.clone().requires_grad_()
+    q, k, v = (p(xr).view(1, n, H, Dh).transpose(1, 2)[0] for p in (ref_attn.q_proj, ref_attn.k_proj, ref_attn.v_proj))
+    mask = torch.ones(n, n, dtype=torch.float64).tril().expand(H, n, n)
+    ref = ref_attn.o_proj(_paper_self_attn(paper, q, k, v, mask).transpose(0, 1).reshape(1, n, dim))
+    ref.backward(g)
+    ref_grads = {name: p.grad for name, p in ref_attn.named_parameters() if name != "encoding.pos_emb"}
+    ref_grads["encoding.pos_emb"] = paper.pos_emb.grad[0]
+
+    attn = attn.to(dtype)
+    xa = x.to(dtype).requires_grad_()
+    out = attn(xa, backend=backend)
+    out.backward(g.to(dtype))
+    N = attention_n(dim=dim, head_dim=Dh, length=n, grad=True, batch=1) + 2 * Dh + n + 2
+    assert_close(out.double(), ref, n=N, dtype=dtype)
+    assert_close(xa.grad.double(), xr.grad, n=N, dtype=dtype, msg="input")
+    for name, p in attn.named_parameters():
+        assert_close(p.grad.double(), ref_grads[name], n=N * n, dtype=dtype, msg=name)
+
+
+def test_cope_score_terms_use_the_product_given():
+    """score_terms(qk=...) reads the product it is given (the gates change with it) and
+    checks its shape; without it, the terms compute their own (the same values)."""
+    torch.manual_seed(0)
+    enc = posenc.build("cope", heads=2, head_dim=8, npos_max=8)
+    with torch.no_grad():
+        enc.pos_emb.normal_()
+    q, k = torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
+    pos = torch.arange(7)
+    own = enc.score_terms(q, k, pos, pos)
+    assert torch.equal(enc.score_terms(q, k, pos, pos, qk=q @ k.transpose(-1, -2)), own)
+    other = enc.score_terms(q, k, pos, pos, qk=torch.zeros(1, 2, 7, 7))  # every gate 1/2
+    assert not torch.allclose(other, own)
+    assert torch.equal(enc.positions(q, k, pos, pos, qk=torch.zeros(1, 2, 7, 7))[0, 0, 6], torch.arange(7, 0, -1) / 2)
+    with pytest.raises(ValueError, match="qk must be q @ k"):
+        enc.score_terms(q, k, pos, pos, qk=torch.zeros(1, 2, 7, 6))
+
+
 def test_cope_cache_decoding_and_errors():
     torch.manual_seed(0)
     attn = posenc.Attention(16, 2, "cope")

@@ -135,9 +135,13 @@ def scores(
     extra = {"qk_proj": qk_proj} if enc.uses_layer_projections else {}
     if enc.terms_read_mask:
         extra["mask"] = mask
+    share_qk = enc.terms_read_qk and not st & Stage.SCORES  # the terms read the plain q·kᵀ
     if parts:
-        out = {"qk": _qk(enc, q, k, q_pos, k_pos).float() * enc.scale}  # (B, H, Lq, Lk)
+        qk = _qk(enc, q, k, q_pos, k_pos)
+        out = {"qk": qk.float() * enc.scale}  # (B, H, Lq, Lk)
         if st & Stage.TERMS:
+            if share_qk:
+                extra["qk"] = qk
             out["terms"] = enc.score_terms(q, k, q_pos, k_pos, **extra).float() * enc.scale
         if st & Stage.BIAS:
             out["bias"] = enc.bias(q_pos, k_pos).float().expand_as(out["qk"])
@@ -146,6 +150,8 @@ def scores(
     # and each L×L pass that allocates costs as much as the arithmetic on CPU
     s = _qk(enc, q, k, q_pos, k_pos)  # (B, H, Lq, Lk)
     if st & Stage.TERMS:
+        if share_qk:  # the terms' graph reads s but saves none of it: the in-place add is safe
+            extra["qk"] = s
         s.add_(enc.score_terms(q, k, q_pos, k_pos, **extra))
     s = s.float().mul_(enc.scale)
     if st & Stage.BIAS:

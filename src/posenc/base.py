@@ -100,6 +100,10 @@ class PositionEncoding(nn.Module):
         terms_read_mask: the ``score_terms`` of a pair depend on which other keys the
             query sees (CoPE's gate sums): they also take ``mask=``, the call's bool
             ``(B|1, 1, Lq, Lk)`` (True = attend) or None (nothing hidden).
+        terms_read_qk: the ``score_terms`` use the plain product ``q·kᵀ`` (CoPE's gates):
+            :func:`posenc.scores` passes the one it computes as ``qk=`` (unscaled,
+            ``(B, H, Lq, Lk)``, the dtype of ``q``), so it is computed and differentiated
+            once; a direct call without it computes its own.
         axes: coordinates per position the encoding reads, ``A``: 1 for a sequence, 2 or 3
             for image rows/columns or video time/rows/columns (set per instance by the
             encodings that take an ``axes`` option). With ``A > 1`` every stage receives
@@ -120,6 +124,7 @@ class PositionEncoding(nn.Module):
     memory_len: int = 0
     uses_layer_projections: bool = False
     terms_read_mask: bool = False
+    terms_read_qk: bool = False
     axes: int = 1
 
     def __init__(self, *, heads: int, head_dim: int, max_len: int | None = None, causal: bool = True) -> None:

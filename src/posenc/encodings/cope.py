@@ -41,6 +41,7 @@ class CoPE(PositionEncoding):
     stages = Stage.TERMS
     causal_only = True
     terms_read_mask = True
+    terms_read_qk = True  # the gates' q·kᵀ is the score's own (posenc.scores passes it)
 
     def __init__(self, *, heads, head_dim, max_len=None, causal=True, npos_max: int = 64):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
@@ -56,12 +57,17 @@ class CoPE(PositionEncoding):
     def extra_repr(self) -> str:
         return super().extra_repr() + f", npos_max={self.npos_max}"
 
-    def positions(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, mask: Tensor | None = None) -> Tensor:
+    def positions(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, mask: Tensor | None = None, qk: Tensor | None = None
+    ) -> Tensor:
         """Contextual positions ``p``: float32 ``(B, H, Lq, Lk)``, clipped to ``npos_max - 1``.
 
         ``mask``: bool ``(B|1, 1, Lq, Lk)``, True = the query sees the key; hidden keys do not count.
+        ``qk``: ``q @ kᵀ`` when the caller has it (computed here otherwise).
         """
-        logits = (q @ k.transpose(-1, -2)).float() * self.scale  # (B, H, Lq, Lk)
+        if qk is None:
+            qk = q @ k.transpose(-1, -2)
+        logits = qk.float() * self.scale  # (B, H, Lq, Lk), a new tensor: qk itself is not saved
         visible = (self.rel_distance(q_pos, k_pos) <= 0).unsqueeze(-3)  # (B|1, 1, Lq, Lk): key j at or before query i
         if mask is not None:
             visible = visible & mask
@@ -69,7 +75,16 @@ class CoPE(PositionEncoding):
         pos = gates.flip(-1).cumsum(-1).flip(-1)  # Σ_{t >= j} g_it
         return pos.clamp(max=self.npos_max - 1)
 
-    def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, *, mask: Tensor | None = None) -> Tensor:
+    def score_terms(
+        self,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        *,
+        mask: Tensor | None = None,
+        qk: Tensor | None = None,
+    ) -> Tensor:
         if q.dim() != 4 or k.dim() != 4 or q.shape[-1] != self.head_dim:
             raise ValueError(f"q, k must be (B, H, L, {self.head_dim}), got {tuple(q.shape)}, {tuple(k.shape)}")
         if q_pos.shape[-1] != q.shape[-2] or k_pos.shape[-1] != k.shape[-2]:
@@ -77,7 +92,9 @@ class CoPE(PositionEncoding):
                 f"positions of lengths {q_pos.shape[-1]}, {k_pos.shape[-1]} for q, k of lengths "
                 f"{q.shape[-2]}, {k.shape[-2]}"
             )
-        pos = self.positions(q, k, q_pos, k_pos, mask)
+        if qk is not None and qk.shape != (*q.shape[:-1], k.shape[-2]):
+            raise ValueError(f"qk must be q @ k^T, shape {(*q.shape[:-1], k.shape[-2])}, got {tuple(qk.shape)}")
+        pos = self.positions(q, k, q_pos, k_pos, mask, qk)
         lo, hi = pos.floor(), pos.ceil()
         w = pos - lo
         logits_int = q.float() @ self.pos_emb.float()  # (B, H, Lq, npos_max)
