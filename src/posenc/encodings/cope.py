@@ -95,8 +95,9 @@ class CoPE(PositionEncoding):
         if qk is not None and qk.shape != (*q.shape[:-1], k.shape[-2]):
             raise ValueError(f"qk must be q @ k^T, shape {(*q.shape[:-1], k.shape[-2])}, got {tuple(qk.shape)}")
         pos = self.positions(q, k, q_pos, k_pos, mask, qk)
-        lo, hi = pos.floor(), pos.ceil()
-        w = pos - lo
-        logits_int = q.float() @ self.pos_emb.float()  # (B, H, Lq, npos_max)
-        e = logits_int.gather(-1, hi.long()) * w + logits_int.gather(-1, lo.long()) * (1 - w)
-        return e / self.scale  # (B, H, Lq, Lk), multiplied by scale in the layer
+        lo = pos.floor()
+        # q·E[m] / scale for every integer position (the layer multiplies the terms by scale:
+        # dividing the (Dh, npos_max) table costs nothing, dividing e a pass over every pair)
+        logits_int = q.float() @ (self.pos_emb.float() / self.scale)  # (B, H, Lq, npos_max)
+        # (1 - w)·e[⌊p⌋] + w·e[⌈p⌉] as one fused pass, w = p - ⌊p⌋ (differentiable through p)
+        return torch.lerp(logits_int.gather(-1, lo.long()), logits_int.gather(-1, pos.ceil().long()), pos - lo)
