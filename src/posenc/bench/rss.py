@@ -7,7 +7,8 @@ backward once peaked at 9 GiB resident for ~1 GiB of live tensors at L = 8192), 
 profiler itself cannot record FLOATER's ODE solve (its event list outgrows the machine).
 :func:`peak_rss` therefore runs the case in a child process (``python -m
 posenc.bench.rss``, the spec as JSON on stdin) and reads the child's peak resident set
-(``ru_maxrss``) after one forward+backward. CPU only.
+(``ru_maxrss``) after one forward+backward, with the C allocator set as in the parent
+(``posenc.tune_allocator``, ``spec["allocator"]``). CPU only.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _current_rss() -> int:
 
 
 def peak_rss(spec: dict, timeout: float | None = None) -> dict:
-    """``{"peak_bytes", "before_bytes", "backend"}`` of one fwd+bwd of the case ``spec``
+    """``{"peak_bytes", "before_bytes", "backend", "allocator"}`` of one fwd+bwd of the case ``spec``
     (the keys :func:`_child` reads) in a fresh process; raises RuntimeError when it fails
     (a process killed for memory included)."""
     proc = subprocess.run(
@@ -50,6 +51,11 @@ def _child(spec: dict) -> dict:
     from .runner import _step, resolved_backend
 
     torch.set_num_threads(spec.get("threads", 1))
+    alloc = spec.get("allocator")
+    if alloc:  # the parent's posenc.tune_allocator settings, so that both measure one setup
+        from ..allocator import tune_allocator
+
+        tune_allocator(alloc["mmap_threshold"], alloc["trim_threshold"])
     device, dtype = torch.device("cpu"), getattr(torch, spec["dtype"])
     kw = dict(heads=spec["heads"], head_dim=spec["head_dim"], causal=spec["causal"], device=device, dtype=dtype)
     if spec["encoding"] == "none":
@@ -73,7 +79,9 @@ def _child(spec: dict) -> dict:
     before = _current_rss()
     _step(module, fn, x, grad, "fwd+bwd")()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return {"peak_bytes": peak, "before_bytes": before, "backend": backend}
+    from ..allocator import allocator_settings
+
+    return {"peak_bytes": peak, "before_bytes": before, "backend": backend, "allocator": allocator_settings()}
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..allocator import allocator_settings
 from ..attention import Attention
 from .layers import Case, baseline_case, posenc_case, reference_cases
 from .measure import median, peak_memory, time_runs, top_operators
@@ -271,6 +272,7 @@ def _memory_length(cfg, cases, causal, L, device, dtype, D, progress) -> list[Ro
                     chunk_size=cfg.chunk_size,
                     max_len=max([*cfg.lengths, *cfg.memory_lengths]),
                     threads=torch.get_num_threads(),
+                    allocator=allocator_settings(),  # the child sets the C allocator as this process has it
                 )
                 got = peak_rss(spec)
                 row.backend, row.peak_bytes = got["backend"], got["peak_bytes"]
