@@ -14,8 +14,11 @@ bench`` times every encoding in one process), most of the difference in system t
 :func:`tune_allocator` raises both thresholds, so that freed blocks stay in the heap and
 are reused: the same benches gave CoPE 2.0-2.1 s (3.5-3.8x plain SDPA instead of 5.1-6.6x),
 and FIRE, DeBERTa and Transformer-XL a few per cent (docs/bench.md, "The C allocator").
-The cost: the process keeps the memory of its largest step (its resident size does not
-shrink back after it). ``posenc bench`` calls it unless given ``--allocator default``;
+Requests from 32 MiB up are still mapped and unmapped: with a 1 GiB threshold the heap
+fragmented at L = 16384 (TUPE's step peaked at 14.2 GiB resident instead of 2.6 GiB, FIRE's
+at 4.5 instead of 1.9), while 32 MiB kept the speed at L = 4096. The cost: the process
+keeps up to 2 GiB of freed heap (its resident size does not shrink back below that).
+``posenc bench`` calls it unless given ``--allocator default``;
 a training script can call it once at start. It acts on glibc only (Linux); elsewhere it
 does nothing and returns False. Setting the environment variables
 ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` before Python starts does the
@@ -34,7 +37,7 @@ __all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "allocator_settings", "tune_alloc
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
-MMAP_THRESHOLD = 2**30  # requests below 1 GiB come from the heap
+MMAP_THRESHOLD = 32 * 2**20  # requests below 32 MiB come from the heap, larger ones are mapped
 TRIM_THRESHOLD = 2**31 - 1  # the largest value mallopt takes: free heap is kept up to ~2 GiB
 _INT_MAX = 2**31 - 1
 
