@@ -15,8 +15,8 @@ bench`` times every encoding in one process), most of the difference in system t
 are reused: the same benches gave CoPE 2.0-2.1 s (3.5-3.8x plain SDPA instead of 5.1-6.6x),
 and FIRE, DeBERTa and Transformer-XL a few per cent (docs/bench.md, "The C allocator").
 Requests from 32 MiB up are still mapped and unmapped: with a 1 GiB threshold the heap
-fragmented at L = 16384 (TUPE's step peaked at 14.2 GiB resident instead of 2.6 GiB, FIRE's
-at 4.5 instead of 1.9), while 32 MiB kept the speed at L = 4096. The cost: the process
+fragmented at L = 16384 (TUPE's step peaked at 13.8 GiB resident instead of 2.6 GiB, FIRE's
+at 4.4 instead of 1.9), while 32 MiB kept the speed at L = 4096. The cost: the process
 keeps up to 2 GiB of freed heap (its resident size does not shrink back below that).
 ``posenc bench`` calls it unless given ``--allocator default``;
 a training script can call it once at start. It acts on glibc only (Linux); elsewhere it
