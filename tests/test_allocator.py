@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import posenc
-from posenc.allocator import _glibc, allocator_settings
+from posenc.allocator import MMAP_THRESHOLD, TRIM_THRESHOLD, _glibc, allocator_settings
 
 # 3 cycles of 8 x 16 MiB float32 tensors allocated, written and freed, after 2 warm-up cycles:
 # prints the minor page faults of the 3 cycles (each cycle touches 32768 pages of 4 KiB)
@@ -52,10 +52,11 @@ def test_tuned_heap_keeps_freed_blocks():
 @pytest.mark.skipif(_glibc() is None, reason="the C library is not glibc")
 def test_tune_allocator_records_its_settings():
     # (this process's allocator is changed for the rest of the session: harmless, and the
-    # values are posenc bench's own)
-    assert posenc.tune_allocator(2**30, 2**31 - 1) is True
+    # values are posenc bench's own defaults)
+    assert posenc.tune_allocator() is True
     s = allocator_settings()
-    assert s["libc"].startswith("glibc ") and s["mmap_threshold"] == 2**30 and s["trim_threshold"] == 2**31 - 1
+    assert s["libc"].startswith("glibc ")
+    assert s["mmap_threshold"] == MMAP_THRESHOLD == 32 * 2**20 and s["trim_threshold"] == TRIM_THRESHOLD == 2**31 - 1
 
 
 @pytest.mark.parametrize("bad", [1.5, "1024", True, None])

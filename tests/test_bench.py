@@ -279,9 +279,9 @@ def test_bench_memory_rss_runs_each_case_in_a_fresh_process():
     spec["options"] = {}
     assert peak_rss(spec)["allocator"] is None  # the child keeps the C library's settings ...
     if _glibc() is not None:  # ... unless the parent's tuned ones are passed on
-        tuned = {"mmap_threshold": 2**30, "trim_threshold": 2**31 - 1}
+        tuned = {"mmap_threshold": 32 * 2**20, "trim_threshold": 2**31 - 1}
         got = peak_rss({**spec, "allocator": tuned})["allocator"]
-        assert got["mmap_threshold"] == 2**30 and got["trim_threshold"] == 2**31 - 1
+        assert got["mmap_threshold"] == 32 * 2**20 and got["trim_threshold"] == 2**31 - 1
 
 
 def test_bench_masks_memory_profile_and_failures(tmp_path, one_thread, monkeypatch, capsys):

@@ -12,8 +12,9 @@ in a process of its own and 3.0-3.9 s after other encodings' layers had run in i
 bench`` times every encoding in one process), most of the difference in system time.
 
 :func:`tune_allocator` raises both thresholds, so that freed blocks stay in the heap and
-are reused: the same benches gave CoPE 2.0-2.1 s (3.5-3.8x plain SDPA instead of 5.1-6.6x),
-and FIRE, DeBERTa and Transformer-XL a few per cent (docs/bench.md, "The C allocator").
+are reused: in runs of several encodings CoPE's step came back to 2.0-2.2 s (3.7-4.0x plain
+SDPA instead of 5.1-6.6x, before CoPE's own later changes), FIRE, DeBERTa and Transformer-XL
+a few per cent faster (docs/bench.md, "The C allocator").
 Requests from 32 MiB up are still mapped and unmapped: with a 1 GiB threshold the heap
 fragmented at L = 16384 (TUPE's step peaked at 13.8 GiB resident instead of 2.6 GiB, FIRE's
 at 4.4 instead of 1.9), while 32 MiB kept the speed at L = 4096. The cost: the process

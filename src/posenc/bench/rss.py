@@ -18,6 +18,8 @@ import resource
 import subprocess
 import sys
 
+from ..allocator import allocator_settings, tune_allocator
+
 __all__ = ["peak_rss"]
 
 
@@ -53,8 +55,6 @@ def _child(spec: dict) -> dict:
     torch.set_num_threads(spec.get("threads", 1))
     alloc = spec.get("allocator")
     if alloc:  # the parent's posenc.tune_allocator settings, so that both measure one setup
-        from ..allocator import tune_allocator
-
         tune_allocator(alloc["mmap_threshold"], alloc["trim_threshold"])
     device, dtype = torch.device("cpu"), getattr(torch, spec["dtype"])
     kw = dict(heads=spec["heads"], head_dim=spec["head_dim"], causal=spec["causal"], device=device, dtype=dtype)
@@ -79,8 +79,6 @@ def _child(spec: dict) -> dict:
     before = _current_rss()
     _step(module, fn, x, grad, "fwd+bwd")()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    from ..allocator import allocator_settings
-
     return {"peak_bytes": peak, "before_bytes": before, "backend": backend, "allocator": allocator_settings()}
 
 
