@@ -2,6 +2,8 @@
 
 * :func:`convergence` — from a run's training-loss history and a few validation losses
   at the training length: is the model still clearly improving when training stops?
+* :func:`run_health` — did the run train at all: ``failed`` (a NaN/inf loss), ``diverged``
+  (its training loss rose, or it ended above chance), or ``ok``.
 * :func:`training_flops_per_token` — the model's training FLOPs per token (forward and
   backward), counted from its layers.
 * :func:`matmul_peak_flops` — the machine's matmul rate, measured in this process.
@@ -10,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -21,12 +24,22 @@ __all__ = [
     "process_matmul_peak",
     "mfu",
     "still_improving",
+    "run_health",
+    "training_trouble",
+    "finite",
+    "vocab_size",
+    "chance_loss",
     "CONVERGED_DROP",
+    "DIVERGED_RISE",
 ]
 
 # A model counts as still improving when its validation loss fell by more than this fraction
 # over the last 20 % of training (docs/compare.md has the measured curves behind it).
 CONVERGED_DROP = 0.02
+# A model has diverged when its training loss ended (the mean over the last 10 % of the
+# steps) more than this fraction above its first step's loss: training made it worse.
+DIVERGED_RISE = 0.05
+RISE_TAIL = 0.1
 
 
 def _tail_slope(losses: Sequence[float], tail: float) -> float | None:
@@ -36,7 +49,9 @@ def _tail_slope(losses: Sequence[float], tail: float) -> float | None:
     k = max(5, int(round(n * tail)))
     if n < 10 or k > n:
         return None
-    ys = [float(v) for v in losses[-k:]]
+    ys = [finite(v) for v in losses[-k:]]
+    if any(y is None for y in ys):  # NaN (None in results.json): no line through it
+        return None
     xs = range(n - k, n)
     mx, my = (n - k + n - 1) / 2, sum(ys) / k
     sxx = sum((x - mx) ** 2 for x in xs)
@@ -77,8 +92,10 @@ def convergence(
 
     Returns:
         ``{"train_slope", "val_drop", "val_from_step", "tail", "threshold", "decided_by",
-        "converged"}`` (and ``"val_accuracy_gain"`` on tasks); ``converged`` (and ``decided_by``) None when there is too little
-        history to tell.
+        "converged", "diverged"}`` (and ``"val_accuracy_gain"`` on tasks); ``converged`` (and
+        ``decided_by``) None when there is too little history to tell. ``diverged``: why the
+        training loss shows a failed or diverged run (:func:`training_trouble`), or None;
+        such a run is not converged (``decided_by`` ``"diverged"``).
     """
     if not 0 < tail < 1 or not 0 < threshold < 1:
         raise ValueError(f"need 0 < tail < 1 and 0 < threshold < 1, got tail={tail!r}, threshold={threshold!r}")
@@ -102,7 +119,107 @@ def convergence(
     else:
         out["decided_by"], drop = None, None
     out["converged"] = None if drop is None else drop <= threshold
+    out["diverged"] = training_trouble(train_loss)
+    if out["diverged"] is not None:  # a loss that rose or went NaN is not converged, whatever its slope
+        out["decided_by"], out["converged"] = "diverged", False
     return out
+
+
+def finite(v: Any) -> float | None:
+    """``v`` as a float when it is a finite number; None for None, NaN and ±inf."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def training_trouble(train_loss: Sequence[float | None]) -> str | None:
+    """Why a training-loss history shows a failed or diverged run, or None.
+
+    ``"training loss NaN from step 7"`` when a loss is not finite (NaN, ±inf, or None as
+    results.json stores them); ``"training loss rose 114% (5.52 at step 1 -> 11.82 over the
+    last 10% of the steps)"`` when the mean over the last :data:`RISE_TAIL` of the steps (at
+    least one) is more than :data:`DIVERGED_RISE` above the first step's loss.
+    """
+    losses = list(train_loss or [])
+    for i, v in enumerate(losses):
+        if finite(v) is None:
+            return f"training loss NaN from step {i + 1}"
+    if len(losses) < 2:
+        return None
+    k = max(1, math.ceil(RISE_TAIL * len(losses)))
+    first, end = float(losses[0]), sum(losses[-k:]) / k
+    if first > 0 and end > first * (1 + DIVERGED_RISE):
+        return (f"training loss rose {end / first - 1:.0%} ({first:.2f} at step 1 -> {end:.2f} over the last "
+                f"{RISE_TAIL:.0%} of the steps)")  # fmt: skip
+    return None
+
+
+def vocab_size(config: dict[str, Any]) -> int | None:
+    """Tokens the data of a comparison's ``config`` uses: 256 bytes for text and passkey, the
+    task's own vocabulary otherwise (None: a task this version does not know)."""
+    task = config.get("task")
+    if not task or task == "passkey":
+        return 256
+    from ..data import GridTask, SyntheticTask
+
+    try:
+        return GridTask().vocab_size if task == "grid" else SyntheticTask(task).vocab_size
+    except ValueError:
+        return None
+
+
+def chance_loss(config: dict[str, Any]) -> float | None:
+    """The loss of a uniform guess over the vocabulary, ``ln(vocab)``: a trained model
+    below it has learned something; one above it is worse than guessing."""
+    v = vocab_size(config)
+    return None if v is None else math.log(v)
+
+
+def _eval_loss(e: dict[str, Any]) -> float | None:
+    loss = finite(e.get("loss"))
+    if loss is None and "loss" not in e and (finite(e.get("ppl")) or 0) > 0:
+        loss = math.log(e["ppl"])  # results without the loss (text): ln(ppl)
+    return loss
+
+
+def run_health(run: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """Did this run (one ``runs`` entry of results.json) train? ``{"state", "why"}``:
+
+    * ``"failed"``: a loss is NaN or ±inf (stored as null): in training, or at an evaluation
+      length the model can run;
+    * ``"diverged"``: the training loss rose (:func:`training_trouble`), or the final loss at
+      the training length is above chance (:func:`chance_loss`, ``ln(vocab)``: worse than a
+      uniform guess; without an evaluation at the training length, the mean training loss
+      of the last 10 % of the steps);
+    * ``"ok"`` otherwise (``why`` None).
+
+    A failed or diverged run is never ranked, read or called converged.
+    """
+    unit = "n" if config.get("task") and config.get("task") != "passkey" else "L"
+    evals = [e for e in run.get("eval") or [] if e.get("applicable", True)]
+    bad_eval = [e["length"] for e in evals if ("loss" in e or "ppl" in e) and _eval_loss(e) is None
+                and finite(e.get("ppl")) is None]  # fmt: skip
+    trouble = training_trouble(run.get("train_loss") or [])
+    if bad_eval or (trouble or "").startswith("training loss NaN"):
+        parts = [trouble] if trouble else []
+        if bad_eval:
+            parts.append(f"loss NaN at {unit}=" + ", ".join(map(str, bad_eval)))
+        return {"state": "failed", "why": "; ".join(parts)}
+    if trouble:
+        return {"state": "diverged", "why": trouble}
+    chance = chance_loss(config)
+    if chance is not None:
+        at_train = next((e for e in evals if e["length"] == config.get("train_len")), None)
+        loss = _eval_loss(at_train) if at_train is not None else None
+        where = f"at {unit}={config.get('train_len')}"
+        if loss is None:
+            tail = [float(v) for v in (run.get("train_loss") or [])]
+            k = max(1, math.ceil(RISE_TAIL * len(tail)))
+            loss, where = (sum(tail[-k:]) / k if tail else None), "in training (last 10% of the steps)"
+        if loss is not None and loss > chance:
+            return {"state": "diverged", "why": f"loss {loss:.2f} {where} above chance ln({vocab_size(config)}) = "
+                                                f"{chance:.2f}"}  # fmt: skip
+    return {"state": "ok", "why": None}
 
 
 def still_improving(convs: Sequence[dict[str, Any]]) -> str | None:
@@ -112,7 +229,7 @@ def still_improving(convs: Sequence[dict[str, Any]]) -> str | None:
     (or cannot tell)."""
     worst = None
     for c in convs:
-        if c.get("converged") is not False:
+        if c.get("converged") is not False or c.get("decided_by") == "diverged":
             continue
         by = c.get("decided_by", "val_drop")
         tail = f"over the last {c.get('tail', 0.2):.0%}"

@@ -116,7 +116,8 @@ def evaluate(
     entry: dict[str, Any] = {"length": length, "applicable": True, "loss": mean}
     if text:
         # byte-level: bits per byte is the loss in bits
-        entry.update(ppl=math.exp(mean), bpb=mean / math.log(2))
+        # a diverged model's loss can pass 709.8 nats, where exp overflows: its perplexity is inf
+        entry.update(ppl=math.inf if mean > 709 else math.exp(mean), bpb=mean / math.log(2))
     else:
         acc = [p["solved"] / p["seqs"] for p in parts]
         entry.update(accuracy=sum(acc) / len(acc), token_accuracy=sum(p["correct"] for p in parts) / n_tok)

@@ -26,6 +26,8 @@ self-extend   window ``W = w``, group ``G = ⌈(L_max - W)/(L - W)⌉`` Jin et a
 
 (``k`` and ``G`` are at least 2.) The table and ``extend.png`` have one row / line per
 (encoding, method); ``results.json`` gets an ``"extend"`` list with the options used.
+A model whose training failed (NaN) or diverged (:func:`~posenc.compare.diagnostics.run_health`)
+is not extended: the table's notes name it; a NaN from an extension reads ``NaN``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ..base import available, get_class, options_of
 from ..checkpoint import load_checkpoint
 from ..model import TransformerLM
 from ..output import Column, Table, length_axis, pyplot, readable_log_axis, save_figure, write_csv
+from .diagnostics import finite, run_health
 from .evaluate import EvalSettings, evaluate
 from .train import checkpoint_path
 
@@ -109,13 +112,18 @@ def run_extend(cfg, source, ckpt_dir: Path, runs: list[dict[str, Any]], *, devic
     settings = EvalSettings.from_config(cfg)
     lens = cfg.eval_lens_sorted
     train_tokens, longest = source.seq_len(cfg.train_len), source.seq_len(max(lens))
-    out = []
+    out, unhealthy = [], set()
     for run in runs:
         name = run["encoding"]
         methods = [m for m in cfg.extend if applies(m, name)]
         if not methods:
             continue
         seed = run.get("seed", cfg.seeds[0])
+        health = run_health(run, cfg.to_dict())
+        if health["state"] != "ok":  # nothing to extend: extend_table's notes name it
+            log(f"extend {name} seed {seed}: not extended, {health['state']} ({health['why']})")
+            unhealthy.add(name)
+            continue
         trained, _ = load_checkpoint(checkpoint_path(ckpt_dir, cfg, name, seed), map_location=device)
         enc = trained.encodings[0]
         for m in methods:
@@ -131,7 +139,7 @@ def run_extend(cfg, source, ckpt_dir: Path, runs: list[dict[str, Any]], *, devic
             evals = [evaluate(model, source, n, device=device, settings=settings) for n in lens]
             entry = {"encoding": name, "seed": seed, "method": m, "options": opts, "setting": _describe(opts)}
             out.append({**entry, "eval": evals})
-    skipped = sorted({r["encoding"] for r in runs} - {e["encoding"] for e in out})
+    skipped = sorted({r["encoding"] for r in runs} - {e["encoding"] for e in out} - unhealthy)
     if skipped:
         log(f"extend: no method applies to {', '.join(skipped)} (rotary encodings only)")
     return out
@@ -142,9 +150,11 @@ def _metric(cfg: dict) -> str:
 
 
 def _cell(e: dict, metric: str) -> str:
-    if not e.get("applicable", True) or e.get(metric) is None:
+    if not e.get("applicable", True):
         return "n/a"
-    v = e[metric]
+    v = finite(e.get(metric))
+    if v is None:  # ran, but no number: a NaN loss (inf: a finite loss whose perplexity overflows)
+        return "inf" if finite(e.get("loss")) is not None else "NaN"
     return f"{100 * v:.1f}%" if metric == "accuracy" else (f"{v:.2f}" if v < 1000 else f"{v:.3g}")
 
 
@@ -162,7 +172,19 @@ def extend_table(results: dict[str, Any]) -> Table:
         by_len = {e["length"]: e for e in r["eval"]}
         rows.append([r["encoding"], r["method"], r["setting"], *(_cell(by_len[n], metric) for n in lens)])
     title = f"{metric} by evaluation length, trained at {unit}={cfg['train_len']}, extended at inference only"
-    return Table(cols, rows, title=title)
+    return Table(cols, rows, title=title, notes=not_extended(results))
+
+
+def not_extended(results: dict[str, Any]) -> list[str]:
+    """One note per trained model an extension method applies to that failed or diverged (not extended)."""
+    cfg, methods = results["config"], results["config"].get("extend") or EXTEND_METHODS
+    notes = []
+    for r in results.get("runs") or []:
+        if r and any(applies(m, r["encoding"]) for m in methods):
+            h = run_health(r, cfg)
+            if h["state"] != "ok":
+                notes.append(f"not extended: {r['encoding']} seed {r.get('seed', 0)}, {h['state']} ({h['why']})")
+    return notes
 
 
 def write_extend(out: Path, results: dict[str, Any], subtitle: str | None = None) -> Table:
@@ -179,9 +201,8 @@ def write_extend(out: Path, results: dict[str, Any], subtitle: str | None = None
     for ax, name in zip(axes[0], names):
         plotted: list[float] = []
         for r in (x for x in results["extend"] if x["encoding"] == name):
-            pts = [
-                (e["length"], e[metric]) for e in r["eval"] if e.get("applicable", True) and e.get(metric) is not None
-            ]
+            pts = [(e["length"], finite(e.get(metric))) for e in r["eval"] if e.get("applicable", True)]
+            pts = [(n, v) for n, v in pts if v is not None]  # a NaN or inf is not drawn
             if pts:
                 xs, ys = zip(*pts)
                 plotted += list(ys)

@@ -1,5 +1,8 @@
 """The figures of a comparison: extrapolation (mean over seeds with its interval as a band),
-loss by position, and the passkey heatmaps (length × depth per encoding)."""
+loss by position, and the passkey heatmaps (length × depth per encoding).
+
+Failed (NaN) and diverged models are not drawn in the line plots (their numbers would
+squash every other curve); the legend names them, and the passkey panel's title marks them."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..output import length_axis, panel_grid, pyplot, readable_log_axis, save_figure
+from .diagnostics import finite
 from .reading import metric_name, summarize
 
 __all__ = ["draw_figures", "run_subtitle", "per_position_absent"]
@@ -46,6 +50,9 @@ def _extrapolation(out: Path, results: dict[str, Any], color) -> str:
     plotted: list[float] = []
     for enc in s.encodings:
         cells = [(n, c) for n, c in s.cells[enc].items() if c is not None]
+        if enc in s.flagged:  # a legend note instead of a line
+            ax.plot([], [], ls="none", marker="x", color=color[enc], label=f"{enc}: not drawn ({s.flagged[enc]})")
+            continue
         if not cells:
             continue
         x = [n for n, _ in cells]
@@ -59,7 +66,8 @@ def _extrapolation(out: Path, results: dict[str, Any], color) -> str:
     ax.axvline(cfg["train_len"], color="gray", ls="--", lw=1, label="train length")
     length_axis(ax, s.lengths)
     if metric == "ppl":
-        readable_log_axis(ax, plotted)
+        if plotted:  # a log axis over nothing fails
+            readable_log_axis(ax, plotted)
         ax.set_ylabel("validation perplexity (bytes)")
     else:
         ax.set_ylabel("exact-match accuracy" + (" (mean over depths)" if cfg.get("task") == "passkey" else ""))
@@ -74,13 +82,21 @@ def _extrapolation(out: Path, results: dict[str, Any], color) -> str:
     return "extrapolation.png"
 
 
-def per_position_absent(runs: list[dict[str, Any]], length: int) -> dict[str, str]:
-    """Encodings with no per-position curve at ``length``, and why (the plot says so)."""
-    out = {}
+def per_position_absent(
+    runs: list[dict[str, Any]], length: int, flagged: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Encodings with no per-position curve at ``length``, and why (the plot says so):
+    not applicable, not evaluated, a NaN loss, or ``flagged`` (``{encoding: "failed" |
+    "diverged"}``: not drawn)."""
+    out = dict(flagged or {})
     for r in runs:
         e = next((e for e in r["eval"] if e["length"] == length), None)
+        if r["encoding"] in out:
+            continue
         if e is None or not e.get("applicable", True) or not e.get("per_position"):
             out[r["encoding"]] = (e or {}).get("reason") or "not evaluated at this length"
+        elif any(finite(b.get("loss")) is None for b in e["per_position"]):
+            out[r["encoding"]] = "failed: NaN loss"
     return out
 
 
@@ -90,7 +106,7 @@ def _per_position(out: Path, results: dict[str, Any], color) -> str:
     plt = pyplot()
     cfg, runs = results["config"], results["runs"]
     longest = max(e["length"] for r in runs for e in r["eval"])
-    absent = per_position_absent(runs, longest)
+    absent = per_position_absent(runs, longest, summarize(results).flagged)
     curves: dict[str, tuple[list[float], list[float]]] = {}
     for enc in dict.fromkeys(r["encoding"] for r in runs):
         if enc in absent:
@@ -106,6 +122,9 @@ def _per_position(out: Path, results: dict[str, Any], color) -> str:
     ax = axes[0, 0]
     for name, (x, y) in curves.items():
         ax.plot(x, y, marker=".", color=color[name], label=name)
+    broken = {k: v for k, v in absent.items() if v.startswith(("failed", "diverged"))}
+    for name, why in broken.items():  # a legend note instead of a line
+        ax.plot([], [], ls="none", marker="x", color=color[name], label=f"{name}: not drawn ({why})")
     ax.set_ylabel("loss (nats / token)")
     if panels == 2:
         ax2 = axes[1, 0]
@@ -119,7 +138,8 @@ def _per_position(out: Path, results: dict[str, Any], color) -> str:
         a.grid(True, alpha=0.3)
         a.legend(fontsize=8)
     axes[-1, 0].set_xlabel(f"position in a sequence of evaluation length {longest}")
-    footer = "not drawn: " + "; ".join(f"{k}: n/a ({v})" for k, v in absent.items()) if absent else None
+    footer = "not drawn: " + "; ".join(f"{k}: {v}" if k in broken else f"{k}: n/a ({v})" for k, v in absent.items())
+    footer = footer if absent else None
     title = f"Loss by position at length {longest}: where an encoding breaks"
     save_figure(fig, out / "per_position.png", title=title, subtitle=run_subtitle(cfg), footer=footer)
     return "per_position.png"
@@ -145,7 +165,7 @@ def _passkey(out: Path, results: dict[str, Any]) -> str:
                 )
         ax.set_xticks(range(len(depths)), [f"{d:.0%}" for d in depths])
         ax.set_yticks(range(len(s.lengths)), [str(n) for n in s.lengths])
-        ax.set_title(enc)
+        ax.set_title(enc + (f" ({s.flagged[enc]})" if enc in s.flagged else ""))
         ax.set_xlabel("key depth")
         ax.set_ylabel("length")
     if image is not None:

@@ -7,6 +7,12 @@ can speak to and says whether this run agrees, with the numbers that decide it;
 particular run: change the numbers and the reading changes
 (``tests/test_compare_reading.py`` flips them).
 
+Failed and diverged runs (:func:`~posenc.compare.diagnostics.run_health`: a NaN loss, a
+training loss that rose, a loss above chance) are named and left out: an encoding with
+such a run is never ranked, read against a finding, counted in the spread or called
+converged; its intervals use its healthy seeds (none: its diverged seeds' numbers, shown
+only to say how far off they are).
+
 Ties: two measurements that :func:`~posenc.compare.stats.tied` cannot tell apart decide
 nothing. With several seeds that is overlapping 95 % intervals; with one seed, a
 perplexity within 2 % (no interval exists) or accuracies whose Wilson intervals over the
@@ -18,10 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .diagnostics import still_improving
+from .diagnostics import finite, run_health, still_improving
 from .stats import Interval, interval, rank_with_ties, tied, wilson
 
-__all__ = ["Summary", "summarize", "findings", "caveats", "train_spread", "metric_name"]
+__all__ = ["Summary", "summarize", "findings", "caveats", "train_spread", "metric_name", "flagged_text"]
 
 # Press et al. 2022, Table 2 (WikiText-103, trained at 512): past the training length
 # sinusoidal degrades most (20.05 -> 43.54 at ~2x), then rotary (20.07 -> 21.37), then T5
@@ -44,8 +50,11 @@ def metric_name(config: dict[str, Any]) -> str:
 
 @dataclass
 class Summary:
-    """Per encoding and length, the interval of the metric over seeds (None: cannot run there);
-    for text also the interval of ``ppl(L) / ppl(train_len)`` (``ratios``)."""
+    """Per encoding and length, the interval of the metric over seeds (None: cannot run there,
+    or no finite value); for text also the interval of ``ppl(L) / ppl(train_len)``
+    (``ratios``). ``health``: ``"ok"``, ``"diverged"`` or ``"failed"`` (the worst of the
+    encoding's seeds), ``why``: what went wrong (``"diverged: training loss rose ..."``, per
+    seed when there are several: ``"seed 1 failed: ..."``)."""
 
     metric: str
     train_len: int
@@ -56,6 +65,13 @@ class Summary:
     depths: dict[str, dict[int, dict[float, Interval]]] = field(default_factory=dict)
     seeds: dict[str, list[int]] = field(default_factory=dict)
     converged: dict[str, bool | None] = field(default_factory=dict)
+    health: dict[str, str] = field(default_factory=dict)
+    why: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def flagged(self) -> dict[str, str]:
+        """The encodings with a failed or diverged run: ``{encoding: "failed" | "diverged"}``."""
+        return {e: h for e, h in self.health.items() if h != "ok"}
 
     @property
     def higher_is_better(self) -> bool:
@@ -67,8 +83,9 @@ class Summary:
         return [n for n in self.lengths if n > self.train_len]
 
     def at(self, length: int) -> dict[str, Interval]:
-        """The encodings that ran at ``length``, with their intervals."""
-        return {e: c[length] for e, c in self.cells.items() if c.get(length) is not None}
+        """The healthy encodings that ran at ``length``, with their intervals (failed and
+        diverged ones are left out: they are never ranked or read)."""
+        return {e: c[length] for e, c in self.cells.items() if c.get(length) is not None and e not in self.flagged}
 
     def ranking(self, length: int) -> list[list[str]]:
         """Encodings best first at ``length``; tied ones share a rank."""
@@ -88,15 +105,29 @@ def summarize(results: dict[str, Any]) -> Summary:
     encodings = list(dict.fromkeys(r["encoding"] for r in runs))
     s = Summary(metric, cfg["train_len"], lengths, encodings)
     samples = int(cfg.get("eval_samples") or 1)
+    several = len({r.get("seed", 0) for r in runs}) > 1
     for enc in encodings:
         mine = [r for r in runs if r["encoding"] == enc]
         s.seeds[enc] = [r.get("seed", 0) for r in mine]
+        health = [run_health(r, cfg) for r in mine]
+        states = {h["state"] for h in health}
+        s.health[enc] = "failed" if "failed" in states else "diverged" if "diverged" in states else "ok"
+        if s.health[enc] != "ok":
+            s.why[enc] = "; ".join((f"seed {r.get('seed', 0)} " if several else "") + f"{h['state']}: {h['why']}"
+                                   for r, h in zip(mine, health) if h["state"] != "ok")  # fmt: skip
+        # intervals over the healthy seeds; with none, the diverged ones (failed: no numbers)
+        mine = [r for r, h in zip(mine, health) if h["state"] == "ok"] or [
+            r for r, h in zip(mine, health) if h["state"] == "diverged"
+        ]
         flags = [(r.get("convergence") or {}).get("converged") for r in mine]
-        s.converged[enc] = None if all(f is None for f in flags) else not any(f is False for f in flags)
+        s.converged[enc] = (
+            None if s.health[enc] != "ok" or all(f is None for f in flags) else not any(f is False for f in flags)
+        )
         by_len = [{e["length"]: e for e in r["eval"] if e.get("applicable", True)} for r in mine]
         s.cells[enc], s.ratios[enc], s.depths[enc] = {}, {}, {}
         for n in lengths:
-            vals = [b[n][metric] for b in by_len if n in b and b[n].get(metric) is not None]
+            vals = [finite(b[n].get(metric)) for b in by_len if n in b]
+            vals = [v for v in vals if v is not None]
             if not vals:
                 s.cells[enc][n] = None
             elif metric == "accuracy":
@@ -104,14 +135,16 @@ def summarize(results: dict[str, Any]) -> Summary:
                 per_depth = {d["depth"]: [] for e in entries for d in e.get("depths", [])}
                 for e in entries:
                     for d in e.get("depths", []):
-                        per_depth[d["depth"]].append(d["accuracy"])
+                        if finite(d.get("accuracy")) is not None:
+                            per_depth[d["depth"]].append(d["accuracy"])
                 s.cells[enc][n] = _accuracy_interval(vals, samples * max(1, len(per_depth)))
-                s.depths[enc][n] = {d: _accuracy_interval(v, samples) for d, v in per_depth.items()}
+                s.depths[enc][n] = {d: _accuracy_interval(v, samples) for d, v in per_depth.items() if v}
             else:
                 s.cells[enc][n] = interval(vals)
             if metric == "ppl":
                 base = s.train_len
-                r = [b[n]["ppl"] / b[base]["ppl"] for b in by_len if n in b and base in b and b[base].get("ppl")]
+                pairs = [(finite(b[n].get("ppl")), finite(b[base].get("ppl"))) for b in by_len if n in b and base in b]
+                r = [a / b for a, b in pairs if a is not None and b]
                 s.ratios[enc][n] = interval(r) if r else None
     return s
 
@@ -165,15 +198,17 @@ def findings(results: dict[str, Any]) -> list[dict[str, Any]]:
     s = summarize(results)
     out: list[dict[str, Any]] = []
     task = results["config"].get("task")
+    healthy = {e: c for e, c in s.cells.items() if e not in s.flagged}  # failed/diverged: never read
     if s.metric == "ppl" and s.past:
-        o = _ordering(s, s.ratios, PRESS_ORDER, first_larger=True, fmt=lambda v: f"x{v:.2f}")
+        ratios = {e: c for e, c in s.ratios.items() if e not in s.flagged}
+        o = _ordering(s, ratios, PRESS_ORDER, first_larger=True, fmt=lambda v: f"x{v:.2f}")
         if o:
             out.append({"source": "Press et al. 2022, Table 2",
                         "claim": "past the training length perplexity grows most for sinusoidal, then rotary, "
                                  "then T5, and least for ALiBi (compared: ppl(L) / ppl(train length))",
-                        "verdict": o[0], "evidence": o[1], "checks": o[2]})  # fmt: skip
+                        "verdict": o[0], "evidence": o[1] + _left_out(s, PRESS_ORDER), "checks": o[2]})  # fmt: skip
         far = max(s.past)
-        ratio = s.ratios.get("alibi", {}).get(far)
+        ratio = ratios.get("alibi", {}).get(far)
         if ratio is not None:
             out.append({"source": "Press et al. 2022, Table 2",
                         "claim": f"ALiBi stays flat past the training length (here: within {FLAT - 1:.0%} "
@@ -195,21 +230,36 @@ def findings(results: dict[str, Any]) -> list[dict[str, Any]]:
                         "evidence": f"at L={s.train_len}: nope {here['nope'].mean:.2f} vs {best} "
                                     f"{refs[best].mean:.2f} (x{ratio:.3f})"})  # fmt: skip
     if s.metric == "accuracy" and task != "passkey" and s.past:
-        learned = {e for e, c in s.cells.items() if c.get(s.train_len) is not None and c[s.train_len].mean >= SOLVED}
-        table = {e: c for e, c in s.cells.items() if e in learned}
+        learned = {e for e, c in healthy.items() if c.get(s.train_len) is not None and c[s.train_len].mean >= SOLVED}
+        table = {e: c for e, c in healthy.items() if e in learned}
         o = _ordering(s, table, KAZEMNEJAD_ORDER, first_larger=True, fmt=lambda v: _fmt(v, "accuracy"))
-        skipped = sorted(set(s.cells) & set(KAZEMNEJAD_ORDER) - learned)
+        skipped = sorted(set(healthy) & set(KAZEMNEJAD_ORDER) - learned)
         note = f" (left out, not learned at the training length: {', '.join(skipped)})" if skipped else ""
+        note += _left_out(s, KAZEMNEJAD_ORDER)
         if o:
             out.append({"source": "Kazemnejad et al. 2023",
                         "claim": "past the training length NoPE generalises best, then T5's bias, ALiBi, rotary, "
                                  "and absolute positions worst (compared: exact-match accuracy)",
                         "verdict": o[0], "evidence": o[1] + note, "checks": o[2]})  # fmt: skip
-        elif skipped:
+        elif skipped or _left_out(s, KAZEMNEJAD_ORDER):
             out.append({"source": "Kazemnejad et al. 2023", "claim": "the ordering of length generalisation "
                         "on synthetic tasks", "verdict": "undecided", "evidence": "fewer than two of its encodings "
                         f"learned the task at the training length{note}"})  # fmt: skip
     return out
+
+
+def _left_out(s: Summary, order: tuple[str, ...]) -> str:
+    """`` (left out, diverged: rope; failed: alibi)`` for the flagged encodings of ``order``."""
+    parts = [f"{state}: {', '.join(e for e in order if s.flagged.get(e) == state)}" for state in ("failed", "diverged")
+             if any(s.flagged.get(e) == state for e in order)]  # fmt: skip
+    return f" (left out, {'; '.join(parts)})" if parts else ""
+
+
+def flagged_text(s: Summary) -> str | None:
+    """``"rope (failed: training loss NaN from step 3), alibi (diverged: ...)"``, or None if every run trained."""
+    if not s.flagged:
+        return None
+    return ", ".join(f"{e} ({s.why[e]})" for e in s.flagged)
 
 
 def train_spread(s: Summary) -> tuple[float, tuple[str, float], tuple[str, float]] | None:
@@ -229,6 +279,8 @@ def passkey_reach(s: Summary) -> dict[str, int | None]:
     >= 90 % exact match (None: not even at the shortest)."""
     out = {}
     for enc, by_len in s.depths.items():
+        if enc in s.flagged:
+            continue
         reach = None
         for n in s.lengths:
             d = by_len.get(n)
@@ -243,6 +295,11 @@ def caveats(results: dict[str, Any]) -> list[str]:
     """What this run cannot support, one sentence each (empty when nothing is amiss)."""
     s = summarize(results)
     out = []
+    bad = flagged_text(s)
+    if bad:
+        ext = " and --extend" if results["config"].get("extend") else ""
+        out.append(f"failed or diverged: {bad}; left out of the rankings, the reading, the spread{ext} (their "
+                   "numbers, where any, are not a trained model's; a lower --lr or --grad-clip may help)")  # fmt: skip
     still = [e for e, c in s.converged.items() if c is False]
     if still:
         details = []
@@ -255,7 +312,8 @@ def caveats(results: dict[str, Any]) -> list[str]:
         out.append("one seed: no intervals over seeds; differences of a few percent may be seed noise "
                    "(--seeds 0,1,2 gives 95 % intervals)")  # fmt: skip
     if s.metric == "accuracy":
-        weak = [e for e, c in s.cells.items() if c.get(s.train_len) is not None and c[s.train_len].mean < SOLVED]
+        weak = [e for e, c in s.cells.items()
+                if e not in s.flagged and c.get(s.train_len) is not None and c[s.train_len].mean < SOLVED]  # fmt: skip
         if weak:
             vals = ", ".join(f"{e} {_fmt(s.cells[e][s.train_len].mean, 'accuracy')}" for e in weak)
             out.append(f"not learned at the training length (< {SOLVED:.0%} exact match): {vals}; nothing about "

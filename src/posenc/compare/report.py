@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..output import Column, Table, clean, write_csv, write_json
-from .diagnostics import mfu
+from .diagnostics import mfu, run_health
 from .plots import draw_figures, per_position_absent, run_subtitle
 from .reading import SPREAD_LIMIT, caveats, metric_name, summarize, train_spread
 from .report_md import report_markdown, table_rows
@@ -29,8 +29,8 @@ def results_table(results: dict[str, Any]) -> Table:
 
 def summary(results: dict[str, Any]) -> dict[str, Any]:
     """What the notes under the table say, as numbers: MFU (:func:`~posenc.compare.diagnostics.mfu`),
-    the spread at the training length (max/min of the encodings other than nope), and the
-    encodings not converged."""
+    the spread at the training length (max/min of the encodings other than nope), the
+    encodings not converged, and those with a failed (NaN) or diverged run (never ranked)."""
     s = summarize(results)
     spread = train_spread(s)
     return {
@@ -38,6 +38,8 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         "train_spread": None if spread is None else {"max_over_min": spread[0], "min": list(spread[1]),
                                                      "max": list(spread[2]), "limit": SPREAD_LIMIT},
         "not_converged": [e for e, c in s.converged.items() if c is False],
+        "failed": [e for e, h in s.flagged.items() if h == "failed"],
+        "diverged": [e for e, h in s.flagged.items() if h == "diverged"],
     }  # fmt: skip
 
 
@@ -61,7 +63,8 @@ def write_outputs(out: Path, results: dict[str, Any]) -> Table:
     """Write config.json, results.json, results.csv, table.md, the figures and report.md;
     return the table."""
     out.mkdir(parents=True, exist_ok=True)
-    results = clean({**results, "summary": summary(results)})
+    runs = [{**r, "health": run_health(r, results["config"])} for r in results["runs"]]
+    results = clean({**results, "runs": runs, "summary": summary(results)})
     write_json(out / "config.json", results["config"])
     write_json(out / "results.json", results)
     passkey = results["config"].get("task") == "passkey"

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .diagnostics import mfu, still_improving
-from .reading import SPREAD_LIMIT, caveats, findings, passkey_reach, summarize, train_spread
+from .diagnostics import finite, mfu, run_health, still_improving
+from .reading import SPREAD_LIMIT, Summary, caveats, findings, passkey_reach, summarize, train_spread
 from .stats import Interval
 
 __all__ = ["report_markdown", "table_rows", "fmt_interval", "status_of"]
@@ -37,7 +37,13 @@ def fmt_interval(i: Interval | None, metric: str) -> str:
 
 
 def status_of(results: dict[str, Any], encoding: str) -> str:
-    """``ok``, ``not converged: train longer (validation loss fell 4.1% over the last 20%)`` or ``-`` (unknown)."""
+    """``ok``, ``not converged: train longer (validation loss fell 4.1% over the last 20%)``,
+    ``failed: training loss NaN from step 3``, ``diverged: training loss rose 114% (...)``
+    (with several seeds: ``seed 1 diverged: ...``), or ``-`` (unknown)."""
+    s = summarize(results)
+    if encoding in s.flagged:
+        why = s.why[encoding]
+        return why if why.startswith(s.health[encoding]) else f"{s.health[encoding]} ({why})"
     convs = [r.get("convergence") or {} for r in results["runs"] if r["encoding"] == encoding]
     flags = [c.get("converged") for c in convs]
     why = still_improving(convs)
@@ -69,7 +75,7 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]], lis
         secs = sum(r.get("train_seconds") or 0.0 for r in mine) / len(mine)
         tps = [r["train_tokens_per_s"] for r in mine if r.get("train_tokens_per_s")]
         rows.append([enc, f"{mine[0].get('params', 0):,}", f"{secs:.1f}", f"{sum(tps) / len(tps):,.0f}" if tps else "-",
-                     *(fmt_interval(s.cells[enc].get(n), s.metric) for n in s.lengths), status_of(results, enc)])  # fmt: skip
+                     *(_cell(s, mine, enc, n) for n in s.lengths), status_of(results, enc)])  # fmt: skip
     notes = [
         f"{'validation perplexity (bytes)' if s.metric == 'ppl' else 'exact-match accuracy'}: {interval_note(results)}"
     ]
@@ -83,6 +89,18 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]], lis
         notes.append(f"MFU {m['mfu']:.1%}: {m['flops_per_s'] / 1e9:.1f} GFLOP/s of training over a matmul peak of "
                      f"{m['peak_flops_per_s'] / 1e9:.1f} GFLOP/s measured in the same process")  # fmt: skip
     return heads, rows, notes
+
+
+def _cell(s: Summary, runs: list[dict[str, Any]], enc: str, n: int) -> str:
+    """The table's cell: the interval; ``NaN`` where the model ran but has no finite number
+    (a failed run; ``inf``: a finite loss whose perplexity overflows); ``n/a`` where it cannot run."""
+    cell = s.cells[enc].get(n)
+    if cell is not None:
+        return fmt_interval(cell, s.metric)
+    ran = [e for r in runs for e in r["eval"] if e["length"] == n and e.get("applicable", True)]
+    if not ran:
+        return "n/a"
+    return "inf" if any(finite(e.get("loss")) is not None for e in ran) else "NaN"
 
 
 def _md_table(heads: list[str], rows: list[list[str]]) -> list[str]:
@@ -132,6 +150,8 @@ def report_markdown(results: dict[str, Any], figures: list[str]) -> str:
         ranks = s.ranking(n)
         if ranks:
             lines.append(f"- L={n}: " + " > ".join(" = ".join(group) for group in ranks))
+    if s.flagged:
+        lines.append("- not ranked: " + ", ".join(f"{e} ({state})" for e, state in s.flagged.items()))
     limit = next((r["convergence"].get("threshold") for r in results["runs"] if r.get("convergence")), None)
     limit = f"{limit:.0%}" if limit is not None else "the threshold"
     lines += ["", "## Convergence", "", "Validation loss at the training length during training. A model whose "
@@ -145,7 +165,10 @@ def report_markdown(results: dict[str, Any], figures: list[str]) -> str:
         c = r.get("convergence") or {}
         curve = ", ".join(f"{p['step']}: {p['loss']:.3f}" for p in r.get("val_curve", []) if p.get("loss") is not None)
         slope, drop = c.get("train_slope"), c.get("val_drop")
+        health = run_health(r, cfg)
         state = {True: "converged", False: "not converged: train longer", None: "-"}[c.get("converged")]
+        if health["state"] != "ok":  # never "converged"
+            state = f"{health['state']}: {health['why']}"
         lines.append(f"| `{r['encoding']}` | {r.get('seed', 0)} | {curve or '-'} | "
                      f"{'-' if drop is None else f'{-drop:+.1%}'} | "
                      f"{'-' if slope is None else f'{slope:+.1%}'} | {state} |")  # fmt: skip
