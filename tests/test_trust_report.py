@@ -226,7 +226,7 @@ def test_extend_leaves_out_a_failed_model_with_a_note(tmp_path, monkeypatch, cap
     md = (out / "extend.md").read_text()
     assert "not extended: xpos seed 0, failed (training loss NaN from step 1" in md and "`rope`" in md
     assert "not extended: xpos" in capsys.readouterr().out and (out / "extend.png").is_file()
-    assert "spread and --extend" in (out / "report.md").read_text()
+    assert "the spread, --extend and the intervals" in (out / "report.md").read_text()
 
 
 # ------------------------------------------------------------------ no OverflowError past 709 nats

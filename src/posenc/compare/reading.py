@@ -297,9 +297,10 @@ def caveats(results: dict[str, Any]) -> list[str]:
     out = []
     bad = flagged_text(s)
     if bad:
-        ext = " and --extend" if results["config"].get("extend") else ""
-        out.append(f"failed or diverged: {bad}; left out of the rankings, the reading, the spread{ext} (their "
-                   "numbers, where any, are not a trained model's; a lower --lr or --grad-clip may help)")  # fmt: skip
+        ext = ", --extend" if results["config"].get("extend") else ""
+        out.append(f"failed or diverged: {bad}; left out of the rankings, the reading, the spread{ext} and the "
+                   "intervals (an encoding's interval uses its healthy seeds; with none, a diverged model's numbers "
+                   "are shown but are not a trained model's; a lower --lr or --grad-clip may help)")  # fmt: skip
     still = [e for e, c in s.converged.items() if c is False]
     if still:
         details = []
