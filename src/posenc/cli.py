@@ -2,16 +2,22 @@
 
 Each subcommand other than ``list`` lives in its own package and exposes two functions,
 ``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them up.
+
+Every error a user can cause is one line on stderr: a bad flag value (argparse, through
+:class:`posenc.cli_types.OneLineParser`) and output that cannot be written exit with
+status 2, Ctrl-C with 130; no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .base import available as _available
 from .base import get_class, options_of
+from .cli_types import OneLineParser
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -88,7 +94,7 @@ def presets_table():
 def make_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    p = argparse.ArgumentParser(prog="posenc", description="Transformer position encodings: use, compare, understand.")
+    p = OneLineParser(prog="posenc", description="Transformer position encodings: use, compare, understand.")
     p.add_argument("--version", action="version", version=f"posenc {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     pl = sub.add_parser("list", help="table of every registered encoding and layer preset")
@@ -107,7 +113,32 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = make_parser().parse_args(argv)
     args.argv = argv  # the command as given, for the records a tool writes (compare's report.md)
-    return int(args.func(args) or 0)
+    prog = f"posenc {args.command}"
+    try:
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # a full or closed stdout shows here, not at interpreter exit
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted (files written so far are complete; nothing half-written is left)", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `posenc list | head`: the reader left; say nothing
+        _silence_stdout()
+        return 1
+    except OSError as e:  # stdout on a full disk (`posenc list > /dev/full`), a file that cannot be written
+        _silence_stdout()
+        where = f" {str(e.filename)!r}" if e.filename else " to standard output"
+        print(f"{prog}: error: cannot write{where}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    return rc
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that Python's flush at exit does not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout without a file descriptor (a test's capture)
+        pass
 
 
 if __name__ == "__main__":

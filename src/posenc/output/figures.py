@@ -15,6 +15,8 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
+from .files import atomic_write
+
 __all__ = ["STYLE", "length_axis", "panel_grid", "pyplot", "readable_log_axis", "save_figure"]
 
 # applied by pyplot(): font sizes that stay readable at the saved size
@@ -45,7 +47,12 @@ def pyplot():
 
 def save_figure(fig, path: str | Path, *, title: str, subtitle: str | None = None, footer: str | None = None) -> Path:
     """Title the figure (``title``, then ``subtitle`` naming the run in smaller type), lay it
-    out, save it as PNG and close it. ``footer``: a note along the bottom edge."""
+    out, save it as PNG (atomically: :func:`~posenc.output.files.atomic_write`) and close it.
+    ``footer``: a note along the bottom edge.
+
+    Raises:
+        OutputError: the file cannot be written.
+    """
     plt = pyplot()
     text = title if not subtitle else f"{title}\n{subtitle}"
     size = STYLE["figure.titlesize"] - (subtitle is not None)
@@ -55,8 +62,11 @@ def save_figure(fig, path: str | Path, *, title: str, subtitle: str | None = Non
     if fig.get_layout_engine() is None:  # a figure made before pyplot() set the style
         fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    try:
+        with atomic_write(path, "wb") as f:  # the whole PNG or none: never a 0-byte file
+            fig.savefig(f, dpi=DPI, format=path.suffix.lstrip(".").lower() or "png")
+    finally:
+        plt.close(fig)
     return path
 
 
