@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
-from ..output import Table, write_json
+from ..cli_types import int_in, nonempty_path, spec_list
+from ..output import OutputFolder, Table, check_creatable, write_json
 from .models import Subject, build_subjects, load_subjects, tiny_checkpoints
-from .specs import Spec, resolve
+from .specs import Spec, resolve, split_specs
 
 # Each analysis' encodings when --encodings is not given ("all": every registered one).
 DEFAULTS = {
@@ -41,79 +42,103 @@ DEFAULTS = {
 }
 
 TRAIN_STEPS = 600  # tiny models trained when no checkpoint is given
+MAX_LEN = 256  # max_len of the random-weight models (--max-len)
+MAX_MAP = 4096  # longest attention map (factor × training length): the map is stored in the JSON
 
 SUBCOMMANDS = ("decompose", "invariance", "similarity", "decay", "padding-probe", "attention-maps")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="analysis", required=True, metavar="ANALYSIS")
+    length = int_in(2, 2048)  # L × L maps per head and layer: 2048 is already 16 MiB a map
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--out", type=Path, default=Path("analysis"), help="output folder (default: ./analysis)")
-    common.add_argument("--seed", type=int, default=0)
-    common.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    common.add_argument(
+        "--out", type=nonempty_path, default=Path("analysis"), help="output folder (default: ./analysis)"
+    )
+    common.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
+    common.add_argument("--threads", type=int_in(1, 1024), default=None, help="torch CPU threads (default: torch's)")
 
     models = argparse.ArgumentParser(add_help=False)
     models.add_argument(
         "--encodings",
         nargs="+",
+        type=spec_list,
         default=None,
         metavar="SPEC",
         help="encodings with random weights, separated by commas or spaces: name or name@{json options}; "
-        '"all" = every registered one; an unknown name is an error',
+        '"all" = every registered one; an unknown name or one that cannot be built is an error',
     )
     models.add_argument(
         "--checkpoint",
         nargs="+",
+        type=nonempty_path,
         default=[],
         metavar="PATH",
         help="trained models: posenc checkpoints (.pt) or run directories (<run>/checkpoints/*.pt)",
     )
     models.add_argument(
         "--train-steps",
-        type=int,
+        type=int_in(0, 1_000_000),
         default=None,
         help=f"also train a tiny LM per encoding for N steps (default: 0, no; 'all' and 'attention-maps': {TRAIN_STEPS})",
     )
-    models.add_argument("--train-dir", type=Path, default=None, help="where --train-steps keeps its checkpoints")
-    models.add_argument("--max-len", type=int, default=256, help="max_len of the random-weight models")
+    models.add_argument(
+        "--train-dir",
+        type=nonempty_path,
+        default=None,
+        help="where --train-steps keeps its checkpoints; one trained otherwise (other steps, ...) is refused",
+    )
+    models.add_argument(
+        "--max-len",
+        type=int_in(1, 65536),
+        default=None,
+        help=f"max_len of the random-weight models (default {MAX_LEN})",
+    )
 
     def add(name, help_, parents):
         return sub.add_parser(name, help=help_, description=help_, parents=parents)
 
     p = add("decompose", "content/position terms of the attention logits and their variance shares", [common, models])
-    p.add_argument("--length", type=int, default=64)
-    p.add_argument("--layer", type=int, default=0)
+    p.add_argument("--length", type=length, default=64)
+    p.add_argument("--layer", type=int_in(-1024, 1023), default=0, help="which layer (negative: from the last)")
 
     p = add("invariance", "change of attention logits/probabilities when every position shifts by s", [common, models])
-    p.add_argument("--length", type=int, default=32)
-    p.add_argument("--shifts", type=int, nargs="+", default=[1, 4, 16, 64, 128, 256, 1024])
+    p.add_argument("--length", type=length, default=32)
+    p.add_argument("--shifts", type=int_in(1, 1_000_000), nargs="+", default=[1, 4, 16, 64, 128, 256, 1024])
 
     p = add("similarity", "position-position heatmaps and their share explained by i - j", [common, models])
-    p.add_argument("--length", type=int, default=64)
+    p.add_argument("--length", type=length, default=64)
 
     p = add("decay", "RoPE's long-range bound; bias and measured attention against distance", [common, models])
-    p.add_argument("--length", type=int, default=256, help="sequence length of the measured attention")
-    p.add_argument("--max-distance", type=int, default=2048, help="largest distance of the RoPE bound")
-    p.add_argument("--head-dim", type=int, default=128, help="head dim of the random-weight models (Su uses 128)")
+    p.add_argument("--length", type=length, default=256, help="sequence length of the measured attention")
+    p.add_argument("--max-distance", type=int_in(1, 1_000_000), default=2048, help="largest distance of the RoPE bound")
+    p.add_argument(
+        "--head-dim",
+        type=int_in(2, 1024, even=True),
+        default=128,
+        help="head dim of the random-weight models (Su: 128)",
+    )
 
     p = add("padding-probe", "Islam et al. 2020 in 1-D: position from CNN features, zero vs circular", [common])
-    p.add_argument("--length", type=int, default=64)
-    p.add_argument("--depth", type=int, default=8)
-    p.add_argument("--channels", type=int, default=32)
-    p.add_argument("--kernel", type=int, default=9)
+    p.add_argument("--length", type=length, default=64, help="at least --kernel // 2 (circular padding)")
+    p.add_argument("--depth", type=int_in(1, 64), default=8)
+    p.add_argument("--channels", type=int_in(1, 1024), default=32)
+    p.add_argument("--kernel", type=int_in(1, 255, odd=True), default=9)
     p.add_argument("--task", choices=("token", "majority"), default="token")
-    p.add_argument("--train-steps", type=int, default=100, help="steps of the CNN on the position-free task")
-    p.add_argument("--probe-steps", type=int, default=200)
+    p.add_argument(
+        "--train-steps", type=int_in(0, 1_000_000), default=100, help="steps of the CNN on the position-free task"
+    )
+    p.add_argument("--probe-steps", type=int_in(1, 1_000_000), default=200)
 
     p = add("attention-maps", "attention maps at the training length and at 4x it", [common, models])
-    p.add_argument("--factor", type=int, default=4)
-    p.add_argument("--layer", type=int, default=-1)
+    p.add_argument("--factor", type=int_in(1, 64), default=4, help=f"factor × training length at most {MAX_MAP}")
+    p.add_argument("--layer", type=int_in(-1024, 1023), default=-1, help="which layer (negative: from the last)")
     p.add_argument("--data", choices=("repeat", "random"), default="repeat")
-    p.add_argument("--train-len", type=int, default=32, help="training length of --train-steps models")
+    p.add_argument("--train-len", type=int_in(2, 1024), default=32, help="training length of --train-steps models")
 
     p = add("all", "run every analysis into --out (regenerates docs/figures)", [common, models])
-    p.add_argument("--train-len", type=int, default=32, help="training length of --train-steps models")
+    p.add_argument("--train-len", type=int_in(2, 1024), default=32, help="training length of --train-steps models")
     parser.set_defaults(_parser=parser)
 
 
@@ -121,26 +146,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _subjects(args, name: str, notes: list[str], *, random=True, **build_kw) -> list[Subject]:
     specs, more = resolve(args.encodings or DEFAULTS[name])
     notes.extend(more)
-    subjects = build_subjects(specs, notes, max_len=args.max_len, seed=args.seed, **build_kw) if random else []
-    return subjects + load_subjects(_checkpoints(args, specs, notes), notes)
+    strict = _named(args)
+    max_len = args.max_len or MAX_LEN
+    subjects = (
+        build_subjects(specs, notes, max_len=max_len, seed=args.seed, strict=strict, **build_kw) if random else []
+    )
+    subjects += load_subjects(_checkpoints(args, specs, notes, strict), notes)
+    if not subjects:
+        why = f" ({notes[-1]})" if notes else ""
+        raise ValueError(f"nothing to analyse: no model could be built, loaded or trained{why}")
+    return subjects
 
 
-def _checkpoints(args, specs: list[Spec], notes: list[str]) -> list[str]:
-    paths = list(args.checkpoint)
+def _named(args) -> set[str]:
+    """Labels of the encodings the user named in --encodings (not through "all" or a default):
+    one that cannot be built is an error, not a note."""
+    return {Spec.parse(t).label for t in split_specs(args.encodings or []) if t != "all"}
+
+
+def _checkpoints(args, specs: list[Spec], notes: list[str], strict=()) -> list[str]:
+    paths = [str(p) for p in args.checkpoint]
     if args.train_steps:
         if args.train_dir is None:
             args.train_dir = Path(tempfile.mkdtemp(prefix="posenc-analyze-"))
         paths += tiny_checkpoints(
-            specs, args.train_dir, notes, steps=args.train_steps, length=getattr(args, "train_len", 32)
+            specs, args.train_dir, notes, steps=args.train_steps, length=getattr(args, "train_len", 32), strict=strict
         )
     return paths
+
+
+def _check_layer(subjects: list[Subject], layer: int) -> None:
+    for sub in subjects:
+        depth = sub.model.depth
+        if not -depth <= layer < depth:
+            raise ValueError(f"--layer {layer}: {sub.label} has {depth} layers (allowed {-depth}..{depth - 1})")
 
 
 def _report(args, name: str, results, notes: list[str], plot, table: Table) -> int:
     """Print the summary ``table`` and the notes; write ``<name>.json`` and ``<name>.png``."""
     table.notes = notes
     table.print()
-    args.out.mkdir(parents=True, exist_ok=True)
     command = "posenc analyze " + " ".join(shlex.quote(a) for a in getattr(args, "_argv", []) or [name])
     data = {"analysis": name, "command": command, "notes": notes, "results": results}
     write_json(args.out / f"{name}.json", data, digits=7)  # float32 values: 7 significant digits
@@ -174,7 +219,9 @@ def cmd_decompose(args) -> int:
     from .decompose import TERM_ORDER, plot_decompose, run_decompose
 
     notes: list[str] = []
-    res = run_decompose(_subjects(args, "decompose", notes), length=args.length, layer=args.layer, seed=args.seed)
+    subjects = _subjects(args, "decompose", notes)
+    _check_layer(subjects, args.layer)
+    res = run_decompose(subjects, length=args.length, layer=args.layer, seed=args.seed)
     cols = [t for t in TERM_ORDER if any(t in r["shares"] for r in res)]
     rows = [[r["label"], _tag(r["source"]), *[r["shares"].get(t, "") for t in cols]] for r in res]
     table = Table(["model", "", *cols], rows, title=f"decompose: variance share of each term (layer {args.layer})")
@@ -238,6 +285,11 @@ def cmd_decay(args) -> int:
 def cmd_padding(args) -> int:
     from .padding import plot_padding, run_padding
 
+    if args.length < args.kernel // 2:
+        raise ValueError(
+            f"--length {args.length}: padding-probe needs at least --kernel // 2 = {args.kernel // 2} positions "
+            f"(circular padding of kernel {args.kernel} wraps at most once)"
+        )
     res = run_padding(
         seed=args.seed,
         length=args.length,
@@ -262,6 +314,13 @@ def cmd_attention_maps(args) -> int:
         args.train_steps = TRAIN_STEPS
         notes.append(f"no --checkpoint: trained tiny models for {TRAIN_STEPS} steps (--train-steps)")
     subjects = _subjects(args, "attention-maps", notes, random=False)
+    _check_layer(subjects, args.layer)
+    for sub in subjects:
+        if args.factor * sub.train_len > MAX_MAP:
+            raise ValueError(
+                f"--factor {args.factor}: {sub.label} would be mapped at {args.factor} × {sub.train_len} = "
+                f"{args.factor * sub.train_len} positions (at most {MAX_MAP}: the maps are stored in the JSON)"
+            )
     res = run_attention_maps(subjects, notes, factor=args.factor, layer=args.layer, data=args.data, seed=args.seed)
     rows = []
     for r in res:
@@ -276,8 +335,6 @@ def cmd_attention_maps(args) -> int:
 
 def cmd_all(args) -> int:
     """Every analysis with its defaults; the tiny trained models are shared."""
-    if args.encodings:
-        raise ValueError("'all' uses each analysis' default encodings; run a single analysis for --encodings")
     if args.train_steps is None:
         args.train_steps = TRAIN_STEPS
     if args.train_steps > 0 and not args.checkpoint:
@@ -288,23 +345,27 @@ def cmd_all(args) -> int:
         for n in notes:
             print(f"note: {n}")
     parser = args._parser
-    ckpt = ["--checkpoint", *args.checkpoint] if args.checkpoint else []
+    ckpt = ["--checkpoint", *map(str, args.checkpoint)] if args.checkpoint else []
     base = ["--out", str(args.out), "--seed", str(args.seed)]
     if args.threads:
         base += ["--threads", str(args.threads)]
+    random = ["--max-len", str(args.max_len)] if args.max_len else []
     runs = [
-        ["decompose", *base, *ckpt],
-        ["invariance", *base, *ckpt],
-        ["similarity", *base, *ckpt],
-        ["decay", *base],
+        ["decompose", *base, *random, *ckpt],
+        ["invariance", *base, *random, *ckpt],
+        ["similarity", *base, *random, *ckpt],
+        ["decay", *base, *random],
         ["padding-probe", *base],
-        ["attention-maps", *base, *ckpt],
     ]
+    if ckpt:
+        runs.append(["attention-maps", *base, *ckpt])
+    else:
+        print("note: --train-steps 0 and no --checkpoint: no trained models, so no attention-maps")
     for argv in runs:
         print(f"\n$ posenc analyze {' '.join(shlex.quote(a) for a in argv)}")
         sub_args = parser.parse_args(argv)
         sub_args._argv = argv
-        rc = run(sub_args)
+        rc = _dispatch(sub_args)
         if rc:
             return rc
     return 0
@@ -322,26 +383,47 @@ COMMANDS = {
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check the flags that go together, take ``--out`` (exclusively, checked writable),
+    then run the analysis. Bad input, an unusable or busy folder and a file that cannot be
+    written are one line on stderr and exit status 2."""
     if args.threads:
         torch.set_num_threads(args.threads)
     if not hasattr(args, "_argv"):
         args._argv = _argv_after("analyze")
     try:
-        _check_out(args.out)
-        return COMMANDS[args.analysis](args)
+        _check_flags(args)
+        with OutputFolder(args.out, tool=f"posenc analyze {args.analysis}"):
+            return _dispatch(args)
     except ValueError as e:
-        print(f"posenc analyze {args.analysis}: error: {e}", file=sys.stderr)
+        print(f"posenc analyze {args.analysis}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
 
-def _check_out(out: Path) -> None:
-    """Create ``--out`` up front: a path that cannot be a folder is one sentence, not a traceback."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ValueError(f"--out {str(out)!r} exists and is not a folder") from None
-    except OSError as e:
-        raise ValueError(f"--out {str(out)!r} cannot be created: {e.strerror or e}") from None
+def _dispatch(args: argparse.Namespace) -> int:
+    """One analysis, in an ``--out`` this process holds."""
+    _check_flags(args)
+    return COMMANDS[args.analysis](args)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Flags that are fine alone but not together: one sentence naming them (ValueError)."""
+    if args.analysis == "padding-probe":
+        return
+    if args.analysis == "all" and args.encodings:
+        raise ValueError("'all' uses each analysis' default encodings; run a single analysis for --encodings")
+    if args.analysis in ("all", "attention-maps") and not args.checkpoint and args.train_steps is None:
+        trains = TRAIN_STEPS  # these two train when given no checkpoint
+    else:
+        trains = args.train_steps or 0
+    if args.train_dir is not None:
+        if not trains:
+            raise ValueError(f"--train-dir {str(args.train_dir)!r} keeps the models of --train-steps N; give N >= 1")
+        check_creatable(args.train_dir, "--train-dir")
+    if args.analysis == "attention-maps":
+        if args.max_len is not None:
+            raise ValueError("--max-len sets the random-weight models; attention-maps looks at trained ones only")
+        if not args.checkpoint and not trains:
+            raise ValueError("attention-maps looks at trained models: give --checkpoint PATH or --train-steps N >= 1")
 
 
 def _argv_after(word: str) -> list[str]:

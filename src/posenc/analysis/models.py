@@ -4,6 +4,11 @@ checkpoint saved by ``posenc compare``, or tiny LMs trained here (:func:`train_t
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import json
+import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,8 +21,10 @@ from ..model import TransformerLM
 from ..train import Trainer
 from .specs import Spec
 
-__all__ = ["Subject", "build_subjects", "checkpoint_paths", "load_subjects", "random_model", "synthetic_batch",
-           "tiny_checkpoints", "train_len_of", "train_tiny"]  # fmt: skip
+__all__ = ["Subject", "build_subjects", "checkpoint_paths", "load_subjects", "random_model", "run_fingerprint",
+           "synthetic_batch", "tiny_checkpoints", "tiny_config", "train_len_of", "train_tiny"]  # fmt: skip
+
+TASK = "repeated random blocks"  # what train_tiny trains on (synthetic_batch)
 
 
 @dataclass
@@ -43,13 +50,16 @@ def random_model(
     return model.eval()
 
 
-def build_subjects(specs: list[Spec], notes: list[str], *, max_len: int, seed: int, **kw) -> list[Subject]:
-    """Random-weight models for ``specs``; one that fails to build is skipped with a note."""
+def build_subjects(specs: list[Spec], notes: list[str], *, max_len: int, seed: int, strict=(), **kw) -> list[Subject]:
+    """Random-weight models for ``specs``; one that fails to build is skipped with a note,
+    or, when its label is in ``strict`` (named by the user), a ``ValueError``."""
     out = []
     for spec in specs:
         try:
             model = random_model(spec, max_len=max_len, seed=seed, **kw)
         except (ValueError, TypeError) as e:
+            if spec.label in strict:
+                raise ValueError(f"--encodings {spec.label!r}: cannot build it ({e})") from None
             notes.append(f"skipped {spec.label!r}: cannot build it ({e})")
             continue
         out.append(Subject(spec.label, model, "random", max_len))
@@ -87,13 +97,69 @@ def train_len_of(model: TransformerLM, extra: dict) -> int:
     raise ValueError("the checkpoint records no training length (train_len) and the model has no max_len")
 
 
+def run_fingerprint(folder: Path) -> str | None:
+    """The config fingerprint a ``posenc compare`` run folder records, or None for a folder
+    that is not one: ``results.json``'s ``fingerprint``, else that of its ``config.json``.
+
+    Raises:
+        ValueError: ``config.json`` is there but is not a readable compare config.
+    """
+    results = folder / "results.json"
+    if results.is_file():
+        with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
+            saved = json.loads(results.read_text())
+            if isinstance(saved, dict) and isinstance(saved.get("fingerprint"), str):
+                return saved["fingerprint"]
+    config = folder / "config.json"
+    if not config.is_file():
+        return None
+    from ..compare.config import from_dict
+
+    try:
+        d = json.loads(config.read_text())
+        if not isinstance(d, dict):
+            raise ValueError(f"a JSON object expected, got {type(d).__name__}")
+        return from_dict(d).fingerprint()
+    except (OSError, ValueError, TypeError, UnicodeDecodeError) as e:
+        reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        raise ValueError(f"--checkpoint: {str(config)!r} is not a readable posenc compare config ({reason})") from None
+
+
+def _run_folder(arg: Path, p: Path) -> Path | None:
+    """The run folder a checkpoint belongs to: the ``--checkpoint`` folder itself, or for a
+    file ``<run>/checkpoints/x.pt`` that ``<run>``."""
+    if arg.is_dir():
+        return arg
+    if p.parent.name == "checkpoints":
+        return p.parent.parent
+    return None
+
+
+def _check_fingerprint(p: Path, extra: dict, folder: Path, expected: str) -> None:
+    saved = extra.get("fingerprint")
+    if saved == expected:
+        return
+    what = "records no config fingerprint" if saved is None else f"was trained under config {saved}"
+    raise ValueError(
+        f"--checkpoint {str(p)!r} {what}, but its run folder {str(folder)!r} is a run of config {expected} "
+        "(its results.json / config.json): it is not a model of that run; rerun the comparison, or pass "
+        "the checkpoint of the right run"
+    )
+
+
 def load_subjects(paths: list[str], notes: list[str]) -> list[Subject]:
     """Models from checkpoint files or run directories.
 
+    A checkpoint of a ``posenc compare`` run folder (one that holds ``results.json`` or
+    ``config.json``) must record that run's config fingerprint: a checkpoint of another
+    config beside them (an earlier run's, left by a killed worker) is refused.
+
     Raises:
-        ValueError: a path that does not exist, holds no checkpoint, or one that cannot be read.
+        ValueError: a path that does not exist, holds no checkpoint, or one that cannot be
+            read or belongs to another config than its run folder.
     """
     out = []
+    fingerprints: dict[Path, str | None] = {}
     for arg in paths:
         for p in checkpoint_paths(arg):
             try:
@@ -101,6 +167,12 @@ def load_subjects(paths: list[str], notes: list[str]) -> list[Subject]:
             except Exception as e:  # truncated, random bytes, another format: one clear error
                 reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
                 raise ValueError(f"--checkpoint {str(p)!r} is not a readable posenc checkpoint ({reason})") from None
+            folder = _run_folder(Path(arg), p)
+            if folder is not None:
+                if folder not in fingerprints:
+                    fingerprints[folder] = run_fingerprint(folder)
+                if fingerprints[folder] is not None:
+                    _check_fingerprint(p, extra, folder, fingerprints[folder])
             label = p.stem if p.stem.startswith(model.encoding_name) else model.encoding_name
             out.append(Subject(f"{label} (trained)", model.eval(), str(p), train_len_of(model, extra)))
     return out
@@ -127,8 +199,11 @@ def train_tiny(
 
     Constant learning rate, AdamW without weight decay. ``extra`` holds what
     :func:`save_checkpoint` stores next to the weights: ``train_len`` (the key ``posenc
-    compare`` checkpoints use too), ``steps``, ``task`` and the final ``loss``.
+    compare`` checkpoints use too), ``steps``, ``task``, the final ``loss``, and
+    ``train_config`` (:func:`tiny_config`: everything that decides the model).
     """
+    config = tiny_config(spec, steps=steps, length=length, batch=batch, dim=dim, depth=depth, heads=heads,
+                         vocab_size=vocab_size, seed=seed, lr=lr)  # fmt: skip
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     # untied unit-variance token embeddings, as `posenc compare` trains: with GPT-2's 0.02
@@ -144,23 +219,98 @@ def train_tiny(
 
     state = Trainer(model, opt).fit(batch_at, steps)
     loss = state.losses[-1] if state.losses else float("nan")
-    extra = {"train_len": length, "steps": steps, "task": "repeated random blocks", "loss": loss}
+    extra = {"train_len": length, "steps": steps, "task": TASK, "loss": loss, "train_config": config}
     return model.eval(), extra
 
 
-def tiny_checkpoints(specs: list[Spec], out_dir: Path, notes: list[str], *, steps: int, length: int) -> list[str]:
-    """Train (or reuse) ``<out_dir>/checkpoints/<name>.pt`` for each spec; return the paths."""
-    ckdir = Path(out_dir) / "checkpoints"
-    ckdir.mkdir(parents=True, exist_ok=True)
+def tiny_config(spec: Spec, **kw) -> dict:
+    """What decides a :func:`train_tiny` model: the encoding and its options, every argument
+    (``kw`` over the defaults) and the task, in a JSON-comparable form."""
+    params = inspect.signature(train_tiny).parameters
+    unknown = sorted(set(kw) - set(params) | ({"spec"} & set(kw)))
+    if unknown:
+        raise TypeError(f"unknown train_tiny argument(s) {unknown}")
+    args = {k: p.default for k, p in params.items() if k != "spec"} | kw
+    return json.loads(json.dumps({"encoding": spec.name, "options": spec.options, **args, "task": TASK}))
+
+
+def _check_cached(path: Path, want: dict, train_dir: Path) -> None:
+    """Refuse a cached checkpoint that was not trained as ``want`` asks (one sentence)."""
+    try:
+        _, extra = load_checkpoint(path)
+    except Exception as e:  # truncated, random bytes, another format
+        reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        raise ValueError(
+            f"--train-dir {str(train_dir)!r}: {str(path)!r} is not a readable checkpoint ({reason})"
+        ) from None
+    have = extra.get("train_config")
+    have = json.loads(json.dumps(have)) if isinstance(have, dict) else None
+    if have == want:
+        return
+    if have is None:
+        why = "records no training config (not written by this version of posenc analyze --train-steps)"
+    else:
+        diff = [k for k in sorted(set(want) | set(have)) if want.get(k) != have.get(k)]
+        why = "was trained with " + ", ".join(f"{k}={have.get(k)!r} (asked: {want.get(k)!r})" for k in diff[:6])
+    raise ValueError(
+        f"--train-dir {str(train_dir)!r}: {str(path)!r} {why}; use another --train-dir, or remove that file to retrain"
+    )
+
+
+def _save_atomic(path: Path, model: TransformerLM, extra: dict) -> None:
+    """Save a checkpoint through a temporary file in the same folder: the whole file or none."""
+    from ..output import OutputError
+
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    try:
+        save_checkpoint(tmp, model, **extra)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise OutputError(e.errno, e.strerror or str(e), str(path)) from None
+    except RuntimeError as e:  # torch's writer reports a full disk as a RuntimeError
+        raise OutputError(0, str(e).splitlines()[0][:160], str(path)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def tiny_checkpoints(
+    specs: list[Spec], out_dir: Path, notes: list[str], *, steps: int, length: int, strict=()
+) -> list[str]:
+    """Train (or reuse) ``<out_dir>/checkpoints/<name>.pt`` for each spec; return the paths.
+
+    A checkpoint already there is reused only if it was trained exactly as asked
+    (:func:`tiny_config`: steps, length and everything else that decides the model).
+    A spec that cannot be trained is skipped with a note, or, when its label is in
+    ``strict`` (named by the user), a ``ValueError``.
+
+    Raises:
+        ValueError: ``out_dir`` is not a folder, or a checkpoint there was trained
+            otherwise (another ``steps``, ``length``, ...).
+        OutputError: a checkpoint cannot be written.
+    """
+    out_dir = Path(out_dir)
+    ckdir = out_dir / "checkpoints"
+    try:
+        ckdir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"--train-dir {str(out_dir)!r}: {str(ckdir)!r} exists and is not a folder") from None
+    except OSError as e:
+        raise ValueError(f"--train-dir {str(out_dir)!r} cannot be used: {e.strerror or e}") from None
     paths = []
     for spec in specs:
         path = ckdir / f"{spec.slug}.pt"
-        if not path.exists():
+        want = tiny_config(spec, steps=steps, length=length)
+        if path.exists() or path.is_symlink():
+            _check_cached(path, want, out_dir)
+        else:
             try:
                 model, extra = train_tiny(spec, steps=steps, length=length)
             except (ValueError, TypeError) as e:
+                if spec.label in strict:
+                    raise ValueError(f"--encodings {spec.label!r}: cannot train it ({e})") from None
                 notes.append(f"skipped training {spec.label!r}: {e}")
                 continue
-            save_checkpoint(path, model, **extra)
+            _save_atomic(path, model, extra)
         paths.append(str(path))
     return paths

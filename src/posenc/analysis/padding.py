@@ -66,9 +66,25 @@ def probe_padding(
     n_test=64,
     seed=0,
 ) -> dict:
-    """Train the stack, then the probe; return accuracies and per-position predictions."""
+    """Train the stack, then the probe; return accuracies and per-position predictions.
+
+    Raises:
+        ValueError: an unknown ``task`` or ``padding_mode``, a count out of range, or a
+            ``length`` shorter than the circular padding (``kernel // 2``).
+    """
     if task not in ("token", "majority"):
         raise ValueError(f"task must be 'token' or 'majority', got {task!r}")
+    counts = dict(vocab=(vocab, 2), channels=(channels, 1), depth=(depth, 1), kernel=(kernel, 1),
+                  train_steps=(train_steps, 0), probe_steps=(probe_steps, 0), n_probe=(n_probe, 1),
+                  n_test=(n_test, 1))  # fmt: skip
+    for name, (v, lo) in counts.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if isinstance(length, bool) or not isinstance(length, int) or length < max(2, kernel // 2):
+        raise ValueError(
+            f"length must be an integer >= max(2, kernel // 2) = {max(2, kernel // 2)} (circular padding of "
+            f"kernel {kernel} wraps at most once), got {length!r}"
+        )
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     stack = ConvStack(vocab, channels, depth, kernel, padding_mode)
