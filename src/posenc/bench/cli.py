@@ -6,12 +6,15 @@ lengths, untimed), profiles where each step goes, compares with the original
 implementations doing the same work, measures whole-model training throughput against
 x-transformers, lists ``torch.compile`` graph breaks, prints tables and writes
 JSON/CSV, a log-log plot, the machine record and a Markdown report. Exit status 1 when
-a case failed (its row says why), 2 for bad arguments.
+a case failed (its row says why); 2 for bad arguments, an ``--out`` that cannot be
+written or that another posenc process holds (``<out>/.lock``), or a file that cannot be
+written; 130 on Ctrl-C. Every one of these is one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shlex
 import sys
@@ -21,7 +24,10 @@ from pathlib import Path
 import torch
 
 from ..allocator import tune_allocator
+from ..backends import backend_names
 from ..base import available
+from ..cli_types import choice_list, device_name, finite_float, int_in, int_list, nonempty_path
+from ..output import OutputFolder, check_creatable, write_text
 from .compile import graph_breaks
 from .markdown import markdown_report
 from .measure import machine_record
@@ -30,28 +36,17 @@ from .runner import MASKS, MODES, BenchConfig, run_layers
 from .throughput import ThroughputConfig, run_throughput
 
 DEFAULT_LENGTHS = [512, 1024, 2048, 4096, 8192]
-
-
-def _int_list(s: str) -> list[int]:
-    try:
-        out = [int(v) for v in s.split(",") if v.strip()]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from e
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError(f"lengths must be positive integers, got {s!r}")
-    return out
-
-
-def _str_list(s: str) -> list[str]:
-    return [v.strip() for v in s.split(",") if v.strip()]
+MAX_L = 1 << 20  # longest sequence a flag takes (1M tokens)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--encodings", type=_str_list, default=None, help="comma-separated names (default: all)")
-    p.add_argument("--lengths", type=_int_list, default=None, help="comma-separated L (default 512..8192)")
+    p.add_argument(
+        "--encodings", type=choice_list(None, "encoding"), default=None, help="comma-separated names (default: all)"
+    )
+    p.add_argument("--lengths", type=int_list(1, MAX_L), default=None, help="comma-separated L (default 512..8192)")
     p.add_argument(
         "--memory-lengths",
-        type=_int_list,
+        type=int_list(1, MAX_L),
         default=[],
         help="comma-separated L at which only peak memory is measured (one untimed fwd+bwd per posenc layer)",
     )
@@ -63,16 +58,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="at --memory-lengths on CPU: live torch tensor bytes from the profiler, or the peak resident "
         "memory of a fresh process per case (what must fit in the machine's RAM)",
     )
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--batch", type=int_in(1, 4096), default=1)
+    p.add_argument("--heads", type=int_in(1, 1024), default=8)
+    p.add_argument("--head-dim", type=int_in(1, 4096), default=64)
     p.add_argument(
-        "--windows", type=_int_list, default=[], help="also each posenc layer with a sliding window of W keys (W,...)"
+        "--windows",
+        type=int_list(1, MAX_L),
+        default=[],
+        help="also each posenc layer with a sliding window of W keys (W,...)",
     )
-    p.add_argument("--masks", type=_str_list, default=["causal"], help="causal and/or bidir (default causal)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument(
+        "--masks", type=choice_list(None, "mask"), default=["causal"], help="causal and/or bidir (default causal)"
+    )
+    p.add_argument("--device", type=device_name, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int_in(1, 1024), default=None, help="torch CPU threads (default: torch's)")
     p.add_argument(
         "--allocator",
         choices=("tuned", "default"),
@@ -80,62 +80,105 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="tuned (default): glibc keeps freed blocks in its heap (posenc.tune_allocator), so one case's "
         "timing does not depend on what ran before it in the process; default: the C library's own settings",
     )
-    p.add_argument("--modes", type=_str_list, default=list(MODES), help="fwd and/or fwd+bwd")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--modes", type=choice_list(None, "mode"), default=list(MODES), help="fwd and/or fwd+bwd")
+    p.add_argument("--warmup", type=int_in(0, 10_000), default=1)
+    p.add_argument("--repeats", type=int_in(1, 10_000), default=5)
     p.add_argument(
         "--backends",
-        type=_str_list,
+        type=choice_list(None, "backend"),
         default=["auto"],
         help="posenc backends to time per encoding (auto = what the layer picks; others where supported)",
     )
-    p.add_argument("--chunk-size", type=int, default=1024, help="query chunk of the chunked backend")
+    p.add_argument("--chunk-size", type=int_in(1, MAX_L), default=1024, help="query chunk of the chunked backend")
     p.add_argument("--no-references", action="store_true", help="skip HF / x-transformers layers")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory run")
     p.add_argument("--profile", action="store_true", help="top operators of each posenc layer (one profiled step)")
     p.add_argument(
         "--graph-breaks", action="store_true", help="torch.compile graph breaks of a TransformerLM per encoding"
     )
-    p.add_argument("--max-seconds", type=float, default=60.0, help="skip longer L for a case slower than this per run")
+    p.add_argument(
+        "--max-seconds",
+        type=finite_float(0, 1e6, lo_open=True),
+        default=60.0,
+        help="skip longer L for a case slower than this per run",
+    )
     p.add_argument("--throughput", action=argparse.BooleanOptionalAction, default=True, help="training tokens/s")
-    p.add_argument("--train-len", type=int, default=256, help="sequence length of the throughput runs")
-    p.add_argument("--train-batch", type=int, default=8)
-    p.add_argument("--train-dim", type=int, default=256, help="model width of the throughput runs")
-    p.add_argument("--train-depth", type=int, default=4, help="layers of the throughput runs")
+    p.add_argument("--train-len", type=int_in(1, 65536), default=256, help="sequence length of the throughput runs")
+    p.add_argument("--train-batch", type=int_in(1, 4096), default=8)
+    p.add_argument(
+        "--train-dim", type=int_in(2, 65536, even=True), default=256, help="model width of the throughput runs"
+    )
+    p.add_argument("--train-depth", type=int_in(1, 256), default=4, help="layers of the throughput runs")
     p.add_argument("--train-packed", action="store_true", help="also train each posenc model on packed documents")
-    p.add_argument("--train-hf", action="store_true", help="also HF Llama converted by posenc.hf vs the stock model")
-    p.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
-    p.add_argument("--markdown", type=Path, default=None, help="also write a Markdown report (RESULTS.md) here")
+    p.add_argument(
+        "--train-hf",
+        action="store_true",
+        help="also HF Llama converted by posenc.hf vs the stock model (needs the transformers package)",
+    )
+    p.add_argument("--out", type=nonempty_path, default=Path("bench-results"), help="output folder")
+    p.add_argument(
+        "--markdown", type=nonempty_path, default=None, help="also write a Markdown report (RESULTS.md) here"
+    )
     p.add_argument("--notes", default="", help="free text put in the Markdown report (e.g. machine contention)")
     p.add_argument("--quiet", action="store_true")
 
 
-def run(args: argparse.Namespace) -> int:
-    names = available()
-    encodings = args.encodings or [n for n in names if n != "nope"]
-    unknown = [e for e in encodings if e not in names]
-    if unknown:
-        print(f"unknown encoding(s) {unknown}; available: {', '.join(names)}", file=sys.stderr)
-        return 2
-    bad_modes = [m for m in args.modes if m not in MODES]
-    if bad_modes:
-        print(f"unknown mode(s) {bad_modes}; choose from {MODES}", file=sys.stderr)
-        return 2
-    bad_masks = [m for m in args.masks if m not in MASKS]
-    if bad_masks or not args.masks:
-        print(f"unknown mask(s) {bad_masks or args.masks}; choose from {MASKS}", file=sys.stderr)
-        return 2
+def _check(args: argparse.Namespace) -> str:
+    """Names a flag does not know, flags that are fine alone but not together, or that this
+    machine cannot serve: one sentence naming them (ValueError). Returns the device."""
+    lists = (("--encodings", args.encodings or [], available()), ("--masks", args.masks, MASKS),
+             ("--modes", args.modes, MODES), ("--backends", args.backends, backend_names()))  # fmt: skip
+    for flag, given, allowed in lists:
+        unknown = [v for v in given if v not in allowed]
+        if unknown:
+            raise ValueError(f"{flag}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(allowed)}")
+    timed = not args.memory_only
     if args.memory_only and not args.memory_lengths:
-        print("--memory-only needs --memory-lengths", file=sys.stderr)
-        return 2
+        raise ValueError("--memory-only needs --memory-lengths")
     if args.memory_method == "rss" and args.device not in (None, "cpu"):
-        print(f"--memory-method rss measures a CPU process; got --device {args.device}", file=sys.stderr)
-        return 2
-    lengths = [] if args.memory_only else sorted(set(args.lengths or DEFAULT_LENGTHS))
+        raise ValueError(f"--memory-method rss measures a CPU process; got --device {args.device}")
+    if args.memory_method == "rss" and not args.memory_lengths:
+        raise ValueError("--memory-method rss applies at --memory-lengths; give them")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        print("--device cuda given but CUDA is not available", file=sys.stderr)
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device} given but CUDA is not available")
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    training = args.throughput and timed
+    for flag, on in (("--train-packed", args.train_packed), ("--train-hf", args.train_hf)):
+        if on and not training:
+            raise ValueError(f"{flag} is part of the throughput runs, which --no-throughput / --memory-only skip")
+    if args.train_hf and importlib.util.find_spec("transformers") is None:
+        raise ValueError(
+            "--train-hf needs the 'transformers' package, which is not installed (pip install 'posenc[hf]')"
+        )
+    if training and args.train_dim % max(1, args.train_dim // 64):
+        heads = max(1, args.train_dim // 64)
+        raise ValueError(f"--train-dim {args.train_dim} must divide into its {heads} heads (train_dim // 64)")
+    if args.profile and not timed:
+        raise ValueError("--profile profiles the timed lengths, which --memory-only skips")
+    if args.markdown is not None:
+        if args.markdown.is_dir():
+            raise ValueError(f"--markdown {str(args.markdown)!r} is a folder; give a file name (RESULTS.md)")
+        check_creatable(args.markdown.parent, "--markdown")
+    return device
+
+
+def run(args: argparse.Namespace) -> int:
+    encodings = args.encodings or [n for n in available() if n != "nope"]
+    try:
+        device = _check(args)
+        with OutputFolder(args.out, tool="posenc bench"):  # checked writable, held until the end
+            return _run(args, encodings, device)
+    except ValueError as e:  # bad flags, an unusable or busy --out, a file that cannot be written
+        print(f"posenc bench: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+
+
+def _run(args: argparse.Namespace, encodings: list[str], device: str) -> int:
+    lengths = [] if args.memory_only else sorted(set(args.lengths or DEFAULT_LENGTHS))
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.allocator == "tuned":
@@ -197,8 +240,7 @@ def run(args: argparse.Namespace) -> int:
         text = markdown_report(
             rows, trows, machine, command, config, notes=args.notes, plot_path=plot_rel, breaks=breaks
         )
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text)
+        write_text(args.markdown, text)
         if not args.quiet:
             print(f"wrote {args.markdown}")
     errors = [f"{r['label']} L={r['L']} {r['mode']}: {r['status']}" for r in rows if r["status"].startswith("error")]

@@ -10,6 +10,7 @@ also gets the operators that bound its step (``Row.profile``, from one profiled 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -54,6 +55,27 @@ class BenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        counts = dict(batch=(self.batch, 1), heads=(self.heads, 1), head_dim=(self.head_dim, 1),
+                      warmup=(self.warmup, 0), repeats=(self.repeats, 1), chunk_size=(self.chunk_size, 1))  # fmt: skip
+        for name, (v, lo) in counts.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+        for name in ("lengths", "memory_lengths", "windows"):
+            vals = getattr(self, name)
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in vals):
+                raise ValueError(f"{name} must be positive integers, got {vals!r}")
+        if not self.lengths and not self.memory_lengths:
+            raise ValueError("nothing to measure: lengths and memory_lengths are both empty")
+        if not self.encodings:
+            raise ValueError("encodings is empty: name at least one")
+        if not self.modes or any(m not in MODES for m in self.modes):
+            raise ValueError(f"modes must be a non-empty subset of {MODES}, got {self.modes!r}")
+        if not self.backends:
+            raise ValueError("backends is empty: give at least one (e.g. 'auto')")
+        if not (
+            isinstance(self.max_seconds, (int, float)) and math.isfinite(self.max_seconds) and self.max_seconds > 0
+        ):
+            raise ValueError(f"max_seconds must be a finite number > 0, got {self.max_seconds!r}")
         bad = [m for m in self.masks if m not in MASKS]
         if bad or not self.masks:
             raise ValueError(f"masks must be a non-empty subset of {MASKS}, got {self.masks!r}")

@@ -70,6 +70,17 @@ class ThroughputConfig:
     hf: bool = False
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        counts = dict(seq_len=self.seq_len, batch=self.batch, vocab=self.vocab, dim=self.dim, depth=self.depth,
+                      heads=self.heads, repeats=self.repeats)  # fmt: skip
+        for name, v in counts.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warmup must be an integer >= 0, got {self.warmup!r}")
+        if self.hf and importlib.util.find_spec("transformers") is None:
+            raise ValueError("hf=True times HF Llama: it needs the 'transformers' package, which is not installed")
+
 
 @dataclass
 class ThroughputRow:
