@@ -14,6 +14,7 @@ perplexity of each 64-token segment of the stream, and of a full (uncached) forw
 
 import argparse
 import math
+import sys
 import tempfile
 from pathlib import Path
 
@@ -58,7 +59,10 @@ else:
         out = Path(tempfile.mkdtemp()) / "run"
         compare(preset_config("quick", encodings=["rope"]), out=out)
         args.ckpt = out / "checkpoints" / "rope.pt"
-    lm, _ = posenc.load_checkpoint(args.ckpt)
+    try:  # weights_only: a checkpoint that would run code is refused, unexecuted
+        lm, _ = posenc.load_checkpoint(args.ckpt)
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(print(f"streaming_sinks.py: error: --ckpt: {e}", file=sys.stderr) or 2)
 lm.eval()
 windows, _ = src.eval_windows(W * SEG, max_tokens=W * SEG * args.windows)
 tokens, targets = windows[:, :-1], windows[:, 1:]

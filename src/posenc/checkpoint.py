@@ -1,6 +1,18 @@
-"""Saving and loading :class:`~posenc.TransformerLM` checkpoints.
+"""Saving and loading :class:`~posenc.TransformerLM` checkpoints, safely.
 
-A checkpoint is ``{"model_config": ModelConfig.to_dict(), "model": state_dict, **extra}``.
+A checkpoint is ``{"model_config": ModelConfig.to_dict(), "model": state_dict, **extra}``:
+tensors and plain data (dicts, lists, tuples, strings, numbers, booleans, ``None``) only.
+
+Loading never runs code from the file. :func:`load_checkpoint` reads with
+``torch.load(..., weights_only=True)``: PyTorch's restricted unpickler, which builds
+tensors and plain containers and refuses every other Python object (a pickle "payload"
+that would call ``os.system`` on load is rejected before anything is called). Every
+checkpoint posenc writes (``posenc.save_checkpoint``, ``posenc compare``'s
+``checkpoints/*.pt``, ``posenc analyze --train-dir``) loads that way;
+:func:`save_checkpoint` refuses ``extra`` values that would not, so a checkpoint that
+saves also loads. What is and is not safe to load is in docs/compare.md ("Loading
+checkpoints").
+
 Checkpoints written before :class:`~posenc.ModelConfig` existed (a flat dict with the
 encoding options at the top level, DeBERTa's enhanced-mask-decoder table as the model's
 ``emd_pos``) load too: :func:`upgrade_state_dict` renames what moved.
@@ -8,17 +20,27 @@ encoding options at the top level, DeBERTa's enhanced-mask-decoder table as the 
 
 from __future__ import annotations
 
+import pickle
+import re
+from typing import Any
+
 import torch
 
 from .config import ModelConfig
 from .model import TransformerLM
 
-__all__ = ["save_checkpoint", "load_checkpoint", "upgrade_config", "upgrade_state_dict"]
+__all__ = ["save_checkpoint", "load_checkpoint", "upgrade_config", "upgrade_state_dict", "CheckpointError"]
 
 # state-dict keys that moved: old key -> new key suffix under each block's encoding
 _MOVED_TO_ENCODING = {"emd_pos.weight": "absolute.weight"}
 # model arguments that became encoding options (xl, deberta), with the value that meant "off"
 _MOVED_TO_OPTIONS = {"memory_len": 0, "absolute_from_layer": None}
+# what a checkpoint may hold: what torch.load(weights_only=True) rebuilds without running code
+_PLAIN = (str, int, float, bool, type(None), torch.Tensor, torch.Size, torch.dtype, torch.device)
+
+
+class CheckpointError(ValueError):
+    """A file that is not a (safely loadable) posenc checkpoint, or data that cannot be saved as one."""
 
 
 def upgrade_config(d: dict) -> ModelConfig:
@@ -40,18 +62,66 @@ def upgrade_state_dict(model: TransformerLM, state: dict) -> dict:
     return state
 
 
+def _check_plain(value: Any, where: str) -> None:
+    """Raise :class:`CheckpointError` unless ``value`` is tensors and plain data all the way down."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, (str, int)):
+                raise CheckpointError(f"checkpoint entry {where}: key {k!r} is a {type(k).__name__}, not a str or int")
+            _check_plain(v, f"{where}[{k!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{where}[{i}]")
+    elif not isinstance(value, _PLAIN):
+        raise CheckpointError(
+            f"checkpoint entry {where} is a {type(value).__name__}: a checkpoint holds tensors and plain data "
+            "(dict, list, tuple, str, int, float, bool, None) only, so that loading it never runs code"
+        )
+
+
 def save_checkpoint(path, model: TransformerLM, **extra) -> None:
-    """Save ``model`` (config + weights) and any ``extra`` picklable data to ``path``."""
+    """Save ``model`` (config + weights) and ``extra`` (tensors and plain data) to ``path``.
+
+    Raises:
+        CheckpointError: an ``extra`` value that is not tensors and plain data (it would not
+            load with ``weights_only=True``); nothing is written then.
+    """
+    for key, value in extra.items():
+        if key in ("model_config", "model"):
+            raise CheckpointError(f"extra entry {key!r} is reserved for the model itself")
+        _check_plain(value, key)
     torch.save({"model_config": model.config.to_dict(), "model": model.state_dict(), **extra}, path)
 
 
 def load_checkpoint(path, *, map_location="cpu") -> tuple[TransformerLM, dict]:
-    """Rebuild a model saved by :func:`save_checkpoint`; returns ``(model, extra)``."""
-    ckpt = torch.load(path, map_location=map_location, weights_only=False)
-    if not isinstance(ckpt, dict) or "model_config" not in ckpt or "model" not in ckpt:
-        keys = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise ValueError(f"{path} is not a posenc checkpoint (keys: {keys})")
+    """Rebuild a model saved by :func:`save_checkpoint`; returns ``(model, extra)``.
+
+    The file is read with ``torch.load(weights_only=True)``: nothing in it is executed.
+
+    Raises:
+        CheckpointError: ``path`` holds Python objects other than tensors and plain data
+            (refused unexecuted), is not a posenc checkpoint, or is truncated/unreadable.
+        FileNotFoundError: ``path`` does not exist.
+    """
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:  # weights_only refused an object: a payload, or a foreign pickle
+        # PyTorch's own message tells users to retry with weights_only=False: show only what it refused
+        refused = re.search(r"(GLOBAL [\w.]+|Unsupported [\w ]+\d*)", str(e))
+        detail = f" [{refused.group(1).strip()}]" if refused else ""
+        raise CheckpointError(
+            f"{path} is not a posenc checkpoint: it holds Python objects other than tensors and plain data, "
+            f"which posenc refuses to load (loading could run code; nothing was executed){detail}"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path} is not a readable posenc checkpoint ({reason})") from None
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model_config"), dict) or "model" not in ckpt:
+        keys = sorted(map(str, ckpt)) if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise CheckpointError(f"{path} is not a posenc checkpoint (keys: {keys})")
     config = ckpt.pop("model_config")
-    model = TransformerLM(config=config if isinstance(config, ModelConfig) else upgrade_config(config))
+    model = TransformerLM(config=upgrade_config(config))
     model.load_state_dict(upgrade_state_dict(model, ckpt.pop("model")))
     return model, ckpt
