@@ -144,13 +144,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ============================================================================ subjects
 def _subjects(args, name: str, notes: list[str], *, random=True, **build_kw) -> list[Subject]:
-    specs, more = resolve(args.encodings or DEFAULTS[name])
+    try:
+        specs, more = resolve(args.encodings or DEFAULTS[name])
+        strict = _named(args)
+    except ValueError as e:  # an unknown name, options that are not a JSON object
+        raise ValueError(f"--encodings: {e}") from None
     notes.extend(more)
-    strict = _named(args)
     max_len = args.max_len or MAX_LEN
-    subjects = (
-        build_subjects(specs, notes, max_len=max_len, seed=args.seed, strict=strict, **build_kw) if random else []
-    )
+    if random:
+        subjects = build_subjects(specs, notes, max_len=max_len, seed=args.seed, strict=strict, **build_kw)
+    else:  # the named ones must build before any training starts
+        build_subjects([s for s in specs if s.label in strict], [], max_len=max_len, seed=args.seed, strict=strict)
+        subjects = []
     subjects += load_subjects(_checkpoints(args, specs, notes, strict), notes)
     if not subjects:
         why = f" ({notes[-1]})" if notes else ""

@@ -75,8 +75,10 @@ def checkpoint_paths(path: str | Path) -> list[Path]:
         found = sorted((p / "checkpoints").glob("*.pt")) or sorted(p.glob("*.pt"))
         if found:
             return found
-        raise ValueError(f"no checkpoints in {p} (looked for {p}/checkpoints/*.pt and {p}/*.pt)")
-    raise ValueError(f"checkpoint path {p} does not exist")
+        raise ValueError(
+            f"--checkpoint {str(p)!r}: no checkpoints in it (looked for {p}/checkpoints/*.pt and {p}/*.pt)"
+        )
+    raise ValueError(f"--checkpoint {str(p)!r} does not exist")
 
 
 def train_len_of(model: TransformerLM, extra: dict) -> int:
