@@ -162,7 +162,7 @@ def _check(args: argparse.Namespace) -> str:
     if args.markdown is not None:
         if args.markdown.is_dir():
             raise ValueError(f"--markdown {str(args.markdown)!r} is a folder; give a file name (RESULTS.md)")
-        check_creatable(args.markdown.parent, "--markdown")
+        check_creatable(args.markdown.parent, "--markdown", shown=args.markdown)
     return device
 
 

@@ -38,31 +38,36 @@ def _why(e: OSError) -> str:
     return e.strerror or str(e)
 
 
-def check_creatable(folder: str | Path, flag: str) -> None:
+def check_creatable(folder: str | Path, flag: str, *, shown: str | Path | None = None) -> None:
     """Check, without creating anything, that ``folder`` is or can be made a writable folder.
+
+    ``shown``: the path the message names after ``flag`` (default ``folder``; a file's
+    path when ``folder`` is where that file goes).
 
     Raises:
         OutputFolderError: a part of the path is a file, or the nearest existing folder
             cannot be written.
     """
     p = Path(folder)
+    name = f"{flag} {str(shown if shown is not None else p)!r}"
     here = p
     while not here.exists():
         if here.is_symlink():  # a dangling link: creating through it writes elsewhere
-            raise OutputFolderError(f"{flag} {str(p)!r}: {str(here)!r} is a broken symbolic link")
+            raise OutputFolderError(f"{name}: {str(here)!r} is a broken symbolic link")
         if here.parent == here:
             break
         here = here.parent
     if here.exists() and not here.is_dir():
-        where = "exists and is not a folder" if here == p else f"a parent of it, {str(here)!r}, is a file"
-        raise OutputFolderError(f"{flag} {str(p)!r} {where}" if here == p else f"{flag} {str(p)!r}: {where}")
-    if not os.access(here, os.W_OK | os.X_OK):
-        raise OutputFolderError(f"{flag} {str(p)!r}: permission denied (cannot create or write in {str(here)!r})")
+        where = "is a file, not a folder" if here == p else f"a parent of it, {str(here)!r}, is a file"
+        raise OutputFolderError(f"{name}: {str(here)!r} {where}" if here == p else f"{name}: {where}")
     try:
-        if os.statvfs(here).f_flag & os.ST_RDONLY:
-            raise OutputFolderError(f"{flag} {str(p)!r}: {str(here)!r} is on a read-only file system")
+        read_only = bool(os.statvfs(here).f_flag & os.ST_RDONLY)
     except OSError:
-        pass
+        read_only = False
+    if read_only:
+        raise OutputFolderError(f"{name}: {str(here)!r} is on a read-only file system")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise OutputFolderError(f"{name}: permission denied (cannot create or write in {str(here)!r})")
 
 
 class OutputFolder:
