@@ -9,31 +9,34 @@ Examples::
     posenc compare --task grid --train-len 8 --eval-lens 8,12,16 --encodings rope,mrope,sinusoidal \\
         --encoding-options sinusoidal.axes=2        # rope over flattened tokens; rope.axes=2: axial
     posenc compare --encodings rope --extend none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend
-    posenc compare --encodings "rope,nope,irope,local=rope(window=16)*3,rope"
+    posenc compare --encodings "rope,nope,irope,local=rope(window=16)*3,rope"   # NAME=PATTERN: local
     posenc compare --resume --out runs/2026-01-01T00-00-00-a1b2c3
     posenc compare --overwrite --out runs/x      # start a finished run over
     torchrun --nproc_per_node=2 -m posenc.cli compare --out runs/ddp
     posenc compare --shard 1/2 --out runs/a ; posenc compare --shard 2/2 --out runs/b
-    posenc compare --merge runs/a runs/b --out runs/all
+    posenc compare --merge runs/a runs/b --out runs/all   # a new folder (or --overwrite a merged one)
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from .config import PRESETS, CompareConfig, from_dict, preset_config
-from .rundir import default_out
+from .rundir import RunDir, default_out, is_locked, outputs_of
 
 __all__ = ["add_arguments", "run"]
 
 _HELP = {
     "encodings": "comma-separated encoding names or layer presets (irope, gemma3, ...), or 'all'; "
-    "NAME=PATTERN names a layer pattern, up to the next ';' (\"rope,irope=rope*3,nope;alibi\")",
+    "NAME=PATTERN names a layer pattern, up to the next ';' (\"rope,hybrid=rope*3,nope;alibi\"); NAME: letters, "
+    "digits and . _ + - (it names the checkpoint file), not a registered encoding or preset it is not",
     "preset": "quick (the default command's budget) or standard (a GPU-sized run)",
     "text": "train on a UTF-8 text file instead of the embedded corpus",
     "dataset": "a Hugging Face dataset name (needs the optional 'datasets' package and the hub)",
@@ -120,15 +123,31 @@ def split_encodings(s: str) -> list[str]:
     return out
 
 
+def _items(s: str) -> list[str]:
+    """``"a, b"`` -> ``["a", "b"]``; an empty item (``"0,,1"``, ``"0,"``) is an error, not skipped."""
+    items = [x.strip() for x in s.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated values with none empty, got {s!r}")
+    return items
+
+
+def _int_list(s: str) -> list[int]:
+    try:
+        return [int(x) for x in _items(s)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+
+
 def _parser_for(type_str: str):
-    """An argparse ``type`` for a dataclass field annotation (a string: postponed annotations)."""
+    """An argparse ``type`` for a dataclass field annotation (a string: postponed annotations);
+    the ranges are :meth:`CompareConfig.validate`'s."""
     t = type_str.replace(" | None", "")
     if t.startswith("dict["):
         return parse_encoding_options
     if t == "list[int]":
-        return lambda s: [int(x) for x in s.split(",") if x]
+        return _int_list
     if t == "list[str]":
-        return lambda s: [x.strip() for x in s.split(",") if x.strip()]
+        return _items
     return {"int": int, "float": float, "str": str}[t]
 
 
@@ -150,7 +169,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="output folder (default: runs/<timestamp>-<random>)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoints")
     parser.add_argument(
-        "--overwrite", action="store_true", help="start over in a non-empty --out (removes its outputs and checkpoints)"
+        "--overwrite",
+        action="store_true",
+        help="start over in a non-empty --out (removes only what a comparison wrote there: the files its "
+        ".posenc-manifest.json lists)",
     )
     parser.add_argument("--config", help="start from a config.json instead of a preset")
     parser.add_argument("--merge", nargs="+", metavar="DIR", help="join the results of --shard runs into --out")
@@ -182,20 +204,40 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_config(args: argparse.Namespace) -> CompareConfig:
-    """Preset (or --config file), then command-line overrides."""
+    """Preset (or --config file), then command-line overrides.
+
+    Raises:
+        ValueError: a bad field, named as it was given: ``--grad-clip`` for a flag,
+            ``grad_clip in 'run/config.json'`` for a field of the config file.
+    """
     over = _overrides(args)
-    if args.config:
-        d = read_config_file(args.config)
-        if args.cfg_preset:
-            d["preset"] = args.cfg_preset
-        opts = over.pop("encoding_options", None)
-        if opts:  # per key over the file's options, as over a preset's
-            merged = {k: dict(v) for k, v in d.get("encoding_options", {}).items()}
-            for name, o in opts.items():
-                merged.setdefault(name, {}).update(o)
-            over["encoding_options"] = merged
-        return from_dict({**d, **over})
-    return preset_config(args.cfg_preset or "quick", **over)
+    try:
+        if args.config:
+            d = read_config_file(args.config)
+            if args.cfg_preset:
+                d["preset"] = args.cfg_preset
+            opts, theirs = over.get("encoding_options"), d.get("encoding_options", {})
+            if opts and isinstance(theirs, dict) and all(isinstance(v, dict) for v in theirs.values()):
+                merged = {k: dict(v) for k, v in theirs.items()}  # per key over the file's options
+                for name, o in opts.items():
+                    merged.setdefault(name, {}).update(o)
+                over["encoding_options"] = merged
+            return from_dict({**d, **over})
+        return preset_config(args.cfg_preset or "quick", **over)
+    except ValueError as e:
+        raise ValueError(where_given(str(e), over, args.config)) from None
+
+
+def where_given(message: str, flags: dict[str, Any], config: str | None) -> str:
+    """``message`` (``"grad_clip must be ..."``) with its leading field named as the user gave
+    it: ``--grad-clip`` when it came from the command line, ``grad_clip in 'FILE'`` from a
+    config file."""
+    field, sep, rest = message.partition(" ")
+    if not sep or field not in {f.name for f in fields(CompareConfig)}:
+        return message
+    if field in flags:
+        return f"--{field.replace('_', '-')} {rest}"
+    return f"{field} in {config!r} {rest}" if config else message
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -215,16 +257,15 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from ..data import DataError
     from ..train import setup
-    from .report import merge_results, results_table, write_outputs
+    from .report import results_table
     from .runner import compare
 
     out = None
     try:
+        if args.out is not None and (not args.out.strip() or "\x00" in args.out):
+            raise ValueError(f"--out must name a folder, got {args.out!r}")
         if args.merge:
-            out = Path(args.out or default_out() + "-merged")
-            write_outputs(out, merge_results([Path(d) for d in args.merge])).print()
-            print(f"merged {len(args.merge)} runs into {out}")
-            return 0
+            return merge(args)
         if args.resume:
             if not args.out:
                 raise ValueError("--resume needs --out DIR, the folder of the run to continue")
@@ -236,7 +277,10 @@ def run(args: argparse.Namespace) -> int:
             path = Path(args.out) / "config.json"
             if not path.is_file():
                 raise ValueError(f"--resume: {str(path)!r} not found (is {args.out!r} a run folder?)")
-            cfg = from_dict(read_config_file(path))
+            try:
+                cfg = from_dict(read_config_file(path))
+            except ValueError as e:
+                raise ValueError(where_given(str(e), {}, str(path))) from None
         else:
             cfg = build_config(args)
         rt = setup(cfg.device)  # under torchrun every rank writes into rank 0's default folder
@@ -245,6 +289,11 @@ def run(args: argparse.Namespace) -> int:
                           runtime=rt, command=_command_line(getattr(args, "argv", None)))  # fmt: skip
     except (ValueError, DataError) as e:
         print(f"posenc compare: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full or read-only disk under a write that is not posenc's own
+        if e.errno not in _DISK_ERRORS:
+            raise
+        print(f"posenc compare: error: cannot write {e.filename or out!r}: {e.strerror}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         where = f" --out {out}" if out else ""
@@ -261,6 +310,48 @@ def run(args: argparse.Namespace) -> int:
 
             extend_table(results).print()
         print(f"wall time {results['wall_seconds']:.1f} s; results in {out}/")
+    return 0
+
+
+_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+
+
+def merge(args: argparse.Namespace) -> int:
+    """``--merge DIR ... --out OUT``: the shards' results joined into OUT, a run folder taken
+    as ``compare`` takes one (locked; refused when not empty unless ``--overwrite``, which
+    removes only what a comparison listed there)."""
+    from .report import merge_results, write_outputs
+
+    flags = [f"--{k.replace('_', '-')}" for k in _overrides(args)]
+    flags += [flag for flag, given in (("--preset", args.cfg_preset), ("--config", args.config),
+                                       ("--resume", args.resume)) if given]  # fmt: skip
+    if flags:
+        raise ValueError(
+            f"--merge joins finished runs as they were run; it takes no {', '.join(flags)}: drop "
+            + ("it" if len(flags) == 1 else "them")
+        )
+    dirs = [Path(d) for d in args.merge]
+    out = Path(args.out) if args.out is not None else Path(default_out() + "-merged")
+    for d in dirs:
+        if d.is_dir() and os.path.realpath(d) == os.path.realpath(out):
+            raise ValueError(
+                f"--merge: --out {str(out)!r} is one of the runs merged ({str(d)!r}): choose another --out"
+            )
+        if is_locked(d):
+            raise ValueError(
+                f"--merge: {str(d)!r} is in use by a running posenc compare: merge it when it has finished"
+            )
+    merged = merge_results(dirs)
+    with RunDir(out, overwrite=args.overwrite, writes=outputs_of({**merged["config"], "extend": None})) as run_dir:
+        try:
+            with run_dir.recording():
+                table = write_outputs(out, merged)
+        except Exception:  # nothing to resume in a merge: leave the folder as it was
+            run_dir.discard()
+            raise
+        run_dir.finish()
+    table.print()
+    print(f"merged {len(dirs)} runs into {out}")
     return 0
 
 

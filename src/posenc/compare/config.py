@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data import TASK_NAMES
+from .checks import check_fields, check_models, parse_named
 
 __all__ = ["CompareConfig", "PRESETS", "CORE_ENCODINGS", "from_dict"]
 
@@ -93,7 +94,9 @@ class CompareConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad field and its allowed range."""
+        """Raise ``ValueError`` naming the bad field and its allowed range (types included:
+        a ``--config`` file's ``"steps": true`` is refused, not read as 1)."""
+        check_fields(self)  # every field's type and range (posenc.compare.checks)
         if self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
         if not self.encodings:
@@ -105,15 +108,6 @@ class CompareConfig:
             raise ValueError(f"give at most one data source, got {sources}")
         if self.task is not None and self.task not in TASK_NAMES:
             raise ValueError(f"task must be one of {TASK_NAMES}, got {self.task!r}")
-        seeds = self.seeds
-        if not isinstance(seeds, list) or not seeds or any(type(v) is not int or v < 0 for v in seeds):
-            raise ValueError(f"seeds must be a non-empty list of ints >= 0, got {seeds!r}")
-        if len(set(seeds)) != len(seeds):
-            raise ValueError(f"seeds must be distinct, got {seeds!r}")
-        for name in ("val_points", "workers"):
-            v = getattr(self, name)
-            if type(v) is not int or v < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
         if self.task == "grid" and self.randomized_positions:
             raise ValueError("randomized_positions draws 1-D positions; the grid task has 2-D ones")
         if self.packed and (self.task is not None or self.randomized_positions):
@@ -121,27 +115,12 @@ class CompareConfig:
                 "packed needs a text source and positions that restart per document; got "
                 + ("task=" + repr(self.task) if self.task is not None else "randomized_positions=True")
             )
-        for name in ("dim", "depth", "heads", "train_len", "steps", "batch_size", "eval_batch_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        for name in ("eval_tokens", "eval_samples", "position_buckets", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.warmup < 0:
-            raise ValueError(f"warmup must be >= 0 steps, got {self.warmup}")
-        if not self.eval_lens or any(not isinstance(n, int) or n < 1 for n in self.eval_lens):
-            raise ValueError(f"eval_lens must be positive ints, got {self.eval_lens!r}")
-        if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"need lr > 0 and min_lr_ratio in [0, 1], got lr={self.lr}, {self.min_lr_ratio}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.max_pos is not None and self.max_pos < self.train_len:
             raise ValueError(f"max_pos must be >= train_len={self.train_len}, got {self.max_pos}")
-        if self.stride is not None and self.stride < 1:
-            raise ValueError(f"stride must be >= 1, got {self.stride}")
         if self.shard is not None:
             parse_shard(self.shard)
         if self.extend is not None:
@@ -150,22 +129,13 @@ class CompareConfig:
             bad = [m for m in self.extend if m not in EXTEND_METHODS] if isinstance(self.extend, list) else self.extend
             if bad or not self.extend:
                 raise ValueError(f"extend must list methods of {', '.join(EXTEND_METHODS)}, got {self.extend!r}")
-        if not isinstance(self.encoding_options, dict) or not all(
-            isinstance(v, dict) for v in self.encoding_options.values()
-        ):
-            raise ValueError(f"encoding_options must map encoding names to dicts, got {self.encoding_options!r}")
+        if self.encodings != ["all"]:
+            check_models(self.encoding_names(), self.named_patterns())
         self._validate_encoding_options()
 
     def named_patterns(self) -> dict[str, str]:
         """``{name: layer pattern}`` of the ``NAME=PATTERN`` entries of :attr:`encodings`."""
-        out = {}
-        for entry in self.encodings:
-            name, sep, pattern = entry.partition("=")
-            if sep and "(" not in name:
-                if not name.strip() or not pattern.strip():
-                    raise ValueError(f"encodings entry {entry!r}: expected NAME=PATTERN (e.g. irope=rope*3,nope)")
-                out[name.strip()] = pattern.strip()
-        return out
+        return parse_named(self.encodings)
 
     def encoding_names(self) -> list[str]:
         """The names of the compared models: encodings, presets, and the names of named patterns."""
@@ -206,12 +176,22 @@ class CompareConfig:
         whose checkpoints carry another.
         """
         d = {k: v for k, v in self.to_dict().items() if k not in self.BOOKKEEPING}
+        named = self.named_patterns()
+        if named:  # what each NAME stands for decides its numbers (absent: old fingerprints hold)
+            d["named_patterns"] = named
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def differing_fields(self, other: dict[str, Any]) -> list[str]:
         """Fields (other than bookkeeping) whose value differs from ``other`` (a saved config dict)."""
         mine = self.to_dict()
-        return sorted(k for k in set(mine) | set(other) if k not in self.BOOKKEEPING and mine.get(k) != other.get(k))
+        out = {k for k in set(mine) | set(other) if k not in self.BOOKKEEPING and mine.get(k) != other.get(k)}
+        try:
+            theirs = parse_named(other.get("encodings") or [])
+        except (ValueError, TypeError, AttributeError):
+            theirs = None
+        if theirs != self.named_patterns():  # a NAME now stands for another pattern
+            out.add("encodings")
+        return sorted(out)
 
     @property
     def eval_lens_sorted(self) -> list[int]:

@@ -10,6 +10,12 @@ synchronisation dominate at this size; see docs/compare.md for the measurement).
 ``threads`` intra-op threads, and hands every result to ``on_done`` as soon as it
 arrives. With ``workers == 1`` everything runs here, in order. A failing job cancels the
 ones not started and re-raises in the caller; Ctrl-C stops the workers.
+
+Workers die with the process that started them, even when it is killed with SIGKILL (the
+OOM killer's signal, which runs no cleanup): on Linux the kernel sends each worker SIGKILL
+when its parent dies (``prctl(PR_SET_PDEATHSIG)``), and everywhere a watchdog thread in
+each worker exits it once its parent is gone (:func:`_watch_parent`). A worker that
+outlived its run would go on writing checkpoints into a folder whose lock it does not hold.
 """
 
 from __future__ import annotations
@@ -42,13 +48,43 @@ def plan_workers(workers: int, jobs: int, cores: int | None = None) -> tuple[int
     return n, max(1, cores // n)
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, parent: int) -> None:
     import signal
 
     import torch
 
+    _die_with(parent)
     torch.set_num_threads(threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
+
+
+def _die_with(parent: int) -> None:
+    """End this process when ``parent`` (the pid that started it) dies."""
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:  # PR_SET_PDEATHSIG = 1: the kernel's SIGKILL when the parent thread exits
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+    import threading
+
+    threading.Thread(target=_watch_parent, args=(parent,), name="posenc-parent-watchdog", daemon=True).start()
+
+
+def _watch_parent(parent: int, every: float = 0.5) -> None:
+    """Exit this process (no cleanup: the parent's files are not ours) once ``parent`` is gone:
+    a worker is re-parented when its parent dies, so ``getppid`` changes."""
+    import time
+
+    while os.getppid() == parent:
+        time.sleep(every)
+    os._exit(1)
 
 
 def _call(item):
@@ -80,7 +116,7 @@ def run_jobs(
     import multiprocessing as mp
 
     # leaving the block terminates the workers: after an error, a Ctrl-C, or the last result
-    with mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(threads,)) as pool:
+    with mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(threads, os.getpid())) as pool:
         for i, result in pool.imap_unordered(_call, [(fn, i, job) for i, job in enumerate(jobs)], chunksize=1):
             out[i] = result  # a worker's exception is re-raised by the iterator, here
             if on_done is not None:

@@ -5,8 +5,13 @@
 * :class:`RunDir` takes the folder: it creates it, holds an exclusive ``fcntl`` lock on
   ``<out>/.lock`` for the whole run (the kernel frees it when the process dies, so a killed
   run never leaves a stale lock), refuses a non-empty folder unless the run resumes or
-  overwrites, and with ``overwrite`` removes what an earlier comparison wrote there
-  (and nothing else).
+  overwrites, and with ``overwrite`` removes what an earlier comparison wrote there and
+  nothing else: the paths its manifest lists (:mod:`posenc.compare.manifest`). Every
+  path a run writes is listed there before it is written; a file the run would replace
+  that no manifest lists is not replaced (refused), and no path is written through a
+  symbolic link out of the folder. A run that fails before it has anything worth
+  resuming removes what it wrote (:meth:`RunDir.discard`), so the corrected rerun finds
+  the folder as it was.
 * :func:`check_checkpoint` refuses a checkpoint written under another config: every
   checkpoint and ``results.json`` records :meth:`CompareConfig.fingerprint`.
 
@@ -15,30 +20,31 @@ Errors are :class:`RunDirError` (a ``ValueError``), one sentence naming the path
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
-import shutil
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from .config import CompareConfig
+from .manifest import MANIFEST, Manifest
 
-__all__ = ["RunDir", "RunDirError", "default_out", "check_checkpoint", "OUTPUTS"]
+__all__ = ["RunDir", "RunDirError", "default_out", "check_checkpoint", "is_locked", "outputs_of", "OUTPUTS"]
 
-# what a comparison writes into its folder: --overwrite removes exactly these
-OUTPUTS = (
-    "config.json",
-    "results.json",
-    "results.csv",
-    "table.md",
-    "report.md",
-    "extrapolation.png",
-    "per_position.png",
-    "passkey.png",
-    "checkpoints",
-)
+# the files a comparison (or --merge) writes at the top of its folder, whatever its config
+OUTPUTS = ("config.json", "results.json", "results.csv", "table.md", "report.md", "extrapolation.png",
+           "per_position.png")  # fmt: skip
 LOCK = ".lock"
+
+
+def outputs_of(config: dict[str, Any] | CompareConfig) -> list[str]:
+    """The top-level files a run of ``config`` writes: :data:`OUTPUTS`, the passkey heatmap
+    of a passkey run, the ``extend.*`` files of an ``--extend`` run."""
+    d = config.to_dict() if isinstance(config, CompareConfig) else config
+    return [*OUTPUTS, *(["passkey.png"] if d.get("task") == "passkey" else []),
+            *(["extend.md", "extend.csv", "extend.png"] if d.get("extend") else [])]  # fmt: skip
 
 
 class RunDirError(ValueError):
@@ -56,23 +62,35 @@ class RunDir:
     Args:
         path: the folder (created if missing).
         resume: continue the run already there.
-        overwrite: remove an earlier comparison's outputs and checkpoints first.
+        overwrite: remove what an earlier comparison listed in the folder's manifest first.
+        writes: the paths (relative to ``path``) this run will write; recorded in the
+            manifest before anything is written. With ``overwrite``, one that exists and
+            no manifest lists is not ours to replace: refused.
 
     Raises:
         RunDirError: the folder cannot be created or written, another process holds it,
-            or it is not empty and neither ``resume`` nor ``overwrite`` was given.
+            it is not empty and neither ``resume`` nor ``overwrite`` was given, or
+            ``overwrite`` would replace a file no comparison listed.
     """
 
-    def __init__(self, path: str | Path, *, resume: bool = False, overwrite: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, *, resume: bool = False, overwrite: bool = False, writes: Iterable[str] = ()
+    ) -> None:
         if resume and overwrite:
             raise RunDirError("--resume and --overwrite exclude each other: continue the run, or start it over")
         self.path, self.resume, self.overwrite = Path(path), resume, overwrite
+        self.writes = list(writes)
+        self.manifest = Manifest(self.path)
         self._fd: int | None = None
+        self._created = self._lock_created = False  # this run made them: a refusal or discard() removes them
+        self._clean_up = False
 
     def __enter__(self) -> RunDir:
         import fcntl
 
         p = self.path
+        self._created = not os.path.lexists(p)
+        self._lock_created = not os.path.lexists(p / LOCK)
         try:
             p.mkdir(parents=True, exist_ok=True)
             fd = os.open(p / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -98,38 +116,136 @@ class RunDir:
             os.write(fd, f"{os.getpid()}\n".encode())
             self._claim()
         except BaseException:
+            self._clean_up = True  # refused: leave no lock file or folder of ours behind
             self.__exit__(None, None, None)
             raise
         return self
 
     def _claim(self) -> None:
-        entries = sorted(e.name for e in self.path.iterdir() if e.name != LOCK)
+        p = self.path
+        entries = sorted(e.name for e in p.iterdir() if e.name != LOCK)
+        if entries == [MANIFEST] and not _lists_anything(p):  # a run's manifest, its files all gone
+            entries = []
+        links = sorted({str(p / d) for w in self.writes for d in _folders(w) if (p / d).is_symlink()})
+        if links:
+            raise RunDirError(
+                f"--out {str(p)!r}: {', '.join(links)} is a symbolic link; a run writes only inside --out: "
+                "replace it with a folder, or choose another --out"
+            )
         if self.resume:
-            if not (self.path / "config.json").is_file():
-                raise RunDirError(f"--resume: {str(self.path / 'config.json')!r} not found (is this a run folder?)")
-            return
-        if self.overwrite:
-            for name in OUTPUTS:
-                target = self.path / name
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                elif target.exists() or target.is_symlink():
-                    target.unlink()
-            return
-        if entries:
+            if not (p / "config.json").is_file():
+                raise RunDirError(f"--resume: {str(p / 'config.json')!r} not found (is this a run folder?)")
+            self.manifest = self._read_manifest() or self.manifest
+        elif self.overwrite:
+            self.manifest = self._read_manifest() or self.manifest
+            theirs = [w for w in self.writes if os.path.lexists(p / w) and not (p / w).is_dir()
+                      and w not in self.manifest.written]  # fmt: skip
+            if theirs:
+                shown = ", ".join(theirs[:5]) + (", ..." if len(theirs) > 5 else "")
+                raise RunDirError(
+                    f"--overwrite: --out {str(p)!r} holds {shown}, which this run would replace and no "
+                    f"comparison listed as its own ({MANIFEST}: --overwrite removes only what a comparison "
+                    "wrote); move or delete them yourself, or choose another --out"
+                )
+            self.manifest.remove_listed()
+        elif entries:
             shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
             raise RunDirError(
-                f"--out {str(self.path)!r} is not empty ({shown}); continue that run with --resume, "
+                f"--out {str(p)!r} is not empty ({shown}); continue that run with --resume, "
                 "start it over with --overwrite, or choose another --out"
             )
+        self.manifest.record(*(p / w for w in self.writes))
+
+    def _read_manifest(self) -> Manifest | None:
+        try:
+            return Manifest.read(self.path)
+        except ValueError as e:
+            raise RunDirError(f"--out {str(self.path)!r}: {e}") from None
+
+    def _listing(self) -> set[str]:
+        """The names at the top of the folder and in ``checkpoints/`` (relative paths)."""
+        names = {e.name for e in self.path.iterdir()}
+        ckpt = self.path / "checkpoints"
+        if ckpt.is_dir() and not ckpt.is_symlink():
+            names |= {f"checkpoints/{e.name}" for e in ckpt.iterdir()}
+        return names - {LOCK, MANIFEST}
+
+    def record(self, *paths: str | Path) -> None:
+        """List ``paths`` (inside the folder) in the manifest, before writing them."""
+        self.manifest.record(*paths)
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Around the writing of the output files: whatever appears in the folder meanwhile is
+        listed too (a file the writers add that :data:`OUTPUTS` does not name yet)."""
+        before = self._listing()
+        try:
+            yield
+        finally:
+            new = sorted(self._listing() - before)
+            if new:
+                self.manifest.record(*(self.path / n for n in new))
+
+    def finish(self) -> None:
+        """After the last write: drop the entries this run recorded and did not write."""
+        self.manifest.prune()
+
+    def discard(self) -> None:
+        """Remove what this run wrote (its manifest's entries) and the manifest; the folder
+        too, on leaving, if this run created it and it is empty then. For a run that failed
+        before it wrote anything worth resuming: the rerun finds the folder as it was."""
+        self.manifest.remove_listed()
+        (self.path / MANIFEST).unlink(missing_ok=True)
+        self._clean_up = True
 
     def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            import fcntl
+        if self._fd is None:
+            return
+        import fcntl
 
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        if self._clean_up:  # the lock file (and folder) this run created go, while the lock is held
+            try:
+                if self._lock_created:
+                    (self.path / LOCK).unlink()
+                if self._created and not any(self.path.iterdir()):
+                    self.path.rmdir()
+            except OSError:
+                pass
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+
+def is_locked(path: str | Path) -> bool:
+    """Whether a running comparison holds the folder ``path`` (its ``.lock``)."""
+    import fcntl
+
+    try:
+        fd = os.open(Path(path) / LOCK, os.O_RDONLY)
+    except OSError:
+        return False  # no lock file (or unreadable): no comparison ran there since
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _lists_anything(path: Path) -> bool:
+    """Whether the manifest in ``path`` lists a path that exists (a damaged one: yes, to be safe)."""
+    try:
+        m = Manifest.read(path)
+    except ValueError:
+        return True
+    return m is not None and any(os.path.lexists(path / w) for w in m.written)
+
+
+def _folders(rel: str) -> list[str]:
+    """The folders on the way to ``rel`` (``"a/b/c"`` -> ``["a", "a/b"]``)."""
+    parts = rel.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def check_checkpoint(path: Path, extra: dict[str, Any], cfg: CompareConfig) -> None:

@@ -16,14 +16,14 @@ from ..base import available, get_class
 from ..data import load_source
 from ..output import write_json
 from ..patterns import is_pattern, layers
-from ..train import Runtime, setup
+from ..train import Runtime, setup, temporary_path
 from .config import CompareConfig, from_dict, parse_shard
 from .pool import plan_workers, run_jobs
 from .report import run_subtitle, write_outputs
-from .rundir import RunDir
-from .train import train_encoding
+from .rundir import RunDir, outputs_of
+from .train import checkpoint_path, train_encoding
 
-__all__ = ["compare", "make_source", "resolve_encodings", "environment"]
+__all__ = ["compare", "make_source", "resolve_encodings", "check_extend", "environment"]
 
 
 def resolve_encodings(cfg: CompareConfig) -> list[str]:
@@ -104,8 +104,10 @@ def compare(
 
     The folder belongs to this run (see :mod:`posenc.compare.rundir`): a non-empty one is
     refused unless ``resume`` (continue it; its checkpoints must carry ``cfg``'s
-    fingerprint) or ``overwrite`` (start it over), and a second process is kept out by a
-    lock for as long as this one runs. ``command``: the command line, for ``report.md``.
+    fingerprint) or ``overwrite`` (start it over: only what the folder's manifest lists is
+    removed), and a second process is kept out by a lock for as long as this one runs. A
+    run that fails before writing any checkpoint removes what it wrote. ``command``: the
+    command line, for ``report.md``.
 
     Raises:
         ValueError: bad config or encoding names, an unusable or busy run folder, a
@@ -115,62 +117,105 @@ def compare(
     out = Path(out)
     rt = runtime or setup(cfg.device)
     names = resolve_encodings(cfg)
+    check_extend(cfg)
     source = make_source(cfg)
     jobs = [(name, seed) for name in names for seed in cfg.seeds]
+    ckpts = [checkpoint_path(out / "checkpoints", cfg, name, seed) for name, seed in jobs]
+    # every path this run may write, listed in the folder's manifest before it is written
+    writes = [
+        *outputs_of(cfg),
+        "checkpoints",
+        *(f"checkpoints/{p.name}" for c in ckpts for p in (c, temporary_path(c))),
+    ]
+    with contextlib.ExitStack() as stack:
+        run_dir = (
+            stack.enter_context(RunDir(out, resume=resume, overwrite=overwrite, writes=writes)) if rt.main else None
+        )
+        try:
+            results = _run(cfg, out, jobs, source, rt, resume=resume, progress=progress, log=log, run_dir=run_dir,
+                           command=command)  # fmt: skip
+        except Exception:
+            # nothing worth resuming (no checkpoint): leave the folder as it was, so that the
+            # corrected rerun is not refused for the config.json of a run that never trained
+            if run_dir is not None and not resume and not any(c.exists() for c in ckpts):
+                run_dir.discard()
+            raise
+    return results
+
+
+def _run(cfg: CompareConfig, out: Path, jobs, source, rt: Runtime, *, resume, progress, log, run_dir, command):
+    """The body of :func:`compare`, in the folder ``run_dir`` holds (rank 0; None on the others)."""
+    names = list(dict.fromkeys(name for name, _ in jobs))
     if rt.distributed or rt.device.type != "cpu":
         workers, threads = 1, torch.get_num_threads()
     else:
         workers, threads = plan_workers(cfg.workers, len(jobs))
         if workers == 1:
             threads = torch.get_num_threads()
-    with contextlib.ExitStack() as stack:
+    if rt.main:
+        (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+        cfg.save(out / "config.json")
+    rt.barrier()
+    t0 = time.perf_counter()
+    runs: list[dict[str, Any] | None] = [None] * len(jobs)
+
+    def done(i: int, run: dict[str, Any]) -> None:
+        runs[i] = run
         if rt.main:
-            stack.enter_context(RunDir(out, resume=resume, overwrite=overwrite))
-            (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-            cfg.save(out / "config.json")
-        rt.barrier()
-        t0 = time.perf_counter()
-        runs: list[dict[str, Any] | None] = [None] * len(jobs)
+            partial = [r for r in runs if r is not None]
+            write_json(out / "results.json", {"config": cfg.to_dict(), "fingerprint": cfg.fingerprint(),
+                                              "runs": partial})  # fmt: skip
+            who = run["encoding"] + (f" seed {run['seed']}" if len(cfg.seeds) > 1 else "")
+            log(f"[{len(partial)}/{len(jobs)}] {who}: " + ", ".join(_short(e) for e in run["eval"]))
 
-        def done(i: int, run: dict[str, Any]) -> None:
-            runs[i] = run
-            if rt.main:
-                partial = [r for r in runs if r is not None]
-                write_json(out / "results.json", {"config": cfg.to_dict(), "fingerprint": cfg.fingerprint(),
-                                                  "runs": partial})  # fmt: skip
-                who = run["encoding"] + (f" seed {run['seed']}" if len(cfg.seeds) > 1 else "")
-                log(f"[{len(partial)}/{len(jobs)}] {who}: " + ", ".join(_short(e) for e in run["eval"]))
+    if workers > 1:
+        order = {n: k for k, n in enumerate(_slow_first(cfg, names))}
+        todo = sorted(range(len(jobs)), key=lambda i: (order[jobs[i][0]], i))
+        payload = [{"config": cfg.to_dict(), "encoding": jobs[i][0], "seed": jobs[i][1],
+                    "ckpt_dir": str(out / "checkpoints"), "resume": resume,
+                    "progress": "lines" if progress else False, "position": (k + 1, len(jobs))}
+                   for k, i in enumerate(todo)]  # fmt: skip
+        log(f"training {len(jobs)} models on {workers} worker processes of {threads} thread(s) each")
+        run_jobs(payload, _run_job, workers=workers, threads=threads, on_done=lambda k, r: done(todo[k], r))
+    else:
+        for i, (name, seed) in enumerate(jobs):
+            run = train_encoding(
+                cfg, source, name, seed=seed, runtime=rt, ckpt_dir=out / "checkpoints", resume=resume,
+                progress=progress, position=(i + 1, len(jobs)), log=log,
+            )  # fmt: skip
+            done(i, run)
+    results = {"config": cfg.to_dict(), "fingerprint": cfg.fingerprint(), "runs": runs,
+               "wall_seconds": round(time.perf_counter() - t0, 2), "device": str(rt.device),
+               "processes": rt.world}  # fmt: skip
+    if rt.main:
+        results["command"] = command
+        results["environment"] = environment(rt, cfg, runs, workers=workers, threads=threads)
+        if cfg.extend:  # the trained rotary models once per extension method (posenc.compare.extend)
+            from .extend import run_extend, write_extend
 
-        if workers > 1:
-            order = {n: k for k, n in enumerate(_slow_first(cfg, names))}
-            todo = sorted(range(len(jobs)), key=lambda i: (order[jobs[i][0]], i))
-            payload = [{"config": cfg.to_dict(), "encoding": jobs[i][0], "seed": jobs[i][1],
-                        "ckpt_dir": str(out / "checkpoints"), "resume": resume,
-                        "progress": "lines" if progress else False, "position": (k + 1, len(jobs))}
-                       for k, i in enumerate(todo)]  # fmt: skip
-            log(f"training {len(jobs)} models on {workers} worker processes of {threads} thread(s) each")
-            run_jobs(payload, _run_job, workers=workers, threads=threads, on_done=lambda k, r: done(todo[k], r))
-        else:
-            for i, (name, seed) in enumerate(jobs):
-                run = train_encoding(
-                    cfg, source, name, seed=seed, runtime=rt, ckpt_dir=out / "checkpoints", resume=resume,
-                    progress=progress, position=(i + 1, len(jobs)), log=log,
-                )  # fmt: skip
-                done(i, run)
-        results = {"config": cfg.to_dict(), "fingerprint": cfg.fingerprint(), "runs": runs,
-                   "wall_seconds": round(time.perf_counter() - t0, 2), "device": str(rt.device),
-                   "processes": rt.world}  # fmt: skip
-        if rt.main:
-            results["command"] = command
-            results["environment"] = environment(rt, cfg, runs, workers=workers, threads=threads)
-            if cfg.extend:  # the trained rotary models once per extension method (posenc.compare.extend)
-                from .extend import run_extend, write_extend
-
-                results["extend"] = run_extend(cfg, source, out / "checkpoints", runs, device=rt.device, log=log)
+            results["extend"] = run_extend(cfg, source, out / "checkpoints", runs, device=rt.device, log=log)
+        with run_dir.recording():
             write_outputs(out, results)
             if results.get("extend"):
                 write_extend(out, results, run_subtitle(cfg.to_dict()))
+        run_dir.finish()
     return results
+
+
+def check_extend(cfg: CompareConfig) -> None:
+    """``--extend`` needs at least one compared model that a method applies to (a registered
+    rotary encoding): refused before any training otherwise, not an empty table after it."""
+    if not cfg.extend:
+        return
+    from .extend import applies
+
+    names = available() if cfg.encodings == ["all"] else cfg.encoding_names()  # every shard's
+    if not any(applies(m, n) for n in names for m in cfg.extend):
+        raise ValueError(
+            f"--extend {','.join(cfg.extend)} applies to registered rotary encodings (rope; xpos for none and "
+            f"ntk), and none is compared ({', '.join(names)}); a layer pattern or preset, named or not, is not "
+            "extended even when its layers are rotary: add rope to --encodings, or drop --extend"
+        )
 
 
 def environment(rt: Runtime, cfg: CompareConfig, runs, *, workers: int, threads: int) -> dict[str, Any]:

@@ -16,6 +16,9 @@ Rank 0 evaluates and writes the files.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -93,8 +96,27 @@ def batches(
 
 
 def checkpoint_path(ckpt_dir: Path, cfg: CompareConfig, encoding: str, seed: int) -> Path:
-    """``<encoding>.pt`` for a one-seed run, ``<encoding>.seed<k>.pt`` with several seeds."""
-    return ckpt_dir / (f"{encoding}.pt" if len(cfg.seeds) == 1 else f"{encoding}.seed{seed}.pt")
+    """``<encoding>.pt`` for a one-seed run, ``<encoding>.seed<k>.pt`` with several seeds.
+
+    Always a file directly in ``ckpt_dir``: a model name that is not one safe file name (an
+    unnamed layer pattern whose options hold a ``/``; a ``NAME`` is checked by
+    :meth:`CompareConfig.validate`) is spelt safely, with a hash of the name.
+    """
+    stem = encoding if _file_name(encoding) else _safe_stem(encoding)
+    path = ckpt_dir / (f"{stem}.pt" if len(cfg.seeds) == 1 else f"{stem}.seed{seed}.pt")
+    if path.parent != ckpt_dir or os.path.realpath(path.parent) != os.path.realpath(ckpt_dir):
+        raise ValueError(f"checkpoint of model {encoding!r} would leave {str(ckpt_dir)!r}: {str(path)!r}")
+    return path
+
+
+def _file_name(name: str) -> bool:
+    bad = ("/", "\\", "\x00", os.sep)
+    return bool(name) and not name.startswith(".") and not any(c in name for c in bad) and len(name.encode()) <= 200
+
+
+def _safe_stem(name: str) -> str:
+    keep = re.sub(r"[^A-Za-z0-9._+=(),*@-]", "_", name).lstrip(".")[:80]
+    return f"{keep}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
 
 
 class _Validate(Callback):

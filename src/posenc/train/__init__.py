@@ -36,7 +36,8 @@ What the pieces are:
 * :class:`TrainState`: ``step``, every step's loss (``losses``), time in steps
   (``seconds``) and tokens seen. ``trainer.save(path, state, **extra)`` writes the weights,
   :meth:`Trainer.state_dict` (optimizer, CPU and CUDA RNG, step, losses, time) and
-  ``extra`` atomically, on rank 0 only; ``trainer.load_state_dict(extra)`` restores them and
+  ``extra`` atomically, on rank 0 only (a full disk is a :class:`CheckpointWriteError` naming
+  the file, the previous checkpoint kept); ``trainer.load_state_dict(extra)`` restores them and
   returns the state to pass to ``fit``. A run killed and resumed this way ends bit-identical
   to one that never stopped (``tests/test_compare.py``, slow).
 * :class:`Callback`: ``on_step(state)`` after every step and ``on_end(state)``;
@@ -54,12 +55,25 @@ Extending it (what the converged, seeded ``compare`` needs):
 * several seeds: one model, optimizer and ``batch_at`` per seed, one ``fit`` each.
 """
 
-from .loop import Callback, Every, Trainer, TrainState, adamw, autocast, cosine_schedule, lm_loss, masked_loss
+from .loop import (
+    Callback,
+    CheckpointWriteError,
+    Every,
+    Trainer,
+    TrainState,
+    adamw,
+    autocast,
+    cosine_schedule,
+    lm_loss,
+    masked_loss,
+    temporary_path,
+)
 from .progress import Progress
 from .runtime import Runtime, map_tensors, resolve_device, setup
 
 __all__ = [
     "Callback",
+    "CheckpointWriteError",
     "Every",
     "Progress",
     "Runtime",
@@ -73,4 +87,5 @@ __all__ = [
     "masked_loss",
     "resolve_device",
     "setup",
+    "temporary_path",
 ]

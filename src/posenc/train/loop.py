@@ -3,6 +3,8 @@ language-model loss, the learning-rate schedule and the hooks the loop calls."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import math
 import os
 import time
@@ -215,15 +217,60 @@ class Trainer:
         """Write ``model`` + :meth:`state_dict` + ``extra`` to ``path`` atomically (rank 0 only).
 
         A kill mid-write leaves the previous file intact.
+
+        Raises:
+            CheckpointWriteError: the file cannot be written (a full disk, a read-only or
+                vanished folder); the temporary file is removed, the previous one kept.
         """
         from ..checkpoint import save_checkpoint
 
         if not self.runtime.main:
             return
         path = Path(path)
-        tmp = path.with_suffix(".tmp")
-        save_checkpoint(tmp, self.model, **self.state_dict(state), **extra)
-        os.replace(tmp, path)
+        tmp = temporary_path(path)
+        try:
+            save_checkpoint(tmp, self.model, **self.state_dict(state), **extra)
+            os.replace(tmp, path)
+        except (OSError, RuntimeError) as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            if isinstance(e, RuntimeError) and not any(m in str(e) for m in _WRITE_FAILURES):
+                raise
+            raise CheckpointWriteError.of(path, e) from None
+
+
+def temporary_path(path: Path) -> Path:
+    """Where :meth:`Trainer.save` writes ``path`` before renaming it (``rope.pt`` -> ``rope.tmp``)."""
+    return path.with_suffix(".tmp")
+
+
+# what torch's zip writer says when the bytes do not reach the disk (it raises RuntimeError)
+_WRITE_FAILURES = ("unexpected pos", "file write failed", "PytorchStreamWriter failed", "Parent directory")
+
+
+class CheckpointWriteError(OSError, ValueError):
+    """A checkpoint could not be written: one sentence naming the path and why. An
+    ``OSError`` (``errno``, ``filename``) and a ``ValueError`` (the tools' one-line path)."""
+
+    def __str__(self) -> str:
+        return f"cannot write checkpoint {str(self.filename)!r}: {self.strerror}"
+
+    @classmethod
+    def of(cls, path: Path, e: BaseException) -> CheckpointWriteError:
+        code = e.errno if isinstance(e, OSError) and e.errno else errno.ENOSPC
+        try:
+            st = os.statvfs(path.parent)
+            free = st.f_bavail * st.f_frsize
+        except OSError:
+            free = None
+        if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+            why = "the folder is not writable (read-only or permission denied)"
+        elif code in (errno.ENOSPC, errno.EDQUOT) and (free is None or free < 64 << 20):
+            why = "the disk is full" + (f" ({free >> 20} MiB free)" if free is not None else "")
+        else:
+            why = "the disk is full or the folder is not writable"
+        detail = " ".join(str(getattr(e, "strerror", None) or e).split())[:120]
+        return cls(code, f"{why}: free space or choose another --out ({detail})", str(path))
 
 
 def _numel(batch) -> int:

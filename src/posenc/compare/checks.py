@@ -1,0 +1,146 @@
+"""Every field of :class:`~posenc.compare.CompareConfig` checked for its type and range, and
+the names of the compared models checked before any of them becomes a file name.
+
+A config reaches a comparison from the command line, from a ``--config`` file, from
+:func:`~posenc.compare.from_dict` or from Python; each path ends in
+:meth:`CompareConfig.validate`, which calls :func:`check_fields` and :func:`check_models`.
+Every error is one ``ValueError`` naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+__all__ = ["MAX_LEN", "MODEL_NAME", "MODEL_NAME_RULE", "check_fields", "check_models", "parse_named"]
+
+# The longest sequence or position range a comparison may ask for (train_len, eval_lens,
+# max_pos): 2^20 tokens. Position tables are allocated up to it (a learned table of
+# max_pos x D floats), so an absurd value is refused here instead of by the allocator.
+MAX_LEN = 2**20
+
+# A model name becomes a file name (<out>/checkpoints/<NAME>.pt): one safe path component.
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+MODEL_NAME_RULE = "letters, digits and . _ + -, starting with a letter or digit, at most 64 characters"
+
+_COUNT = 2**31 - 1  # steps, tokens, samples: anything larger is a typo, not a budget
+# int fields: (lowest, highest) allowed; None in the config allowed for those in _OPTIONAL
+_INTS: dict[str, tuple[int, int]] = {
+    "dim": (1, 65536), "depth": (1, 1024), "heads": (1, 65536), "train_len": (1, MAX_LEN),
+    "steps": (1, _COUNT), "batch_size": (1, 65536), "warmup": (0, _COUNT), "max_pos": (1, MAX_LEN),
+    "eval_tokens": (1, _COUNT), "eval_samples": (1, _COUNT), "eval_batch_size": (1, 65536),
+    "stride": (1, MAX_LEN), "position_buckets": (1, 65536), "val_points": (0, 100000),
+    "checkpoint_every": (1, _COUNT), "workers": (0, 4096),
+}  # fmt: skip
+# float fields: (low, high, low included, high included)
+_FLOATS: dict[str, tuple[float, float, bool, bool]] = {
+    "val_fraction": (0.0, 1.0, False, False), "mlp_ratio": (0.0, 64.0, False, True),
+    "dropout": (0.0, 1.0, True, False), "embed_std": (0.0, 100.0, True, True), "lr": (0.0, 100.0, False, True),
+    "min_lr_ratio": (0.0, 1.0, True, True), "weight_decay": (0.0, 100.0, True, True),
+    "grad_clip": (0.0, 1e9, True, True),
+}  # fmt: skip
+_BOOLS = ("tie_embeddings", "compile", "randomized_positions", "packed", "sliding")
+_STRS = ("preset", "dataset_split", "dataset_field", "device", "dtype")
+_OPTIONAL_STRS = ("text", "dataset", "dataset_config", "task", "shard")
+_OPTIONAL = ("max_pos", "stride")
+_SEED_MAX = 2**31 - 1
+
+
+def _interval(lo: float, hi: float, lo_in: bool, hi_in: bool) -> str:
+    return f"{'[' if lo_in else '('}{lo:g}, {hi:g}{']' if hi_in else ')'}"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_fields(cfg: Any) -> None:
+    """Raise ``ValueError`` for a field of the wrong type or outside its range."""
+    for name, (lo, hi) in _INTS.items():
+        v = getattr(cfg, name)
+        if v is None and name in _OPTIONAL:
+            continue
+        if not _is_int(v) or not lo <= v <= hi:
+            what = f"an int >= {lo}" if hi >= _COUNT else f"an int in [{lo}, {hi}]"
+            raise ValueError(f"{name} must be {what}, got {v!r}")
+    for name, (lo, hi, lo_in, hi_in) in _FLOATS.items():
+        v = getattr(cfg, name)
+        ok = (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+        if not (ok and (lo <= v if lo_in else lo < v) and (v <= hi if hi_in else v < hi)):
+            raise ValueError(f"{name} must be a finite number in {_interval(lo, hi, lo_in, hi_in)}, got {v!r}")
+    for name in _BOOLS:
+        if not isinstance(getattr(cfg, name), bool):
+            raise ValueError(f"{name} must be true or false, got {getattr(cfg, name)!r}")
+    for name in _STRS + _OPTIONAL_STRS:
+        v = getattr(cfg, name)
+        if not (isinstance(v, str) and v.strip()) and not (v is None and name in _OPTIONAL_STRS):
+            raise ValueError(f"{name} must be a non-empty string, got {v!r}")
+    seeds = cfg.seeds
+    if not isinstance(seeds, list) or not seeds or any(not _is_int(s) or not 0 <= s <= _SEED_MAX for s in seeds):
+        raise ValueError(f"seeds must be a non-empty list of ints >= 0 (at most {_SEED_MAX}), got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct, got {seeds!r}")
+    lens = cfg.eval_lens
+    if not isinstance(lens, list) or not lens or any(not _is_int(n) or not 1 <= n <= MAX_LEN for n in lens):
+        raise ValueError(f"eval_lens must be a non-empty list of ints in [1, {MAX_LEN}], got {lens!r}")
+    v = cfg.encodings  # (extend: CompareConfig.validate checks it against the methods)
+    if not isinstance(v, list) or any(not isinstance(x, str) or not x.strip() for x in v):
+        raise ValueError(f"encodings must be a list of non-empty strings, got {v!r}")
+    opts = cfg.encoding_options
+    if not isinstance(opts, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in opts.items()):
+        raise ValueError(f"encoding_options must map encoding names to dicts, got {opts!r}")
+    if cfg.dim % cfg.heads:
+        raise ValueError(
+            f"dim must be divisible by heads (each head gets dim / heads dims), got dim={cfg.dim}, heads={cfg.heads}"
+        )
+    if int(cfg.dim * cfg.mlp_ratio) < 1:
+        raise ValueError(f"mlp_ratio x dim must give an MLP at least 1 wide, got {cfg.mlp_ratio!r} x {cfg.dim}")
+
+
+def parse_named(entries: list[str]) -> dict[str, str]:
+    """``{NAME: PATTERN}`` of the ``NAME=PATTERN`` entries (a ``=`` before any ``(``)."""
+    out: dict[str, str] = {}
+    for entry in entries:
+        name, sep, pattern = entry.partition("=")
+        if sep and "(" not in name:
+            if not name.strip() or not pattern.strip():
+                raise ValueError(f"encodings entry {entry!r}: expected NAME=PATTERN (e.g. hybrid=rope*3,nope)")
+            name = name.strip()
+            if name in out:
+                raise ValueError(
+                    f"encodings name {name!r} twice ({name}={out[name]} and {entry}): each model needs its own name"
+                )
+            out[name] = pattern.strip()
+    return out
+
+
+def check_models(names: list[str], named: dict[str, str]) -> None:
+    """The model names ``names`` (one per compared model) are distinct, and every ``NAME`` of a
+    ``NAME=PATTERN`` entry (``named``) is a safe file name that does not pass itself off as a
+    registered encoding or layer preset it is not."""
+    from ..base import available
+    from ..patterns import PRESETS, layers
+
+    for name, pattern in named.items():
+        if not MODEL_NAME.fullmatch(name):
+            raise ValueError(f"encodings entry {name}={pattern}: the name {name!r} must be {MODEL_NAME_RULE}")
+        kind = "a registered encoding" if name in available() else "a layer preset" if name in PRESETS else None
+        if kind is None:
+            continue
+        # a name may stand for the very thing it names, with other options (irope=irope(chunk=16))
+        mine = [s.encoding for s in layers(name)]
+        theirs = [s.encoding for s in layers(pattern)]
+        same = set(theirs) == set(mine) if kind == "a registered encoding" else theirs == mine
+        if not same:
+            raise ValueError(
+                f"encodings entry {name}={pattern}: {name!r} is {kind}, and this pattern is not {name}; "
+                f"its rows would read as {name}'s: choose another name (e.g. my-{name})"
+            )
+    seen: dict[str, str] = {}
+    for name in names:
+        key = name.lower()  # one file on a case-insensitive disk
+        if key in seen:
+            same = "twice" if seen[key] == name else f"and {seen[key]!r} (names differing only in case)"
+            raise ValueError(f"encodings name {name!r} {same}: each compared model needs its own name")
+        seen[key] = name
