@@ -279,6 +279,18 @@ def test_atomic_write_keeps_the_old_file(tmp_path, monkeypatch):
     assert json.loads(path.read_text()) == {"a": 1} and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
 
 
+def test_a_link_planted_in_out_is_replaced_not_written_through(tmp_path):
+    """``<out>/decay.json`` a symbolic link to a file elsewhere: the link is replaced, the file
+    it pointed to keeps its content (the old writer opened the link and wrote through it)."""
+    out, victim = tmp_path / "out", tmp_path / "victim.txt"
+    out.mkdir()
+    victim.write_text("mine")
+    (out / "decay.json").symlink_to(victim)
+    assert run([*FAST_DECAY, "--out", str(out)]) == 0
+    assert victim.read_text() == "mine" and not (out / "decay.json").is_symlink()
+    assert json.loads((out / "decay.json").read_text())["analysis"] == "decay"
+
+
 def test_the_folder_is_checked_before_the_work(tmp_path, capsys, monkeypatch, no_work):
     """A folder that takes no data (full disk) is refused before any model is built."""
     real = os.write

@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     args.argv = argv  # the command as given, for the records a tool writes (compare's report.md)
     prog = f"posenc {args.command}"
+    out = sys.stdout = _Watched(sys.stdout)
     try:
         rc = int(args.func(args) or 0)
         sys.stdout.flush()  # a full or closed stdout shows here, not at interpreter exit
@@ -123,12 +124,43 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `posenc list | head`: the reader left; say nothing
         _silence_stdout()
         return 1
-    except OSError as e:  # stdout on a full disk (`posenc list > /dev/full`), a file that cannot be written
-        _silence_stdout()
-        where = f" {str(e.filename)!r}" if e.filename else " to standard output"
-        print(f"{prog}: error: cannot write{where}: {e.strerror or e}", file=sys.stderr)
+    except OSError as e:  # stdout on a full disk (`posenc list > /dev/full`), a file the system refused
+        if out.failed:
+            _silence_stdout()
+            print(f"{prog}: error: cannot write to standard output: {e.strerror or e}", file=sys.stderr)
+        else:
+            where = f" ({str(e.filename)!r})" if e.filename else ""
+            print(f"{prog}: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
+    finally:
+        if sys.stdout is out:
+            sys.stdout = out.stream
     return rc
+
+
+class _Watched:
+    """``sys.stdout`` as it was, noting whether writing to it failed (every other attribute
+    is the stream's own): a failed write is then said as one, not as some other error."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.failed = stream, False
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError:
+            self.failed = True
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError:
+            self.failed = True
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
 
 
 def _silence_stdout() -> None:
