@@ -382,6 +382,22 @@ def test_checkpoint_of_another_config_in_a_run_folder_is_refused(ckpt_fp, as_fil
     assert "--checkpoint" in line and "fedcba9876543210" in line and "not a model of that run" in line
 
 
+def test_a_run_folder_without_results_is_checked_against_its_config(tmp_path):
+    """A run killed before its first result: ``config.json`` decides (given as the folder,
+    its ``checkpoints`` folder or the file)."""
+    from posenc.compare.config import CompareConfig
+
+    cfg = CompareConfig()
+    run_dir = _run_folder(tmp_path, results_fp=None, ckpt_fp="0123456789abcdef")
+    cfg.save(run_dir / "config.json")
+    for target in (run_dir, run_dir / "checkpoints", run_dir / "checkpoints" / "rope.pt"):
+        with pytest.raises(ValueError, match=f"is a run of config {cfg.fingerprint()}"):
+            models.load_subjects([str(target)], [])
+    model, _ = posenc.load_checkpoint(run_dir / "checkpoints" / "rope.pt")
+    posenc.save_checkpoint(run_dir / "checkpoints" / "rope.pt", model, train_len=16, fingerprint=cfg.fingerprint())
+    assert len(models.load_subjects([str(run_dir / "checkpoints")], [])) == 1
+
+
 def test_checkpoint_of_the_run_folders_config_is_used(tmp_path):
     run_dir = _run_folder(tmp_path, results_fp="fedcba9876543210", ckpt_fp="fedcba9876543210")
     (sub,) = models.load_subjects([str(run_dir)], [])

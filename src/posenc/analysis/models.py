@@ -128,13 +128,11 @@ def run_fingerprint(folder: Path) -> str | None:
 
 
 def _run_folder(arg: Path, p: Path) -> Path | None:
-    """The run folder a checkpoint belongs to: the ``--checkpoint`` folder itself, or for a
-    file ``<run>/checkpoints/x.pt`` that ``<run>``."""
-    if arg.is_dir():
-        return arg
+    """The run folder a checkpoint belongs to: ``<run>`` for ``<run>/checkpoints/x.pt`` (given
+    as the file, ``<run>/checkpoints`` or ``<run>``), else the ``--checkpoint`` folder."""
     if p.parent.name == "checkpoints":
         return p.parent.parent
-    return None
+    return arg if arg.is_dir() else None
 
 
 def _check_fingerprint(p: Path, extra: dict, folder: Path, expected: str) -> None:
