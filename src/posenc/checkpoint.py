@@ -100,18 +100,24 @@ def load_checkpoint(path, *, map_location="cpu") -> tuple[TransformerLM, dict]:
 
     Raises:
         CheckpointError: ``path`` holds Python objects other than tensors and plain data
-            (refused unexecuted), is not a posenc checkpoint, or is truncated/unreadable.
+            (refused unexecuted), is not a posenc checkpoint, is truncated or unreadable, or
+            its config or weights do not make a model. The message names ``path``.
         FileNotFoundError: ``path`` does not exist.
     """
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:  # weights_only refused an object: a payload, or a foreign pickle
-        # PyTorch's own message tells users to retry with weights_only=False: show only what it refused
-        refused = re.search(r"(GLOBAL [\w.]+|Unsupported [\w ]+\d*)", str(e))
-        detail = f" [{refused.group(1).strip()}]" if refused else ""
+    except pickle.UnpicklingError as e:  # the restricted unpickler stopped: an object, or not a pickle at all
+        # PyTorch's own message suggests retrying with weights_only=False: show only what it refused
+        refused = re.search(r"GLOBAL [\w.]+", str(e))
+        if refused:
+            raise CheckpointError(
+                f"{path} is not a posenc checkpoint: it holds a Python object ({refused.group(0)}), not only tensors "
+                "and plain data; posenc refuses to load it (loading could run code; nothing was executed)"
+            ) from None
+        other = re.search(r"Unsupported [\w ]+\d*", str(e))
         raise CheckpointError(
-            f"{path} is not a posenc checkpoint: it holds Python objects other than tensors and plain data, "
-            f"which posenc refuses to load (loading could run code; nothing was executed){detail}"
+            f"{path} is not a readable posenc checkpoint ({other.group(0) if other else 'not a safe pickle'}); "
+            "posenc refuses to load it other than as tensors and plain data (nothing was executed)"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         if isinstance(e, FileNotFoundError):
@@ -121,7 +127,10 @@ def load_checkpoint(path, *, map_location="cpu") -> tuple[TransformerLM, dict]:
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model_config"), dict) or "model" not in ckpt:
         keys = sorted(map(str, ckpt)) if isinstance(ckpt, dict) else type(ckpt).__name__
         raise CheckpointError(f"{path} is not a posenc checkpoint (keys: {keys})")
-    config = ckpt.pop("model_config")
-    model = TransformerLM(config=upgrade_config(config))
-    model.load_state_dict(upgrade_state_dict(model, ckpt.pop("model")))
+    try:  # a config or weights that do not make a model: one error naming the file, never a traceback
+        model = TransformerLM(config=upgrade_config(ckpt.pop("model_config")))
+        model.load_state_dict(upgrade_state_dict(model, ckpt.pop("model")))
+    except (ValueError, TypeError, KeyError, RuntimeError) as e:
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path} is not a loadable posenc checkpoint ({type(e).__name__}: {reason})") from None
     return model, ckpt

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..checkpoint import load_checkpoint, save_checkpoint
+from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..data import Batch, SyntheticTask
 from ..model import TransformerLM
 from ..train import Trainer
@@ -162,11 +162,10 @@ def load_subjects(paths: list[str], notes: list[str]) -> list[Subject]:
     fingerprints: dict[Path, str | None] = {}
     for arg in paths:
         for p in checkpoint_paths(arg):
-            try:
+            try:  # weights_only: a file that would run code is refused unexecuted (CheckpointError)
                 model, extra = load_checkpoint(p)
-            except Exception as e:  # truncated, random bytes, another format: one clear error
-                reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
-                raise ValueError(f"--checkpoint {str(p)!r} is not a readable posenc checkpoint ({reason})") from None
+            except CheckpointError as e:  # truncated, random bytes, another format, a payload: it names p
+                raise ValueError(f"--checkpoint: {e}") from None
             folder = _run_folder(Path(arg), p)
             if folder is not None:
                 if folder not in fingerprints:
@@ -238,11 +237,8 @@ def _check_cached(path: Path, want: dict, train_dir: Path) -> None:
     """Refuse a cached checkpoint that was not trained as ``want`` asks (one sentence)."""
     try:
         _, extra = load_checkpoint(path)
-    except Exception as e:  # truncated, random bytes, another format
-        reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
-        raise ValueError(
-            f"--train-dir {str(train_dir)!r}: {str(path)!r} is not a readable checkpoint ({reason})"
-        ) from None
+    except CheckpointError as e:  # truncated, random bytes, another format, a payload: it names path
+        raise ValueError(f"--train-dir {str(train_dir)!r}: {e}") from None
     have = extra.get("train_config")
     have = json.loads(json.dumps(have)) if isinstance(have, dict) else None
     if have == want:

@@ -40,7 +40,7 @@ from typing import Any
 from ..base import available, get_class, options_of
 from ..checkpoint import load_checkpoint
 from ..model import TransformerLM
-from ..output import Column, Table, length_axis, pyplot, readable_log_axis, save_figure, write_csv
+from ..output import Column, Table, length_axis, pyplot, readable_log_axis, save_figure, write_csv, write_text
 from .diagnostics import finite, run_health
 from .evaluate import EvalSettings, evaluate
 from .train import checkpoint_path
@@ -190,7 +190,7 @@ def not_extended(results: dict[str, Any]) -> list[str]:
 def write_extend(out: Path, results: dict[str, Any], subtitle: str | None = None) -> Table:
     """``extend.md``, ``extend.csv`` and ``extend.png`` (one panel per encoding, a line per method)."""
     table = extend_table(results)
-    (out / "extend.md").write_text(table.markdown())
+    write_text(out / "extend.md", table.markdown())
     cols = ("encoding", "method", "setting", "length", "applicable", "loss", "ppl", "bpb", "accuracy", "tokens")
     rows = [{**{k: r[k] for k in ("encoding", "method", "setting")}, **e} for r in results["extend"] for e in r["eval"]]
     write_csv(out / "extend.csv", rows, cols)

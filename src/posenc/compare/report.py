@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..output import Column, Table, clean, write_csv, write_json
+from ..output import Column, Table, clean, write_csv, write_json, write_text
 from .diagnostics import mfu, run_health
 from .plots import draw_figures, per_position_absent, run_subtitle
 from .reading import SPREAD_LIMIT, caveats, metric_name, summarize, train_spread
@@ -70,9 +70,9 @@ def write_outputs(out: Path, results: dict[str, Any]) -> Table:
     passkey = results["config"].get("task") == "passkey"
     write_csv(out / "results.csv", _csv_rows(results), _CSV_COLS + (_DEPTH_COLS if passkey else ()))
     table = results_table(results)
-    (out / "table.md").write_text(table.markdown())
+    write_text(out / "table.md", table.markdown())
     figures = draw_figures(out, results)
-    (out / "report.md").write_text(report_markdown(results, figures))
+    write_text(out / "report.md", report_markdown(results, figures))
     return table
 
 
