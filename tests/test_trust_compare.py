@@ -220,7 +220,9 @@ def test_workers_die_when_the_parent_is_killed(tmp_path):
      (["--dropout", "1"], "--dropout"), (["--min-lr-ratio", "nan"], "--min-lr-ratio"),
      (["--val-fraction", "0"], "--val-fraction"), (["--randomized-positions", "--max-pos", "1000000000000"], "1048576"),
      (["--eval-lens", "16,99999999"], "--eval-lens"), (["--batch-size", "0"], "--batch-size"),
-     (["--extend", "none,,yarn"], "--extend")],
+     (["--extend", "none,,yarn"], "--extend"), (["--steps", "100000000000000000000"], "--steps"),
+     (["--dataset-split", "test"], "--dataset-split"), (["--dataset-config", "x"], "--dataset-config"),
+     (["--encoding-options", ""], "--encoding-options"), (["--config", ""], "--config")],
 )  # fmt: skip
 def test_bad_values_are_one_line_and_exit_2(argv, flag, tmp_path, capsys):
     out = tmp_path / "run"
@@ -295,3 +297,21 @@ def test_a_full_disk_while_writing_a_checkpoint_is_one_line(error, tmp_path, mon
     err = one_line(capsys)
     assert "cannot write checkpoint" in err and str(out / "checkpoints" / "rope.pt") in err and "disk is full" in err
     assert not out.exists()  # no checkpoint: nothing to resume, nothing left
+
+
+def test_a_planted_lock_link_or_fifo_is_refused_without_writing_elsewhere(tmp_path, capsys):
+    out, victim = tmp_path / "run", tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out.mkdir()
+    (out / ".lock").symlink_to(victim)
+    assert run_cli(*FAST, "--encodings", "rope", "--out", str(out)) == 2
+    assert "symbolic link" in one_line(capsys) and victim.read_text() == "precious"
+    (out / ".lock").unlink()
+    os.mkfifo(out / ".lock")
+    assert run_cli(*FAST, "--encodings", "rope", "--out", str(out)) == 2
+    assert "not a regular file" in one_line(capsys)
+    fifo_shard = tmp_path / "shard"
+    fifo_shard.mkdir()
+    os.mkfifo(fifo_shard / ".lock")
+    assert run_cli("--merge", str(fifo_shard), "--out", str(tmp_path / "m")) == 2  # no hang on the FIFO
+    assert "results.json" in one_line(capsys)

@@ -62,8 +62,7 @@ def check_fields(cfg: Any) -> None:
         if v is None and name in _OPTIONAL:
             continue
         if not _is_int(v) or not lo <= v <= hi:
-            what = f"an int >= {lo}" if hi >= _COUNT else f"an int in [{lo}, {hi}]"
-            raise ValueError(f"{name} must be {what}, got {v!r}")
+            raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {v!r}")
     for name, (lo, hi, lo_in, hi_in) in _FLOATS.items():
         v = getattr(cfg, name)
         ok = (_is_int(v) or isinstance(v, float)) and math.isfinite(v)

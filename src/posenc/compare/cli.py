@@ -93,7 +93,7 @@ _HELP = {
 def parse_encoding_options(s: str) -> dict[str, dict[str, Any]]:
     """``"t5.max_distance=64,rope.base=500"`` -> ``{"t5": {"max_distance": 64}, "rope": {"base": 500}}``."""
     out: dict[str, dict[str, Any]] = {}
-    for item in filter(None, (x.strip() for x in s.split(","))):
+    for item in _items(s):
         key, sep, raw = item.partition("=")
         name, dot, opt = key.partition(".")
         if not (sep and dot and name and opt):
@@ -212,6 +212,8 @@ def build_config(args: argparse.Namespace) -> CompareConfig:
     """
     over = _overrides(args)
     try:
+        if args.config is not None and not args.config.strip():
+            raise ValueError(f"--config must name a config.json file, got {args.config!r}")
         if args.config:
             d = read_config_file(args.config)
             if args.cfg_preset:
@@ -222,10 +224,17 @@ def build_config(args: argparse.Namespace) -> CompareConfig:
                 for name, o in opts.items():
                     merged.setdefault(name, {}).update(o)
                 over["encoding_options"] = merged
-            return from_dict({**d, **over})
-        return preset_config(args.cfg_preset or "quick", **over)
+            cfg = from_dict({**d, **over})
+        else:
+            cfg = preset_config(args.cfg_preset or "quick", **over)
     except ValueError as e:
         raise ValueError(where_given(str(e), over, args.config)) from None
+    idle = [f"--{k.replace('_', '-')}" for k in ("dataset_split", "dataset_field") if k in over and cfg.dataset is None]
+    if idle:
+        raise ValueError(
+            f"{' and '.join(idle)} appl{'y' if len(idle) > 1 else 'ies'} to a --dataset only, and none is given"
+        )
+    return cfg
 
 
 def where_given(message: str, flags: dict[str, Any], config: str | None) -> str:

@@ -106,6 +106,10 @@ class CompareConfig:
         sources = [n for n, v in (("text", self.text), ("dataset", self.dataset), ("task", task)) if v]
         if len(sources) > 1:
             raise ValueError(f"give at most one data source, got {sources}")
+        if self.dataset_config is not None and self.dataset is None:
+            raise ValueError(
+                f"dataset_config applies to a dataset only, and none is given (got {self.dataset_config!r})"
+            )
         if self.task is not None and self.task not in TASK_NAMES:
             raise ValueError(f"task must be one of {TASK_NAMES}, got {self.task!r}")
         if self.task == "grid" and self.randomized_positions:

@@ -39,6 +39,8 @@ class Manifest:
         if not path.exists():
             return None
         try:
+            if not path.is_file():  # a folder, a FIFO (reading it would block): not a manifest
+                raise TypeError
             d = json.loads(path.read_text())
             written = d["written"]
             if not isinstance(written, list) or not all(isinstance(p, str) for p in written):

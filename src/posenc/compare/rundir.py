@@ -21,8 +21,10 @@ Errors are :class:`RunDirError` (a ``ValueError``), one sentence naming the path
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -93,7 +95,11 @@ class RunDir:
         self._lock_created = not os.path.lexists(p / LOCK)
         try:
             p.mkdir(parents=True, exist_ok=True)
-            fd = os.open(p / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            # never through a link planted as .lock (it would truncate a file elsewhere)
+            fd = os.open(p / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise RunDirError(f"--out {str(p)!r}: {str(p / LOCK)!r} is not a regular file")
         except FileExistsError:
             raise RunDirError(f"--out {str(p)!r} exists and is not a folder") from None
         except NotADirectoryError:
@@ -101,6 +107,8 @@ class RunDir:
         except PermissionError:
             raise RunDirError(f"--out {str(p)!r}: permission denied (cannot create or write there)") from None
         except OSError as e:
+            if e.errno == errno.ELOOP and (p / LOCK).is_symlink():
+                raise RunDirError(f"--out {str(p)!r}: {str(p / LOCK)!r} is a symbolic link; remove it") from None
             raise RunDirError(f"--out {str(p)!r} cannot be used: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -221,7 +229,7 @@ def is_locked(path: str | Path) -> bool:
     import fcntl
 
     try:
-        fd = os.open(Path(path) / LOCK, os.O_RDONLY)
+        fd = os.open(Path(path) / LOCK, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO planted there must not block)
     except OSError:
         return False  # no lock file (or unreadable): no comparison ran there since
     try:
