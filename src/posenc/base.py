@@ -28,7 +28,12 @@ from typing import ClassVar
 from torch import Tensor, nn
 
 from . import functional as PF
-from .functional import as_positions, check_lengths  # re-exported: the layer and model call them from here
+from .functional import (
+    as_positions,  # re-exported: the layer and model call them from here
+    check_lengths,
+    checked_init,  # posenc.validate's, through functional (base imports nothing else of posenc)
+    position_checked,
+)
 
 __all__ = [
     "Stage",
@@ -44,6 +49,10 @@ __all__ = [
 
 # FlexAttention's score_mod signature: (score, b, h, q_idx, kv_idx) -> score
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+BASE_ARGS = ("heads", "head_dim", "max_len", "causal")  # checked by PositionEncoding.__init__ itself
+STAGE_METHODS = ("embed", "rotate", "rotate_value", "bias", "score_terms", "qk_scores", "value_term")
+POSITION_ARGS = ("pos", "q_pos", "k_pos")  # the stage methods' position arguments
 
 
 class Stage(enum.Flag):
@@ -127,13 +136,29 @@ class PositionEncoding(nn.Module):
     terms_read_qk: bool = False
     axes: int = 1
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        """Wrap the class's ``__init__`` to check its options against their annotations (a bool
+        option takes a bool, no NaN or infinity anywhere: :mod:`posenc.validate`), and its stage
+        methods to turn the ``IndexError`` of a table read past its end into the ``ValueError``
+        of :meth:`check_length` (nothing checked, no host sync, on a call that succeeds)."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            cls.__init__ = checked_init(init, skip=BASE_ARGS)
+        for name in STAGE_METHODS:
+            fn = cls.__dict__.get(name)
+            if fn is not None and not getattr(fn, "checks_positions", False):
+                setattr(cls, name, position_checked(fn, POSITION_ARGS))
+
     def __init__(self, *, heads: int, head_dim: int, max_len: int | None = None, causal: bool = True) -> None:
         super().__init__()
         for arg, val in (("heads", heads), ("head_dim", head_dim)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"{arg} must be a positive int, got {val!r}")
-        if max_len is not None and (not isinstance(max_len, int) or max_len < 1):
+        if max_len is not None and (not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1):
             raise ValueError(f"max_len must be a positive int or None, got {max_len!r}")
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {causal!r} ({type(causal).__name__})")
         if self.causal_only and not causal:
             raise ValueError(f"encoding {self.name!r} is causal only; build it with causal=True")
         self.heads = heads
@@ -193,8 +218,10 @@ class PositionEncoding(nn.Module):
     def check_length(self, pos: Tensor) -> None:
         """Raise ``ValueError`` if ``pos`` holds a position at or past :attr:`position_limit`.
 
-        Layers and models call it once per call, at the door (:func:`check_lengths`); the
-        stage methods themselves do not check.
+        Layers and models call it once per call, at the door (:func:`check_lengths`). A stage
+        method called directly with such a position raises the same ``ValueError`` where
+        its table read fails (on the CPU; on CUDA an out-of-range read is a device-side
+        assert, so check first there).
         """
         check_lengths([self], self.axis_positions(pos) if self.axes > 1 else pos)
 
@@ -217,6 +244,23 @@ class PositionEncoding(nn.Module):
         if length is None:
             length = pos.shape[0] if pos.dim() == 2 and pos.shape[-1] == self.axes else pos.shape[-1]
         return PF.check_positions(pos, length, axes=self.axes)
+
+    def _position_message(self, given: dict, names: list[str]) -> str | None:
+        """Why the positions ``given[name]`` of a failed stage call cannot be read (negative, or
+        at or past :attr:`position_limit`), or None when they can."""
+        for name in names:
+            p = given.get(name)
+            if not isinstance(p, Tensor) or p.is_floating_point() or p.numel() == 0:
+                continue
+            lo = int(p.min())
+            if lo < 0:
+                return f"encoding {self.name!r}: {name} holds position {lo}; positions must be >= 0"
+            if self.position_limit is not None:
+                try:
+                    self.check_length(p)
+                except ValueError as e:
+                    return f"{e} ({name})"
+        return None
 
     # ------------------------------------------------------------------ stages
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:

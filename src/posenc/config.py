@@ -15,10 +15,12 @@ another model argument.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .backends import canonical_backend
+from .validate import check_args
 
 __all__ = ["LayerSpec", "ModelConfig"]
 
@@ -56,6 +58,7 @@ class LayerSpec:
                 raise ValueError(f"LayerSpec.{name} must be a positive int or None, got {v!r}")
         if not isinstance(self.sinks, bool):
             raise TypeError(f"LayerSpec.sinks must be a bool, got {self.sinks!r}")
+        check_args("LayerSpec", LayerSpec, {"options": self.options})  # no NaN or infinite option
 
     def key(self) -> tuple:
         """Layers with equal keys may share one encoding instance."""
@@ -69,6 +72,11 @@ class LayerSpec:
 
 
 SPEC_FIELDS = ("window", "chunk", "sinks")  # LayerSpec fields a layer pattern may set
+
+
+def _number(v: Any) -> bool:
+    """A finite real number, not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _fmt(v: Any) -> str:
@@ -114,7 +122,7 @@ class ModelConfig:
     dim: int
     depth: int
     heads: int
-    encoding: str = "rope"
+    encoding: str | list | tuple = "rope"
     max_len: int | None = None
     head_dim: int | None = None
     causal: bool = True
@@ -136,12 +144,26 @@ class ModelConfig:
             if self.dim % self.heads:
                 raise ValueError(f"dim={self.dim} is not divisible by heads={self.heads}; pass head_dim explicitly")
             self.head_dim = self.dim // self.heads
-        if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 1):
+        if not isinstance(self.head_dim, int) or isinstance(self.head_dim, bool) or self.head_dim < 1:
+            raise ValueError(f"head_dim must be a positive int or None, got {self.head_dim!r}")
+        if self.max_len is not None and (
+            not isinstance(self.max_len, int) or isinstance(self.max_len, bool) or self.max_len < 1
+        ):
             raise ValueError(f"max_len must be a positive int or None, got {self.max_len!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if not _number(self.dropout) or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be a finite number in [0, 1), got {self.dropout!r}")
+        if not _number(self.mlp_ratio) or not (self.mlp_ratio > 0 and int(self.dim * self.mlp_ratio) >= 1):
+            raise ValueError(
+                f"mlp_ratio must be a finite number > 0 with int(dim * mlp_ratio) >= 1 (dim={self.dim}), "
+                f"got {self.mlp_ratio!r}"
+            )
+        if not _number(self.embed_std) or self.embed_std < 0:
+            raise ValueError(f"embed_std must be a finite number >= 0, got {self.embed_std!r}")
         canonical_backend(self.backend)
+        # the annotated types of the rest (causal, tie_embeddings, share_encoding: bools)
+        check_args("ModelConfig", ModelConfig, {f.name: getattr(self, f.name) for f in fields(self)})
         self.options = dict(self.options)
+        from .base import get_class, options_of
         from .patterns import is_pattern, layers  # (patterns imports this module)
 
         if isinstance(self.encoding, (list, tuple)):  # one entry per layer (names, patterns, specs)
@@ -151,6 +173,11 @@ class ModelConfig:
             self.encoding = ",".join(s.describe() for s in self.layers)
         elif self.layers is None and isinstance(self.encoding, str) and is_pattern(self.encoding):
             self.layers = layers(self.encoding, self.depth, **self.options)
+        elif self.layers is None and any(k in self.options for k in SPEC_FIELDS):
+            # a plain encoding with layer fields (window=8): every layer gets them, as Attention does
+            own = options_of(get_class(self.encoding))  # (an option of the encoding's own name stays one)
+            spec = {k: self.options.pop(k) for k in SPEC_FIELDS if k in self.options and k not in own}
+            self.layers = [LayerSpec(self.encoding, dict(self.options), **spec) for _ in range(self.depth)]
         if self.layers is not None:
             self.layers = [s if isinstance(s, LayerSpec) else LayerSpec(**s) for s in self.layers]
             if len(self.layers) != self.depth:

@@ -15,6 +15,8 @@ import math
 import torch
 from torch import Tensor
 
+from .validate import checked_init, position_checked  # noqa: F401  (for base, which imports only this module)
+
 __all__ = [
     "as_positions",
     "check_lengths",
