@@ -41,6 +41,9 @@ backend       runs                                    how
 :class:`~posenc.AttentionMask` alone, and gives a query row that sees no key a zero
 output (never NaN, in forward or backward).
 
+A NaN or infinity in ``q``, ``k`` or ``v`` makes that (batch row, head)'s whole output NaN on
+every backend (:func:`posenc.kernels.flash.propagate_nonfinite`), never a silent zero.
+
 A new backend is one function with this signature added to :data:`BACKENDS` and a
 clause in :func:`supported_backends`.
 """
@@ -57,10 +60,11 @@ from torch import Tensor, nn
 
 from .base import PositionEncoding, Stage
 from .kernels.backend import blockwise
-from .kernels.flash import needs_upcast
+from .kernels.flash import needs_upcast, propagate_nonfinite
 from .mask import AttentionMask
 from .mask import in_query_blocks as _in_query_blocks
 from .sinks import append_sink_key, sink_bias, sink_mods, sink_softmax
+from .validate import check_device_type
 
 __all__ = [
     "BLOCKWISE_MIN_SCORES",
@@ -223,7 +227,7 @@ def sdpa(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, optio
         return _sdpa(q, k, v, attn_mask=m.dense(Lq, Lk, q.device), scale=scale)
 
     c = (options or BlockOptions()).dense_chunk if mask.limited else q.shape[2]
-    return _in_query_blocks(block, c, False, q, k, v, q_pos, k_pos, mask)
+    return propagate_nonfinite(_in_query_blocks(block, c, False, q, k, v, q_pos, k_pos, mask), q, k, v)
 
 
 def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
@@ -250,7 +254,8 @@ def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, opti
 
     learned_bias = _needs_grad(q, k, v) and any(p.requires_grad for p in enc.parameters())
     recompute = learned_bias and _saved_score_bytes(q, k, mask) > o.checkpoint_bytes
-    return _in_query_blocks(block, min(o.chunk_size, o.dense_chunk), recompute, q, k, v, q_pos, k_pos, mask)
+    out = _in_query_blocks(block, min(o.chunk_size, o.dense_chunk), recompute, q, k, v, q_pos, k_pos, mask)
+    return propagate_nonfinite(out, q, k, v)
 
 
 # ``chunked`` blocks: at most CHUNKED_ROWS query rows and CHUNKED_SCORES scores per head
@@ -285,13 +290,14 @@ def chunked(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, op
         return _materialized(enc, qb, kb, vb, qp, kp, m, qk_proj, sinks)
 
     rows = min(o.chunk_size, CHUNKED_ROWS)
-    return _in_query_blocks(block, rows, recompute, q, k, v, q_pos, k_pos, mask, scores=CHUNKED_SCORES)
+    out = _in_query_blocks(block, rows, recompute, q, k, v, q_pos, k_pos, mask, scores=CHUNKED_SCORES)
+    return propagate_nonfinite(out, q, k, v)
 
 
 def eager(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
     """The oracle: every term materialised at once, float32 throughout."""
     out = _materialized(enc, q.float(), k.float(), v.float(), q_pos, k_pos, mask, qk_proj, sinks)
-    return out.to(q.dtype)
+    return propagate_nonfinite(out, q, k, v).to(q.dtype)
 
 
 _compiled_flex = None
@@ -324,7 +330,9 @@ def flex(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, optio
     with warnings.catch_warnings():
         # off CUDA the unfused reference runs on purpose (FlexAttention has no CPU backward)
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        return _flex_attention(q.device.type)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=enc.scale)
+        attend = _flex_attention(q.device.type)
+        out = attend(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=enc.scale)
+    return propagate_nonfinite(out, q, k, v)
 
 
 BACKENDS: dict[str, AttendFn] = {
@@ -402,6 +410,7 @@ def select_backend(
     """
     if causal is not None and not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool or None, got {causal!r}")
+    check_device_type(device_type)
     ok = supported_backends(enc)
     if "sdpa" in ok:
         return "sdpa"

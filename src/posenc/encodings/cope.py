@@ -73,7 +73,9 @@ class CoPE(PositionEncoding):
             visible = visible & mask
         gates = torch.sigmoid(logits) * visible
         pos = gates.flip(-1).cumsum(-1).flip(-1)  # Σ_{t >= j} g_it
-        return pos.clamp(max=self.npos_max - 1)
+        # clipped with fmin, not clamp: a NaN gate (a NaN q or k) gives the last position, a
+        # valid index, instead of an out-of-range gather; the backends make that head NaN
+        return pos.fmin(pos.new_tensor(self.npos_max - 1))
 
     def score_terms(
         self,

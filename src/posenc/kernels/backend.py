@@ -17,6 +17,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
+from .flash import propagate_nonfinite
 from .relative import distance_attention
 
 __all__ = ["blockwise", "blockwise_attention", "consecutive_delta", "kernel_mask", "BLOCK"]
@@ -120,6 +121,6 @@ def blockwise(enc, q, k, v, q_pos, k_pos, mask, *, qk_proj=None, options=None, s
             enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj, max_block=o.chunk_size, keep_bytes=o.checkpoint_bytes
         )
         if out is not None:
-            return out
+            return propagate_nonfinite(out, q, k, v)  # the fused calls would hide a NaN row (posenc.backends)
     general = dense if "dense" in supported_backends(enc) else chunked
     return general(enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj, options=options, sinks=sinks)

@@ -20,7 +20,15 @@ import functools
 import torch
 from torch import Tensor
 
-__all__ = ["flash_forward", "flash_backward", "flush_denormals", "merge_into", "needs_upcast", "safe_lse"]
+__all__ = [
+    "flash_forward",
+    "flash_backward",
+    "flush_denormals",
+    "merge_into",
+    "needs_upcast",
+    "propagate_nonfinite",
+    "safe_lse",
+]
 
 _FWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -136,3 +144,21 @@ def merge_into(
     o = out[:, heads, rows]
     o.mul_(keep).add_(part_out.float() * add)
     lse[:, heads, rows] = new
+
+
+def propagate_nonfinite(out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """``out`` ``(B, H, Lq, Dh)`` with NaN in every (batch row, head) whose ``q``, ``k`` or ``v`` holds a
+    NaN or an infinity, unchanged elsewhere (bit for bit: ``x + 0``): every backend's rule
+    for non-finite input (:mod:`posenc.backends`).
+
+    The kernels alone would not agree: this flash kernel treats a query row whose scores are
+    all NaN like a row that sees no key and returns zeros where ``eager`` returns NaN, and
+    which rows a NaN key or value reaches depends on each kernel's masking and block
+    skipping. The cost: three reductions over ``q``, ``k``, ``v`` and one add, no host sync.
+    """
+    with torch.no_grad():  # a constant: 0 or NaN per (b, h), summed in float32 (no overflow to inf)
+        flag = q.sum((-2, -1), keepdim=True, dtype=torch.float32)
+        flag += k.sum((-2, -1), keepdim=True, dtype=torch.float32)
+        flag += v.sum((-2, -1), keepdim=True, dtype=torch.float32)
+        flag.mul_(0.0)  # (B, H, 1, 1): NaN where a sum met a NaN or an infinity
+    return out + flag.to(out.dtype)
