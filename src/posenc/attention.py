@@ -26,6 +26,7 @@ from .backends import BACKENDS, BlockOptions, canonical_backend, select_backend,
 from .base import PositionEncoding, Stage, as_positions, build, check_lengths
 from .cache import InputHistory, KVCache, SinkWindow, WindowKVCache, cat_positions, run_input_stage
 from .mask import AttentionMask
+from .validate import check_args
 
 __all__ = ["Attention", "Projection"]
 
@@ -99,6 +100,9 @@ class Attention(nn.Module):
         super().__init__()
         if not isinstance(dim, int) or dim < 1 or not isinstance(heads, int) or heads < 1:
             raise ValueError(f"dim and heads must be positive ints, got dim={dim!r}, heads={heads!r}")
+        # the annotated types (a bool is a bool, not a truthy "no"; an int is not a float or bool)
+        given = {"dim": dim, "heads": heads, "causal": causal, "qkv_bias": qkv_bias, "chunk_size": chunk_size}
+        check_args("Attention", Attention.__init__, given)
         if head_dim is None:
             if dim % heads:
                 raise ValueError(f"dim={dim} is not divisible by heads={heads}; pass head_dim explicitly")
@@ -320,7 +324,27 @@ class Attention(nn.Module):
 
         For callers that checked ``pos`` already (``(B|1, L)`` int64; a model checks once
         for all its layers) and ran the input stage where it belongs.
+
+        A cache that cannot take all ``L`` tokens in one call without evicting keys an
+        earlier query of the call sees (:attr:`posenc.KVCache.room`: a
+        :class:`~posenc.SinkWindow` cache, whose positions depend on what is kept) is fed in
+        pieces: the tokens that fit, then one at a time, so the call equals decoding token
+        by token.
         """
+        L = x.shape[1]
+        room = None if cache is None else cache.room
+        if room is None or L <= room:
+            return self._attend(x, pos, cache, key_padding_mask, backend, memory, memory_pos, document_ids)
+        seen, outs, start = cache.length, [], 0
+        while start < L:
+            end = start + max(1, min(L - start, cache.room))
+            kpm = None if key_padding_mask is None else key_padding_mask[:, : seen + end]
+            docs = None if document_ids is None else document_ids[..., start:end]
+            outs.append(self._attend(x[:, start:end], pos[:, start:end], cache, kpm, backend, memory, memory_pos, docs))
+            start = end
+        return torch.cat(outs, dim=1)
+
+    def _attend(self, x, pos, cache, key_padding_mask, backend, memory, memory_pos, document_ids) -> Tensor:
         B, L, _ = x.shape
         p = self.project(x, pos, cache=cache, memory=memory, memory_pos=memory_pos)
         Lk = p.k.shape[2]

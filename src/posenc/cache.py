@@ -159,6 +159,7 @@ class KVCache(nn.Module):
         return self.k[:, :, :end], self.v[:, :, :end], self.pos[:, :end]
 
     reassigns_positions = False  # positions of cached keys are those they were written with
+    room: int | None = None  # tokens one call may add and still equal token-by-token decoding (None: any)
 
     def mask_fields(self, k_len: int) -> dict:
         """:class:`~posenc.AttentionMask` fields of a call that attends to ``k_len`` keys of this cache."""
@@ -177,8 +178,10 @@ class SinkWindow:
     A query sees the ``sinks`` first tokens and the last ``window`` tokens, itself included
     (the authors' ``start_size = sinks``, ``recent_size = window - 1``). Positions are
     counted *inside the cache* (the authors' ``pos_shift``): the kept keys sit at ``0 .. n-1``,
-    the queries after them, so positions never exceed ``sinks + window``; keys are kept
-    before the q/k stage and rotated at their cache position at every step.
+    the query after them, so positions stay below ``sinks + window``; keys are kept before
+    the q/k stage and rotated at their cache position at every step. A call of several
+    tokens equals feeding them one at a time (:meth:`posenc.Attention.attend` cuts it where
+    keys would be evicted), as the authors' evaluation decodes.
     """
 
     sinks: int = 4
@@ -243,6 +246,14 @@ class WindowKVCache(KVCache):
     @property
     def reassigns_positions(self) -> bool:
         return self.policy is not None
+
+    @property
+    def room(self) -> int | None:
+        """With a :class:`SinkWindow`: the tokens the next call may take while every query of it
+        still sees every kept key at the position token-by-token decoding gives it (none is
+        evicted within the call): ``keep_first + keep_last + 1 - kept``, at least 1. None
+        for a rolling cache, whose positions do not depend on what it keeps."""
+        return None if self.policy is None else self.keep_first + self.keep_last + 1 - self.k.shape[2]
 
     def update(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Append ``k, v`` ``(B, H, L, Dh)`` at ``pos`` ``(B|1, L)``; return the kept keys and these.
