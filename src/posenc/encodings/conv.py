@@ -15,9 +15,15 @@ window crosses the boundary get no conv term, ``embed(x) = x`` there). Causal mo
 on the left only, so token ``t`` sees tokens ``t−k+1 .. t``; bidirectional mode needs an
 odd ``k`` and pads ``(k−1)/2`` on each side.
 
-The conv never reads ``pos``: it works by index, like the causal mask. So ``relative``
-is True in posenc's sense (shifting every position changes nothing), though absolute
-position leaks through the padding, which is the point of Islam et al.
+The conv works by index, like the causal mask, with one use of ``pos``: a sequence starts
+at position 0, so the window of a token at position ``p`` reaches at most ``p`` tokens back
+(``"zeros"`` and ``"none"``; the earlier inputs count as padding). A left-padded row (pad
+tokens first, positions starting at 0 on the first real token, the pads masked) then gives
+its real tokens exactly the conv terms of the unpadded sequence instead of reading the
+pads, and a packed document's first tokens do not read the previous document. With the
+default positions (``p`` = the index, or more) nothing changes, so ``relative`` is True in
+posenc's sense (shifting every position up changes nothing), though absolute position
+leaks through the padding, which is the point of Islam et al.
 
 KV-cache decoding: token ``t`` needs the inputs of the ``k−1`` tokens before it, which an
 earlier call saw. The encoding declares ``input_context = k − 1`` (causal mode), so the
@@ -83,10 +89,20 @@ class Conv(PositionEncoding):
             else:
                 xin = F.pad(x, (0, 0, h, h))  # (B, L+2h, D), zeros
         out = F.conv1d(xin.transpose(1, 2), w, b, groups=self.dim).transpose(1, 2)  # (B, L, D)
+        if self.padding == "circular":
+            return x + out
+        pos = pos.reshape(-1, L)  # (B|1, L)
         if self.padding == "none":
             index = torch.arange(L, device=x.device)
-            inside = index >= first
+            inside = (index >= first) & (pos >= first)  # (B|1, L): the window starts at or after position 0
             if not self.causal:
                 inside = inside & (index <= L - 1 - first)
-            out = out * inside.to(out.dtype).view(1, L, 1)  # no conv term where the window leaves the sequence
+            return x + out * inside.to(out.dtype).unsqueeze(-1)  # no conv term where the window leaves the sequence
+        # zeros: take out the taps that reach before position 0 (d back from a token at position p < d).
+        # Tap j of the causal window reads d = k-1-j back, of the centred one d = h-j; with default
+        # positions those taps read the zero padding, so the correction is exactly 0 there.
+        for d in range(1, first + 1):
+            j = first - d
+            before = (pos < d).to(x.dtype).unsqueeze(-1)  # (B|1, L, 1)
+            out = out - xin[:, j : j + L] * w[:, 0, j] * before
         return x + out
