@@ -22,7 +22,9 @@ are numbers, ``true``/``false``/``none``, bare words (strings) or JSON objects/l
 (``rope_scaling={"rope_type": "linear", "factor": 2}``).
 
 A model of ``depth`` blocks repeats a pattern cyclically (as HF's ``no_rope_layer_interval``
-and ``sliding_window_pattern`` do); a pattern longer than ``depth`` is an error.
+and ``sliding_window_pattern`` do); a pattern longer than ``depth`` is an error. Repeat
+counts are checked against ``depth`` (or :data:`MAX_LAYERS` without one) before anything
+is expanded, and groups nest at most :data:`MAX_NESTING` deep.
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ from typing import Any
 from .base import get_class, options_of
 from .config import SPEC_FIELDS, LayerSpec
 
-__all__ = ["Preset", "PRESETS", "layers", "parse_pattern", "expand", "is_pattern"]
+__all__ = ["Preset", "PRESETS", "MAX_LAYERS", "MAX_NESTING", "layers", "parse_pattern", "expand", "is_pattern"]
+
+MAX_LAYERS = 10_000  # the most layers a pattern may describe when no depth bounds it
+MAX_NESTING = 50  # the deepest nesting of groups "(...)" (and of JSON values) in a pattern
 
 
 @dataclass(frozen=True)
@@ -93,11 +98,19 @@ _TOKEN = re.compile(r"\s*(?:(?P<punct>[(),*=])|(?P<word>[A-Za-z0-9_.+\-]+))")
 
 
 class _Parser:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, limit: int = MAX_LAYERS, bound: str = "") -> None:
         self.text, self.i = text, 0
+        self.limit, self.bound = limit, bound or f"the {MAX_LAYERS} a pattern may describe"
+        self.nesting = 0
+
+    def check_count(self, n: int, shown: str | None = None) -> None:
+        """Refuse ``n`` layers (written ``shown``) beyond the limit, before they are built."""
+        if n > self.limit:
+            raise self.error(f"the pattern has {shown or n} layers, more than {self.bound}")
 
     def error(self, what: str) -> ValueError:
-        return ValueError(f"bad layer pattern {self.text!r} at offset {self.i}: {what}")
+        text = self.text if len(self.text) <= 80 else self.text[:77] + "..."
+        return ValueError(f"bad layer pattern {text!r} at offset {self.i}: {what}")
 
     def peek(self) -> str | None:
         m = _TOKEN.match(self.text, self.i)
@@ -119,9 +132,11 @@ class _Parser:
 
     def pattern(self) -> list[LayerSpec]:
         out = self.term()
+        self.check_count(len(out))
         while self.peek() == ",":
             self.take(",")
             out += self.term()
+            self.check_count(len(out))
         return out
 
     def term(self) -> list[LayerSpec]:
@@ -129,16 +144,23 @@ class _Parser:
         if self.peek() == "*":
             self.take("*")
             n = self.take(what="a repeat count")
-            if not n.isdigit() or int(n) < 1:
+            if not n.isdigit() or int(n.lstrip("0") or "0", 10) < 1:
                 raise self.error(f"repeat count must be a positive int, got {n!r}")
-            specs = [replace(s, options=dict(s.options)) for _ in range(int(n)) for s in specs]
+            digits = n.lstrip("0")
+            count = int(digits) if len(digits) <= 18 else 10**18  # (no parse of a huge int: 10**18 > any limit)
+            self.check_count(len(specs) * count, None if len(digits) <= 18 else f"{len(specs)} × {n}")
+            specs = [replace(s, options=dict(s.options)) for _ in range(count) for s in specs]
         return specs
 
     def atom(self) -> list[LayerSpec]:
         if self.peek() == "(":
+            self.nesting += 1
+            if self.nesting > MAX_NESTING:
+                raise self.error(f"groups nest more than {MAX_NESTING} deep")
             self.take("(")
             specs = self.pattern()
             self.take(")")
+            self.nesting -= 1
             return specs
         name = self.take(what="an encoding or preset name")
         args = self.args() if self.peek() == "(" else {}
@@ -170,6 +192,10 @@ class _Parser:
                 val, end = json.JSONDecoder().raw_decode(rest)
             except json.JSONDecodeError as e:
                 raise self.error(f"bad JSON value: {e.msg}") from None
+            except RecursionError:
+                raise self.error(f"a JSON value nests more than {MAX_NESTING} deep") from None
+            if _json_depth(val) > MAX_NESTING:
+                raise self.error(f"a JSON value nests more than {MAX_NESTING} deep")
             self.i += end
             return val
         word = self.take(what="a value")
@@ -184,6 +210,14 @@ class _Parser:
             except ValueError:
                 pass
         return word
+
+
+def _json_depth(v: Any, depth: int = 0) -> int:
+    """How deep ``v`` nests dicts and lists (stops counting past :data:`MAX_NESTING`)."""
+    if depth > MAX_NESTING or not isinstance(v, (dict, list)):
+        return depth
+    items = v.values() if isinstance(v, dict) else v
+    return max((_json_depth(x, depth + 1) for x in items), default=depth + 1)
 
 
 def _spec(encoding: str, options: dict, spec: dict) -> LayerSpec:
@@ -222,11 +256,15 @@ def _override(specs: list[LayerSpec], args: dict[str, Any], *, where: str) -> li
     return out
 
 
-def parse_pattern(pattern: str) -> list[LayerSpec]:
-    """The layer specs a pattern string describes (one per layer, not yet repeated to a depth)."""
+def parse_pattern(pattern: str, max_layers: int | None = None) -> list[LayerSpec]:
+    """The layer specs a pattern string describes (one per layer, not yet repeated to a depth).
+
+    ``max_layers``: refuse a pattern of more layers (a model's depth), checked before a
+    repeat is expanded; None: :data:`MAX_LAYERS`.
+    """
     if not isinstance(pattern, str):
         raise TypeError(f"a layer pattern must be a str, got {type(pattern).__name__}")
-    p = _Parser(pattern)
+    p = _Parser(pattern) if max_layers is None else _Parser(pattern, max_layers, f"depth={max_layers}")
     specs = p.pattern()
     if p.peek() is not None:
         raise p.error(f"unexpected {p.peek()!r}")
@@ -248,15 +286,17 @@ def layers(pattern: str | Sequence[str | LayerSpec], depth: int | None = None, *
         ValueError: bad syntax, unknown names or options, an override that applies to no
             layer, or a pattern longer than ``depth``.
     """
+    if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 1):
+        raise ValueError(f"depth must be a positive int, got {depth!r}")
     if isinstance(pattern, str):
-        specs = parse_pattern(pattern)
+        specs = parse_pattern(pattern, depth)
     elif isinstance(pattern, Sequence) and pattern:
         specs = []
         for item in pattern:
             if isinstance(item, LayerSpec):
                 specs.append(replace(item, options=dict(item.options)))
             elif isinstance(item, str):
-                specs += parse_pattern(item)
+                specs += parse_pattern(item, depth)
             else:
                 raise TypeError(f"layer entries must be encoding names or LayerSpec, got {type(item).__name__}")
     else:
@@ -268,7 +308,7 @@ def layers(pattern: str | Sequence[str | LayerSpec], depth: int | None = None, *
 
 def expand(specs: Sequence[LayerSpec], depth: int) -> list[LayerSpec]:
     """Repeat ``specs`` cyclically to ``depth`` layers."""
-    if not isinstance(depth, int) or depth < 1:
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
         raise ValueError(f"depth must be a positive int, got {depth!r}")
     if len(specs) > depth:
         raise ValueError(
