@@ -153,6 +153,8 @@ def load_hf_dataset(
 class TextData:
     """Byte-level language modelling data with a deterministic train/validation split.
 
+    ``train`` and ``val`` hold the bytes as uint8 tensors; the batches are int64.
+
     Args:
         data: the corpus bytes.
         val_fraction: the last fraction of the bytes held out for evaluation.
@@ -175,17 +177,19 @@ class TextData:
     def __post_init__(self) -> None:
         if not 0 < self.val_fraction < 1:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
-        t = torch.frombuffer(bytearray(self.data), dtype=torch.uint8).long()
+        # the bytes stay uint8 (one byte per token: an 86 MB file is 86 MB here, not 688 MB as
+        # int64); batches convert only their windows to int64
+        t = torch.frombuffer(bytearray(self.data), dtype=torch.uint8)
         n_val = int(len(t) * self.val_fraction)
         self.train, self.val = t[: len(t) - n_val], t[len(t) - n_val :]
         if len(self.train) < 2 or len(self.val) < 2:
             raise ValueError(f"corpus of {len(t)} bytes is too small to split")
-        self.train_docs = None  # (N_train,) document index of every training byte
+        self.train_docs = None  # (N_train,) int32 document index of every training byte
         if self.doc_starts is not None:
-            first = torch.zeros(len(self.train), dtype=torch.long)
+            first = torch.zeros(len(self.train), dtype=torch.int32)
             starts = torch.tensor([s for s in self.doc_starts if 0 < s < len(self.train)], dtype=torch.long)
             first[starts] = 1
-            self.train_docs = first.cumsum(0)
+            self.train_docs = first.cumsum(0, dtype=torch.int32)
 
     def seq_len(self, length: int) -> int:
         """Tokens in a sequence of evaluation length ``length`` (the length itself)."""
@@ -198,10 +202,10 @@ class TextData:
         g = step_generator(self.seed if seed is None else seed, step)
         starts = torch.randint(0, len(self.train) - length, (batch_size,), generator=g)  # (B,)
         idx = starts[:, None] + torch.arange(length + 1)  # (B, L+1)
-        w = self.train[idx]
+        w = self.train[idx].long()
         if self.train_docs is None:
             return Batch(w[:, :-1], w[:, 1:], None)
-        d = self.train_docs[idx]  # (B, L+1)
+        d = self.train_docs[idx].long()  # (B, L+1)
         docs = d[:, :-1] - d[:, :1]  # ids 0, 1, ... in each window
         return Batch(w[:, :-1], w[:, 1:], d[:, 1:] == d[:, :-1], None, docs)
 
@@ -227,7 +231,7 @@ class TextData:
             raise ValueError(f"eval length {length} exceeds the validation split ({len(self.val)} bytes)")
         n = max(1, min((len(self.val) - length - 1) // step + 1, max_tokens // step))
         starts = torch.arange(n) * step  # (N,)
-        windows = self.val[starts[:, None] + torch.arange(length + 1)]  # (N, L+1)
+        windows = self.val[starts[:, None] + torch.arange(length + 1)].long()  # (N, L+1)
         score_from = torch.full((n,), length - step, dtype=torch.long)
         score_from[0] = 0
         return windows, score_from

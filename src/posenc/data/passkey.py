@@ -62,8 +62,8 @@ class PasskeyTask:
     """Passkey retrieval over a byte corpus; ``length`` means tokens, as for text.
 
     Args:
-        train: ``(N,)`` int64 bytes of the filler for training (the corpus' train split).
-        val: ``(M,)`` int64 bytes of the filler for evaluation (its validation split).
+        train: ``(N,)`` bytes of the filler for training (the corpus' train split), uint8 or int64.
+        val: ``(M,)`` bytes of the filler for evaluation (its validation split), uint8 or int64.
         seed: the batches of step ``s`` depend only on ``(seed, s)``.
     """
 
@@ -103,7 +103,7 @@ class PasskeyTask:
             raise ValueError(f"passkey depth must be in [0, 1], got {depth!r}")
         n_fill = length + 1 - self.overhead  # filler bytes around the key
         starts = torch.randint(0, len(filler) - n_fill + 1, (count,), generator=g)  # (B,)
-        fill = filler[starts[:, None] + torch.arange(n_fill)]  # (B, F)
+        fill = filler[starts[:, None] + torch.arange(n_fill)].long()  # (B, F): int64 whatever the filler's dtype
         special = (fill == MARK) | ((fill >= KEY_BASE) & (fill < KEY_BASE + 10 * KEY_DIGITS))
         fill = torch.where(special, ord(" "), fill)
         digits = torch.randint(0, 10, (count, KEY_DIGITS), generator=g) + KEY_BASE + 10 * torch.arange(KEY_DIGITS)
