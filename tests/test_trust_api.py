@@ -117,6 +117,9 @@ def test_every_backend_equals_eager_on_non_finite_input(name, causal, backend):
         (lambda: posenc.TransformerLM(32, 16, 1, 2, embed_std=NAN), ValueError, "embed_std must be a finite number"),
         (lambda: posenc.TransformerLM(32, 16, 1, 2, dropout=NAN), ValueError, "dropout must be a finite number"),
         (lambda: posenc.ModelConfig(32, 16, 1, 2, head_dim=0), ValueError, "head_dim must be a positive int"),
+        (lambda: posenc.Attention(16, 2, "rope").init_cache(2.5, 8), TypeError, "KVCache: batch_size must be an int"),
+        (lambda: posenc.TransformerLM(32, 16, 1, 2, "xl").init_memory(True), ValueError, "memory_len must be an int"),
+        (lambda: posenc.BlockOptions(chunk_size=True), ValueError, "chunk_size must be an int >= 1, got True"),
     ],
 )
 def test_public_constructors_check_their_types(call, error, match):

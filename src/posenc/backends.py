@@ -108,7 +108,7 @@ class BlockOptions:
     def __post_init__(self) -> None:
         for name in ("chunk_size", "dense_chunk"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
 
 

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import PositionEncoding
+from .validate import check_args
 
 __all__ = [
     "KVCache",
@@ -125,6 +126,7 @@ class KVCache(nn.Module):
         self, batch_size: int, max_len: int, heads: int, head_dim: int, *, dtype=None, device=None, axes: int = 1
     ):
         super().__init__()
+        check_args("KVCache", KVCache.__init__, {"batch_size": batch_size, "max_len": max_len, "axes": axes})
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
         shape = (batch_size, heads, max_len, head_dim)
@@ -221,6 +223,8 @@ class WindowKVCache(KVCache):
         device=None,
     ):
         nn.Module.__init__(self)
+        given = {"batch_size": batch_size, "keep_last": keep_last, "keep_first": keep_first}
+        check_args("WindowKVCache", WindowKVCache.__init__, given)
         if batch_size < 1 or keep_last < 0 or keep_first < 0:
             raise ValueError(
                 f"batch_size must be >= 1 and keep_last/keep_first >= 0, got {batch_size}, {keep_last}, {keep_first}"

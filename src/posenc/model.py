@@ -227,7 +227,7 @@ class TransformerLM(nn.Module):
         """An empty Transformer-XL memory: ``memory_len`` tokens per layer, by default the
         longest memory the encodings declare (``xl``'s ``memory_len`` option)."""
         m = max(e.memory_len for e in self.encodings) if memory_len is None else memory_len
-        if not isinstance(m, int) or m < 1:
+        if not isinstance(m, int) or isinstance(m, bool) or m < 1:
             raise ValueError(
                 f"memory_len must be an int >= 1, got {m!r}; build the encoding with memory_len >= 1 "
                 "(xl) or pass init_memory(memory_len=M)"
