@@ -244,7 +244,7 @@ def test_deep_nesting_is_a_value_error():
 # ------------------------------------------------------------------ 14: the corpus in memory
 def test_text_corpus_is_held_as_bytes_and_batches_are_unchanged():
     data = embedded_corpus()[:50_000]
-    for starts in (None, [0, 100, 5_000, 40_000]):
+    for starts in (None, [0, 100, 5_000, 40_000], [40_000, 100, 100, 5_000, 49_999]):
         d = TextData(data, seed=3, doc_starts=starts)
         assert d.train.dtype == torch.uint8 and d.val.dtype == torch.uint8  # 1 byte per token, not 8
         # the batches the int64 corpus gave (the code before): same values, int64
@@ -260,7 +260,7 @@ def test_text_corpus_is_held_as_bytes_and_batches_are_unchanged():
         assert windows.dtype == torch.long and torch.equal(windows[1], val[32:65])
         if starts is not None:
             first = torch.zeros(len(train), dtype=torch.long)
-            first[torch.tensor(starts[1:])] = 1
+            first[torch.tensor([s for s in starts if 0 < s < len(train)])] = 1
             docs = first.cumsum(0)[idx]
             assert b.documents.dtype == torch.long and torch.equal(b.documents, docs[:, :-1] - docs[:, :1])
 

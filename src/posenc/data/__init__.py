@@ -153,7 +153,8 @@ def load_hf_dataset(
 class TextData:
     """Byte-level language modelling data with a deterministic train/validation split.
 
-    ``train`` and ``val`` hold the bytes as uint8 tensors; the batches are int64.
+    ``train`` and ``val`` hold the bytes as uint8 tensors (one byte per token, and nothing
+    per byte beside them); the batches are int64.
 
     Args:
         data: the corpus bytes.
@@ -184,12 +185,12 @@ class TextData:
         self.train, self.val = t[: len(t) - n_val], t[len(t) - n_val :]
         if len(self.train) < 2 or len(self.val) < 2:
             raise ValueError(f"corpus of {len(t)} bytes is too small to split")
-        self.train_docs = None  # (N_train,) int32 document index of every training byte
+        # (S,) int64, sorted: where the training split's documents after the first start. The
+        # document of byte i is the number of starts <= i, looked up per batch (no per-byte table)
+        self.train_doc_starts = None
         if self.doc_starts is not None:
-            first = torch.zeros(len(self.train), dtype=torch.int32)
             starts = torch.tensor([s for s in self.doc_starts if 0 < s < len(self.train)], dtype=torch.long)
-            first[starts] = 1
-            self.train_docs = first.cumsum(0, dtype=torch.int32)
+            self.train_doc_starts = torch.unique(starts)  # sorted
 
     def seq_len(self, length: int) -> int:
         """Tokens in a sequence of evaluation length ``length`` (the length itself)."""
@@ -203,9 +204,9 @@ class TextData:
         starts = torch.randint(0, len(self.train) - length, (batch_size,), generator=g)  # (B,)
         idx = starts[:, None] + torch.arange(length + 1)  # (B, L+1)
         w = self.train[idx].long()
-        if self.train_docs is None:
+        if self.train_doc_starts is None:
             return Batch(w[:, :-1], w[:, 1:], None)
-        d = self.train_docs[idx].long()  # (B, L+1)
+        d = torch.searchsorted(self.train_doc_starts, idx, right=True)  # (B, L+1) document of each byte
         docs = d[:, :-1] - d[:, :1]  # ids 0, 1, ... in each window
         return Batch(w[:, :-1], w[:, 1:], d[:, 1:] == d[:, :-1], None, docs)
 
