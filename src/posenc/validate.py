@@ -26,6 +26,8 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
+
 __all__ = ["check_args", "check_device_type", "check_finite", "checked_init", "hints_of", "position_checked"]
 
 # what a parameter accepts, from its annotation: a tuple of these names, or None (anything)
@@ -168,6 +170,8 @@ def position_checked(fn: Callable, position_args: tuple[str, ...]) -> Callable:
 
     @functools.wraps(fn)
     def stage(self, *args, **kwargs):
+        if torch.compiler.is_compiling():  # (a try block would cost torch.compile a graph break)
+            return fn(self, *args, **kwargs)
         try:
             return fn(self, *args, **kwargs)
         except IndexError:
@@ -189,8 +193,6 @@ def check_device_type(device_type: str) -> None:
     """``ValueError`` unless ``device_type`` is a torch device type (``"cpu"``, ``"cuda"``, ...), no index."""
     if isinstance(device_type, str) and device_type in _known_devices:
         return
-    import torch
-
     try:
         ok = isinstance(device_type, str) and torch.device(device_type).type == device_type
     except RuntimeError:
