@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import load_checkpoint
+from ..checkpoint import CheckpointError, load_checkpoint
 from ..data import Batch, positions_for, step_generator
 from ..model import TransformerLM
 from ..positions import randomized_positions
@@ -246,12 +246,12 @@ def progress_bar(progress: bool | str) -> bool | None:
 
 def load_for_resume(path: Path, cfg: CompareConfig):
     """The checkpoint at ``path``, refused (:class:`RunDirError`) if unreadable or from another config."""
-    try:
+    try:  # weights_only: a checkpoint that would run code is refused unexecuted
         saved, extra = load_checkpoint(path)
-    except Exception as e:  # truncated, random bytes, not a posenc checkpoint: all one answer
+    except (CheckpointError, OSError) as e:  # truncated, random bytes, a payload, gone: the message names path
         raise RunDirError(
-            f"--resume: checkpoint {str(path)!r} is unreadable ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
-            "delete it to retrain that encoding from scratch, or start the run over with --overwrite"
+            f"--resume: unreadable checkpoint: {e}; delete it to retrain that model from scratch, or start the run over "
+            "with --overwrite"
         ) from None
     check_checkpoint(path, extra, cfg)
     return saved, extra

@@ -1,0 +1,120 @@
+"""Hostile input (issue 24): a checkpoint that would run code when unpickled is refused by
+every entry point that reads checkpoints, unexecuted; a checkpoint posenc writes always
+loads safely; nothing is written outside ``--out``."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import posenc
+from posenc.checkpoint import CheckpointError
+from posenc.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--steps", "2", "--dim", "16", "--depth", "1", "--heads", "2", "--train-len", "16", "--eval-lens", "16",
+        "--eval-tokens", "64", "--batch-size", "2", "--val-points", "0", "--workers", "1", "--no-progress"]  # fmt: skip
+
+
+class _Payload:
+    """Unpickling this creates ``marker``: the stand-in for an attacker's code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def _evil_checkpoint(path: Path, marker: Path, *, zip_format: bool = True, base: Path | None = None) -> Path:
+    """A file that looks like a posenc checkpoint (the real one at ``base``, if given) plus a payload."""
+    ckpt = torch.load(base, weights_only=True) if base is not None else {"model_config": {}, "model": {}}
+    ckpt["payload"] = _Payload(marker)
+    if zip_format:
+        torch.save(ckpt, path)
+    else:  # the legacy (non-zip) format: a bare pickle stream
+        with open(path, "wb") as f:
+            pickle.dump(ckpt, f)
+    return path
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("hostile") / "run"
+    assert main(["compare", *TINY, "--encodings", "rope", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize("zip_format", [True, False])
+def test_load_checkpoint_refuses_a_payload_unexecuted(tmp_path, zip_format):
+    marker = tmp_path / "PWNED"
+    evil = _evil_checkpoint(tmp_path / "evil.pt", marker, zip_format=zip_format)
+    with pytest.raises(CheckpointError, match="refuses to load .*nothing was executed"):
+        posenc.load_checkpoint(evil)
+    assert not marker.exists()
+
+
+def test_every_checkpoint_posenc_writes_loads_with_weights_only(run_dir):
+    # the compare checkpoint holds the optimizer, RNG state, losses, config and result
+    ckpt = torch.load(run_dir / "checkpoints" / "rope.pt", weights_only=True)
+    assert {"model_config", "model", "optimizer", "rng_state", "result", "fingerprint"} <= set(ckpt)
+    model, extra = posenc.load_checkpoint(run_dir / "checkpoints" / "rope.pt")
+    assert extra["done"] is True and model.encoding_name == "rope"
+
+
+def test_save_checkpoint_refuses_what_would_not_load_safely(tmp_path):
+    lm = posenc.TransformerLM(vocab_size=8, dim=8, depth=1, heads=2, encoding="rope", max_len=8)
+    with pytest.raises(CheckpointError, match=r"entry note\[0\] is a _Payload"):
+        posenc.save_checkpoint(tmp_path / "x.pt", lm, note=[_Payload(tmp_path / "m")])
+    assert not (tmp_path / "x.pt").exists()
+    posenc.save_checkpoint(tmp_path / "ok.pt", lm, step=3, losses=[1.0, 0.5], meta={"a": (1, "b", None)})
+    assert posenc.load_checkpoint(tmp_path / "ok.pt")[1] == {
+        "step": 3,
+        "losses": [1.0, 0.5],
+        "meta": {"a": (1, "b", None)},
+    }
+
+
+def test_compare_resume_refuses_a_payload_checkpoint(run_dir, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns(".lock"))
+    marker = tmp_path / "PWNED"
+    _evil_checkpoint(run / "checkpoints" / "rope.pt", marker, base=run_dir / "checkpoints" / "rope.pt")
+    assert main(["compare", "--resume", "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "refuses to load" in err and len(err.strip().splitlines()) == 1
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("as_dir", [False, True])
+def test_analyze_refuses_a_payload_checkpoint(run_dir, tmp_path, capsys, as_dir):
+    marker = tmp_path / "PWNED"
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    evil = _evil_checkpoint(folder / "rope.pt", marker, base=run_dir / "checkpoints" / "rope.pt")
+    target = folder if as_dir else evil
+    code = main(["analyze", "decay", "--checkpoint", str(target), "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert "refuses to load" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+def test_streaming_example_refuses_a_payload_checkpoint(run_dir, tmp_path):
+    marker = tmp_path / "PWNED"
+    evil = _evil_checkpoint(tmp_path / "evil.pt", marker, base=run_dir / "checkpoints" / "rope.pt")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "streaming_sinks.py"), "--ckpt", str(evil), "--windows", "1"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "refuses to load" in proc.stderr and "Traceback" not in proc.stderr
+    assert not marker.exists()
