@@ -315,3 +315,23 @@ def test_a_planted_lock_link_or_fifo_is_refused_without_writing_elsewhere(tmp_pa
     os.mkfifo(fifo_shard / ".lock")
     assert run_cli("--merge", str(fifo_shard), "--out", str(tmp_path / "m")) == 2  # no hang on the FIFO
     assert "results.json" in one_line(capsys)
+
+
+def test_merge_refuses_a_name_that_stands_for_other_patterns_in_two_shards(tmp_path):
+    from posenc.compare.report import merge_results
+    from posenc.output import write_json
+
+    dirs = []
+    for k, (entries, run) in enumerate([(["x=rope", "y=alibi"], "x"), (["x=alibi", "y=alibi"], "y")]):
+        d = tmp_path / f"shard{k}"
+        cfg = CompareConfig(encodings=entries, shard=f"{k + 1}/2").to_dict()
+        write_json(d / "results.json", {"config": cfg, "runs": [{"encoding": run, "seed": 0}]})
+        dirs.append(d)
+    with pytest.raises(ValueError, match=r"name 'x' stands for 'rope' in .*shard0 but for 'alibi' in .*shard1"):
+        merge_results(dirs)
+    # the same names for the same patterns merge, in the order of the entries (names, not NAME=PATTERN)
+    cfg = CompareConfig(encodings=["y=alibi", "x=rope"], shard="2/2").to_dict()
+    write_json(dirs[1] / "results.json", {"config": cfg, "runs": [{"encoding": "y", "seed": 0}]})
+    cfg0 = {**cfg, "shard": "1/2"}
+    write_json(dirs[0] / "results.json", {"config": cfg0, "runs": [{"encoding": "x", "seed": 0}]})
+    assert [r["encoding"] for r in merge_results(dirs)["runs"]] == ["y", "x"]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..output import Column, Table, clean, write_csv, write_json, write_text
+from .checks import parse_named
 from .diagnostics import mfu, run_health
 from .plots import draw_figures, per_position_absent, run_subtitle
 from .reading import SPREAD_LIMIT, caveats, metric_name, summarize, train_spread
@@ -99,19 +100,27 @@ def merge_results(dirs: list[Path]) -> dict[str, Any]:
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"--merge: {str(p)!r} is not valid JSON ({e})") from None
     ref = {k: v for k, v in parts[0]["config"].items() if k not in _SHARD_KEYS}
-    runs, seen = [], set()
+    runs, seen, named = [], set(), {}
     for d, part in zip(dirs, parts):
         cfg = {k: v for k, v in part["config"].items() if k not in _SHARD_KEYS}
         diff = sorted(k for k in set(cfg) | set(ref) if cfg.get(k) != ref.get(k))
         if diff:
             raise ValueError(f"--merge: {d} was run with a different config (fields {diff})")
+        for name, pattern in parse_named(part["config"]["encodings"]).items():  # a NAME is one model everywhere
+            first = named.setdefault(name, (pattern, d))
+            if first[0] != pattern:
+                raise ValueError(
+                    f"--merge: name {name!r} stands for {first[0]!r} in {first[1]} but for {pattern!r} in {d}; "
+                    "a name is one model: rename one of them"
+                )
         for r in part["runs"]:
             key = (r["encoding"], r.get("seed", 0))
             if key in seen:
                 raise ValueError(f"--merge: encoding {key[0]!r} with seed {key[1]} appears in more than one run")
             seen.add(key)
             runs.append(r)
-    order = parts[0]["config"]["encodings"]
+    order = [e.partition("=")[0].strip() if e.partition("=")[0].strip() in named else e
+             for e in parts[0]["config"]["encodings"]]  # fmt: skip
     runs.sort(key=lambda r: (order.index(r["encoding"]) if r["encoding"] in order else len(order), r.get("seed", 0)))
     seeds = sorted({r.get("seed", 0) for r in runs})
     config = {**parts[0]["config"], "shard": None, "seeds": seeds}
