@@ -24,12 +24,12 @@ def test_split_encodings():
 
 
 def test_named_patterns_and_errors():
-    cfg = CompareConfig(encodings=["rope", "hyb=rope*3,nope", "gemma3"])
+    cfg = CompareConfig(encodings=["rope", "hyb=rope*3,nope", "gemma3"], depth=6)  # a pattern fits the depth
     assert cfg.named_patterns() == {"hyb": "rope*3,nope"} and cfg.encoding_names() == ["rope", "hyb", "gemma3"]
     with pytest.raises(ValueError, match="expected NAME=PATTERN"):
         CompareConfig(encodings=["=rope"]).named_patterns()
     with pytest.raises(ValueError, match="give its options inside the pattern"):
-        CompareConfig(encodings=["hyb=rope*3,nope"], encoding_options={"hyb": {"base": 10}})
+        CompareConfig(encodings=["hyb=rope*3,nope"], encoding_options={"hyb": {"base": 10}}, depth=4)
 
 
 def test_compare_runs_presets_and_named_patterns(tmp_path):
@@ -45,3 +45,8 @@ def test_compare_runs_presets_and_named_patterns(tmp_path):
     )
     assert run_cli(*TINY, "--encodings", "bad=rope*0", "--out", str(tmp_path / "bad")) == 2
     assert run_cli(*TINY, "--encodings", "gemma3", "--out", str(tmp_path / "deep")) == 2  # 6 layers > depth 1
+
+
+def test_a_pattern_longer_than_the_depth_is_refused_with_the_config():
+    with pytest.raises(ValueError, match=r"encodings entry 'hyb': .*3 layers, more than depth=2"):
+        CompareConfig(encodings=["hyb=rope*3,nope"], depth=2)

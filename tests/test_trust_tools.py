@@ -48,7 +48,7 @@ def one_line(err: str) -> str:
 
 @pytest.fixture
 def no_work(monkeypatch):
-    """Any analysis or benchmark that starts fails the test at once (and fast)."""
+    """Any analysis, benchmark or training that starts fails the test at once (and fast)."""
 
     def started(*a, **k):
         raise AssertionError("the work started")
@@ -57,7 +57,8 @@ def no_work(monkeypatch):
                       ("posenc.analysis.models", "train_tiny"), ("posenc.analysis.decompose", "run_decompose"),
                       ("posenc.analysis.invariance", "run_invariance"), ("posenc.analysis.similarity", "run_similarity"),
                       ("posenc.analysis.decay", "run_decay"), ("posenc.analysis.padding", "run_padding"),
-                      ("posenc.analysis.attention_maps", "run_attention_maps")]:  # fmt: skip
+                      ("posenc.analysis.attention_maps", "run_attention_maps"),
+                      ("posenc.compare.runner", "train_encoding"), ("posenc.compare.runner", "run_jobs")]:  # fmt: skip
         monkeypatch.setattr(f"{mod}.{name}", started)
 
 
@@ -124,10 +125,79 @@ FLAGS: dict[str, dict[str, list[str]]] = {
         "--out": [*PATH, "<file>"],
         "--markdown": [*PATH, "<dir>"],
     },  # fmt: skip
+    "compare": {
+        "--out": PATH,
+        "--config": ["", "<missing>", "<file>", "<dir>"],
+        "--merge": ["", "<missing>", "<file>"],
+        "--encodings": [
+            "",
+            ",",
+            "nosuch",
+            "a/b=rope",
+            "../x=rope",
+            "/tmp/x=rope",
+            "x=rope;x=alibi",
+            "rope=alibi",
+            "rope,rope",
+            "rope*99999999999",
+            "x=rope*99999999999",
+            "x=" + "(" * 3000 + "rope" + ")" * 3000,
+        ],
+        "--preset": CHOICE,
+        "--text": ["", "<missing>", "<dir>"],
+        "--dataset": [""],
+        "--dataset-config": ["", "x"],  # without --dataset: it would do nothing
+        "--dataset-split": ["", "x"],
+        "--dataset-field": ["", "x"],
+        "--task": ["", "nosuch"],
+        "--val-fraction": ["", "0", "1", "-0.1", "nan", "inf", "abc"],
+        "--dim": [*POS, "3"],
+        "--depth": POS,
+        "--heads": [*POS, "3"],
+        "--mlp-ratio": ["", "0", "-1", "nan", "inf", "abc"],
+        "--dropout": ["", "-0.1", "1", "nan", "inf", "abc"],
+        "--embed-std": ["", "0", "-1", "nan", "inf", "abc"],
+        "--encoding-options": [
+            "",
+            "rope",
+            "rope.base",
+            "rope.base=nan",
+            "rope.base=1e400",
+            "rope.base=-1",
+            "rope.base=true",
+            "nosuch.x=1",
+            "rope.nosuch=1",
+        ],
+        "--train-len": [*POS, "99999999"],
+        "--steps": [*POS, "100000000000000000000"],
+        "--batch-size": POS,
+        "--lr": ["", "0", "-1", "nan", "inf", "-inf", "1e999", "abc"],
+        "--warmup": NONNEG,
+        "--min-lr-ratio": ["", "-0.1", "1.5", "nan", "abc"],
+        "--weight-decay": ["", "-1", "nan", "inf", "abc"],
+        "--grad-clip": ["", "-1", "nan", "-inf", "abc"],
+        "--seeds": ["", ",", "-1", "0,,1", "0,0", "abc", "1.5", "nan"],
+        "--device": ["", "tpu", "cuda:x"],
+        "--dtype": ["", "float16", "x"],
+        "--max-pos": ["", "0", "-1", "nan", "abc", "1000000000000"],
+        "--eval-lens": [*INTS, "16,99999999"],
+        "--eval-tokens": POS,
+        "--eval-samples": POS,
+        "--eval-batch-size": POS,
+        "--stride": POS,
+        "--position-buckets": POS,
+        "--val-points": NONNEG,
+        "--extend": ["", ",", "nosuch", "none,,yarn"],
+        "--checkpoint-every": POS,
+        "--workers": NONNEG,
+        "--shard": ["", "0/2", "3/2", "a/b", "1/0", "1"],
+    },  # fmt: skip
+    "list": {"--format": CHOICE},
 }
 FREE_TEXT = {("bench", "--notes")}  # any text is fine
 # the smallest run of each command: only the flag under test is wrong
-BASE = {"analyze all": ["--checkpoint", "<missing>"], "analyze padding-probe": [], "bench": ["--lengths", "8"]}
+BASE = {"analyze all": ["--checkpoint", "<missing>"], "analyze padding-probe": [], "bench": ["--lengths", "8"],
+        "list": []}  # fmt: skip
 CASES = [(cmd, flag, v) for cmd, flags in FLAGS.items() for flag, values in flags.items() for v in values]
 
 
@@ -139,9 +209,15 @@ def test_every_flag_refuses_bad_values_in_one_line(cmd, flag, value, tmp_path, c
     subs = {"<file>": str(tmp_path / "file"), "<dir>": str(tmp_path / "dir"), "<missing>": str(tmp_path / "nope")}
     out = tmp_path / "out"
     base = BASE.get(cmd, ["--encodings", "rope"])
-    if cmd == "analyze all" and flag == "--checkpoint":
+    if (cmd == "analyze all" and flag == "--checkpoint") or (cmd, flag) in {
+        ("compare", "--merge"),
+        ("compare", "--encodings"),
+    }:
         base = []
-    argv = [*cmd.split(), "--out", str(out), *[subs.get(a, a) for a in base], f"{flag}={subs.get(value, value)}"]
+    if cmd == "compare" and flag == "--max-pos":
+        base = [*base, "--randomized-positions"]
+    where = [] if cmd == "list" or flag == "--out" else ["--out", str(out)]
+    argv = [*cmd.split(), *where, *[subs.get(a, a) for a in base], f"{flag}={subs.get(value, value)}"]
     if cmd == "bench":
         argv += ["--device", "cpu", "--quiet"] if flag != "--device" else ["--quiet"]
     before = sorted(p.name for p in tmp_path.iterdir())
@@ -156,9 +232,9 @@ def _value_flags(parser) -> set[str]:
 
 
 def test_the_flag_table_covers_every_flag():
-    """A new flag of analyze or bench gets bad values above (or is listed as free text)."""
+    """A new flag of any command gets bad values above (or is listed as free text)."""
     top = make_parser()._subparsers._group_actions[0].choices
-    found = {("bench", f) for f in _value_flags(top["bench"])}
+    found = {(cmd, f) for cmd in ("bench", "compare", "list") for f in _value_flags(top[cmd])}
     for name, sub in top["analyze"]._subparsers._group_actions[0].choices.items():
         found |= {(f"analyze {name}", f) for f in _value_flags(sub)}
     table = {(cmd, f) for cmd, flags in FLAGS.items() for f in flags}

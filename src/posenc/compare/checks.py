@@ -36,7 +36,7 @@ _INTS: dict[str, tuple[int, int]] = {
 # float fields: (low, high, low included, high included)
 _FLOATS: dict[str, tuple[float, float, bool, bool]] = {
     "val_fraction": (0.0, 1.0, False, False), "mlp_ratio": (0.0, 64.0, False, True),
-    "dropout": (0.0, 1.0, True, False), "embed_std": (0.0, 100.0, True, True), "lr": (0.0, 100.0, False, True),
+    "dropout": (0.0, 1.0, True, False), "embed_std": (0.0, 100.0, False, True), "lr": (0.0, 100.0, False, True),
     "min_lr_ratio": (0.0, 1.0, True, True), "weight_decay": (0.0, 100.0, True, True),
     "grad_clip": (0.0, 1e9, True, True),
 }  # fmt: skip
@@ -143,3 +143,47 @@ def check_models(names: list[str], named: dict[str, str]) -> None:
             same = "twice" if seen[key] == name else f"and {seen[key]!r} (names differing only in case)"
             raise ValueError(f"encodings name {name!r} {same}: each compared model needs its own name")
         seen[key] = name
+
+
+def check_encodings(cfg) -> None:
+    """Every compared model can be built as configured, before anything is trained: each name
+    is a registered encoding, a layer preset or a ``NAME=PATTERN`` whose pattern fits
+    ``cfg.depth``; ``encoding_options`` name compared plain encodings and options they take;
+    and every encoding, with its options (a pattern's own included), builds at the run's
+    head size, so a bad option *value* (``rope.base=-1``, a NaN) is refused here too.
+
+    Errors start with the field (``encodings`` / ``encoding_options``) so the command line
+    names the flag."""
+    from ..base import available, build, get_class, options_of
+    from ..patterns import is_pattern, layers
+
+    names = available() if cfg.encodings == ["all"] else cfg.encoding_names()
+    named = cfg.named_patterns()
+    for name, opts in cfg.encoding_options.items():
+        if name not in names:
+            raise ValueError(
+                f"encoding_options name {name!r}, which is not compared (encodings: {', '.join(sorted(names))})"
+            )
+        if name in named or is_pattern(name):
+            raise ValueError(f"encoding_options for {name!r}, a layer pattern: give its options inside the pattern")
+        valid = options_of(get_class(name))
+        unknown = sorted(set(opts) - set(valid))
+        if unknown:
+            raise ValueError(
+                f"encoding_options: unknown option(s) {unknown} for encoding {name!r}; "
+                f"valid options: {', '.join(valid) or '(none)'}"
+            )
+    size = {"heads": cfg.heads, "head_dim": cfg.dim // cfg.heads, "max_len": cfg.train_len, "causal": True}
+    for name in names:
+        try:
+            if name in named or is_pattern(name):
+                specs = layers(named.get(name, name), cfg.depth)  # a bad pattern, or longer than the depth
+                built = {(s.encoding, repr(sorted(s.options.items()))): s.options for s in specs}
+                for (encoding, _), options in built.items():
+                    build(encoding, **size, **options)
+            else:
+                get_class(name)  # unknown: the message lists the registered names
+                build(name, **size, **cfg.encoding_options.get(name, {}))
+        except (ValueError, TypeError) as e:
+            field = "encoding_options" if name in cfg.encoding_options else "encodings"
+            raise ValueError(f"{field} entry {name!r}: {str(e).splitlines()[0]}") from None

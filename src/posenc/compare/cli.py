@@ -23,6 +23,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -215,7 +216,10 @@ def build_config(args: argparse.Namespace) -> CompareConfig:
         if args.config is not None and not args.config.strip():
             raise ValueError(f"--config must name a config.json file, got {args.config!r}")
         if args.config:
-            d = read_config_file(args.config)
+            try:
+                d = read_config_file(args.config)
+            except ValueError as e:
+                raise ValueError(f"--config: {e}") from None
             if args.cfg_preset:
                 d["preset"] = args.cfg_preset
             opts, theirs = over.get("encoding_options"), d.get("encoding_options", {})
@@ -242,11 +246,14 @@ def where_given(message: str, flags: dict[str, Any], config: str | None) -> str:
     it: ``--grad-clip`` when it came from the command line, ``grad_clip in 'FILE'`` from a
     config file."""
     field, sep, rest = message.partition(" ")
-    if not sep or field not in {f.name for f in fields(CompareConfig)}:
-        return message
-    if field in flags:
-        return f"--{field.replace('_', '-')} {rest}"
-    return f"{field} in {config!r} {rest}" if config else message
+    if sep and field in {f.name for f in fields(CompareConfig)}:
+        if field in flags:
+            return f"--{field.replace('_', '-')} {rest}"
+        if config:
+            return f"{field} in {config!r} {rest}"
+    # led by a field the user did not give (dim must be divisible by heads): name the given flags it is about
+    about = [f"--{f.replace('_', '-')}" for f in flags if re.search(rf"\b{f}\b", message)]
+    return f"{' and '.join(about)}: {message}" if about else message
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data import TASK_NAMES
-from .checks import check_fields, check_models, parse_named
+from .checks import check_encodings, check_fields, check_models, parse_named
 
 __all__ = ["CompareConfig", "PRESETS", "CORE_ENCODINGS", "from_dict"]
 
@@ -135,7 +135,7 @@ class CompareConfig:
                 raise ValueError(f"extend must list methods of {', '.join(EXTEND_METHODS)}, got {self.extend!r}")
         if self.encodings != ["all"]:
             check_models(self.encoding_names(), self.named_patterns())
-        self._validate_encoding_options()
+        check_encodings(self)  # every model builds: names, patterns and option values
 
     def named_patterns(self) -> dict[str, str]:
         """``{name: layer pattern}`` of the ``NAME=PATTERN`` entries of :attr:`encodings`."""
@@ -145,26 +145,6 @@ class CompareConfig:
         """The names of the compared models: encodings, presets, and the names of named patterns."""
         named = self.named_patterns()
         return [e.partition("=")[0].strip() if e.partition("=")[0].strip() in named else e for e in self.encodings]
-
-    def _validate_encoding_options(self) -> None:
-        """Options only for compared encodings, and only options those encodings take."""
-        from ..base import available, get_class, options_of
-        from ..patterns import is_pattern
-
-        compared = set(available()) if self.encodings == ["all"] else set(self.encoding_names())
-        for name, opts in self.encoding_options.items():
-            if name not in compared:
-                raise ValueError(
-                    f"encoding_options name {name!r}, which is not compared (encodings: {', '.join(sorted(compared))})"
-                )
-            if name in self.named_patterns() or is_pattern(name):
-                raise ValueError(f"encoding_options for {name!r}, a layer pattern: give its options inside the pattern")
-            valid = options_of(get_class(name))
-            unknown = sorted(set(opts) - set(valid))
-            if unknown:
-                raise ValueError(
-                    f"unknown option(s) {unknown} for encoding {name!r}; valid options: {', '.join(valid) or '(none)'}"
-                )
 
     # fields that do not change any model's numbers: how often to checkpoint, which shard
     # of the encodings this process runs, how many worker processes, and the lists of

@@ -12,10 +12,9 @@ from typing import Any
 
 import torch
 
-from ..base import available, get_class
+from ..base import available
 from ..data import load_source
 from ..output import write_json
-from ..patterns import is_pattern, layers
 from ..train import Runtime, setup, temporary_path
 from .config import CompareConfig, from_dict, parse_shard
 from .pool import plan_workers, run_jobs
@@ -30,12 +29,7 @@ def resolve_encodings(cfg: CompareConfig) -> list[str]:
     """The config's model names (``all`` expands to every registered encoding; a
     ``NAME=PATTERN`` entry gives ``NAME``; presets stay as they are), cut to its shard."""
     names = available() if cfg.encodings == ["all"] else list(dict.fromkeys(cfg.encoding_names()))
-    patterns = cfg.named_patterns()
-    for n in names:
-        if n in patterns or is_pattern(n):
-            layers(patterns.get(n, n), cfg.depth)  # ValueError: a bad pattern, or longer than the depth
-        else:
-            get_class(n)  # ValueError listing the valid names
+    # every name resolves and builds: checked when the config was made (checks.check_encodings)
     if cfg.shard is not None:
         i, n = parse_shard(cfg.shard)
         names = names[i - 1 :: n]
