@@ -31,9 +31,8 @@ from . import functional as PF
 from .functional import (
     as_positions,  # re-exported: the layer and model call them from here
     check_lengths,
-    checked_init,  # posenc.validate's, through functional (base imports nothing else of posenc)
-    position_checked,
 )
+from .validate import checked_init, position_checked
 
 __all__ = [
     "Stage",

@@ -15,8 +15,6 @@ import math
 import torch
 from torch import Tensor
 
-from .validate import checked_init, position_checked  # noqa: F401  (for base, which imports only this module)
-
 __all__ = [
     "as_positions",
     "check_lengths",
