@@ -120,13 +120,13 @@ def test_chunked_blocks_keep_to_a_score_budget(monkeypatch):
     monkeypatch.setattr(B, "CHUNKED_SCORES", 64 * 64)
     monkeypatch.setattr(B, "CHUNKED_ROWS", 32)
     blocks = []
-    real = B._materialized
+    real = B.materialized
 
     def spy(enc, q, k, *a, **kw):
         blocks.append((q.shape[2], k.shape[2]))
         return real(enc, q, k, *a, **kw)
 
-    monkeypatch.setattr(B, "_materialized", spy)
+    monkeypatch.setattr(B, "materialized", spy)
     enc = _small("cope")
     L = 1000
     q, k, v = (torch.randn(1, 2, L, 8) for _ in range(3))

@@ -42,7 +42,7 @@ from . import (
 )
 from .allocator import tune_allocator
 from .attention import Attention, Projection
-from .backends import BACKENDS, BlockOptions, scores, select_backend, supported_backends
+from .backends import BACKENDS, BlockOptions, select_backend, supported_backends
 from .base import PositionEncoding, Stage, available, build, get_class, register
 from .cache import KVCache, ModelCache, SegmentMemory, SinkWindow
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -50,6 +50,7 @@ from .config import LayerSpec, ModelConfig
 from .mask import AttentionMask
 from .model import TransformerLM
 from .patterns import PRESETS, layers
+from .score_sum import scores
 
 __version__ = "0.1.0"
 

@@ -56,14 +56,15 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from .base import PositionEncoding, Stage
-from .kernels.backend import blockwise
+from .kernels.backend import blockwise_attention
 from .kernels.flash import needs_upcast, propagate_nonfinite
 from .mask import AttentionMask
 from .mask import in_query_blocks as _in_query_blocks
-from .sinks import append_sink_key, sink_bias, sink_mods, sink_softmax
+from .score_sum import materialized, saved_score_bytes, scores
+from .sinks import append_sink_key, sink_bias, sink_mods
 from .validate import check_device_type
 
 __all__ = [
@@ -82,9 +83,6 @@ __all__ = [
     "select_backend",
     "supported_backends",
 ]
-
-# (W_Q, W_K) of the layer, for encodings that project their own tables with them
-QKProj = tuple[nn.Module, nn.Module]
 
 
 @dataclass(frozen=True)
@@ -115,88 +113,7 @@ class BlockOptions:
 AttendFn = Callable[..., Tensor]  # (enc, q, k, v, q_pos, k_pos, mask, *, qk_proj=None, options=None, sinks=None)
 
 
-# ============================================================================ the score sum
-def scores(
-    enc: PositionEncoding,
-    q: Tensor,
-    k: Tensor,
-    q_pos: Tensor,
-    k_pos: Tensor,
-    *,
-    qk_proj: QKProj | None = None,
-    parts: bool = False,
-    mask: Tensor | None = None,
-) -> Tensor | dict[str, Tensor]:
-    """Pre-softmax scores ``s = scale·(q̃·k̃ + score_terms) + bias``: float32 ``(B, H, Lq, Lk)``.
-
-    ``q``/``k`` are after the q/k stage; the encoding's ``score_terms`` and ``bias`` run if
-    it declares them, and its ``qk_scores`` replaces ``q̃·k̃`` if it declares ``Stage.SCORES``. With ``parts=True`` the separate terms come back as a dict
-    (``"qk"``, and ``"terms"``/``"bias"`` where the encoding has them), each float32
-    ``(B, H, Lq, Lk)``; they sum to the scores. ``mask``: the call's bool ``(B|1, 1, Lq, Lk)``
-    (True = attend) or None, given to ``score_terms`` of an encoding with ``terms_read_mask``.
-    """
-    st = enc.stages
-    extra = {"qk_proj": qk_proj} if enc.uses_layer_projections else {}
-    if enc.terms_read_mask:
-        extra["mask"] = mask
-    share_qk = enc.terms_read_qk and not st & Stage.SCORES  # the terms read the plain q·kᵀ
-    if parts:
-        qk = _qk(enc, q, k, q_pos, k_pos)
-        out = {"qk": qk.float() * enc.scale}  # (B, H, Lq, Lk)
-        if st & Stage.TERMS:
-            if share_qk:
-                extra["qk"] = qk
-            out["terms"] = enc.score_terms(q, k, q_pos, k_pos, **extra).float() * enc.scale
-        if st & Stage.BIAS:
-            out["bias"] = enc.bias(q_pos, k_pos).float().expand_as(out["qk"])
-        return out
-    # in place from the matmul on: none of these intermediates is saved for backward,
-    # and each L×L pass that allocates costs as much as the arithmetic on CPU
-    s = _qk(enc, q, k, q_pos, k_pos)  # (B, H, Lq, Lk)
-    if st & Stage.TERMS:
-        if share_qk:  # the terms' graph reads s but saves none of it: the in-place add is safe
-            extra["qk"] = s
-        s.add_(enc.score_terms(q, k, q_pos, k_pos, **extra))
-    s = s.float().mul_(enc.scale)
-    if st & Stage.BIAS:
-        s.add_(enc.bias(q_pos, k_pos))
-    return s
-
-
-def _qk(enc: PositionEncoding, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    """The ``q̃·k̃`` term ``(B, H, Lq, Lk)``: the encoding's own ``qk_scores`` where it has them."""
-    if enc.stages & Stage.SCORES:
-        return enc.qk_scores(q, k, q_pos, k_pos)
-    return q @ k.transpose(-1, -2)
-
-
-def _materialized(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, qk_proj=None, sinks=None) -> Tensor:
-    """Scores, mask, softmax and output for a block of queries against the keys given."""
-    Lq, Lk = q.shape[2], k.shape[2]
-    dense = mask.dense(Lq, Lk, q.device)
-    s = scores(enc, q, k, q_pos, k_pos, qk_proj=qk_proj, mask=dense)
-    blind = None  # query rows that see no key at all (a fully padded row)
-    if dense is not None:
-        s.masked_fill_(~dense, float("-inf"))
-        if mask.may_hide_rows:
-            blind = ~dense.any(-1, keepdim=True)  # (B|1, 1, Lq, 1)
-            s.masked_fill_(blind, 0.0)  # a finite row: no NaN in forward or backward
-    attn = torch.softmax(s, dim=-1) if sinks is None else sink_softmax(s, sinks)
-    if blind is not None:
-        attn = attn.masked_fill(blind, 0.0)  # output 0, as SDPA and FlexAttention give
-    attn = attn.to(v.dtype)
-    out = attn @ v  # (B, H, Lq, Dh)
-    if enc.stages & Stage.VALUE:
-        out = out + enc.value_term(attn, q_pos, k_pos).to(out.dtype)
-    return out
-
-
-def _saved_score_bytes(q: Tensor, k: Tensor, mask: AttentionMask) -> int:
-    """Bytes autograd keeps for the math kernel: ~3 float32 score-sized tensors."""
-    B, H, Lq, _ = q.shape
-    return B * H * Lq * k.shape[2] * 4 * 3 // (2 if mask.causal else 1)
-
-
+# ============================================================================ helpers
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, **kw) -> Tensor:
     """``F.scaled_dot_product_attention``, run in float32 (and cast back) for CPU bfloat16
     where the CPU's fused kernel cannot run it (:func:`posenc.kernels.flash.needs_upcast`)."""
@@ -253,7 +170,7 @@ def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, opti
         return _sdpa(qb, kb, vb, attn_mask=bias.to(qb.dtype), scale=scale)
 
     learned_bias = _needs_grad(q, k, v) and any(p.requires_grad for p in enc.parameters())
-    recompute = learned_bias and _saved_score_bytes(q, k, mask) > o.checkpoint_bytes
+    recompute = learned_bias and saved_score_bytes(q, k, mask) > o.checkpoint_bytes
     out = _in_query_blocks(block, min(o.chunk_size, o.dense_chunk), recompute, q, k, v, q_pos, k_pos, mask)
     return propagate_nonfinite(out, q, k, v)
 
@@ -261,12 +178,9 @@ def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, opti
 # ``chunked`` blocks: at most CHUNKED_ROWS query rows and CHUNKED_SCORES scores per head
 # (rows x keys the block sees; at least 8 rows). Each of its steps is an elementwise pass
 # over the block's (B, H, rows, keys) scores, and blocks that stay near the cache cut the
-# passes' cost. fwd+bwd of one causal layer, H = 8, Dh = 64, 2 threads, ms with rows
-# 1024 / 256 / 128 / 64: cope L=1024: 539 / 188 / 161 / 151, L=2048: 1558 / 686 / 576 / -,
-# L=4096: 7522 / 3736 / 2254 / 2249; xl L=1024: 148 / 109 / 114 / -; deberta L=1024: 158 /
-# 155 / 200 / - (its per-block table products favour larger blocks). Bounding the scores
-# (not only the rows) also gives the blocks of a causal call one size, which keeps the C
-# heap from fragmenting (posenc.mask.in_query_blocks).
+# passes' cost (timings by block size: docs/bench.md, "CoPE: small blocks"). Bounding the
+# scores (not only the rows) also gives the blocks of a causal call one size, which keeps
+# the C heap from fragmenting (posenc.mask.in_query_blocks).
 CHUNKED_ROWS = 256
 CHUNKED_SCORES = 256 * 1024
 
@@ -284,10 +198,10 @@ def chunked(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, op
     ``options.checkpoint_bytes``.
     """
     o = options or BlockOptions()
-    recompute = _needs_grad(q, k, v) and _saved_score_bytes(q, k, mask) > o.checkpoint_bytes
+    recompute = _needs_grad(q, k, v) and saved_score_bytes(q, k, mask) > o.checkpoint_bytes
 
     def block(qb, kb, vb, qp, kp, m):
-        return _materialized(enc, qb, kb, vb, qp, kp, m, qk_proj, sinks)
+        return materialized(enc, qb, kb, vb, qp, kp, m, qk_proj, sinks)
 
     rows = min(o.chunk_size, CHUNKED_ROWS)
     out = _in_query_blocks(block, rows, recompute, q, k, v, q_pos, k_pos, mask, scores=CHUNKED_SCORES)
@@ -296,8 +210,27 @@ def chunked(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, op
 
 def eager(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
     """The oracle: every term materialised at once, float32 throughout."""
-    out = _materialized(enc, q.float(), k.float(), v.float(), q_pos, k_pos, mask, qk_proj, sinks)
+    out = materialized(enc, q.float(), k.float(), v.float(), q_pos, k_pos, mask, qk_proj, sinks)
     return propagate_nonfinite(out, q, k, v).to(q.dtype)
+
+
+def blockwise(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
+    """:mod:`posenc.kernels` for encodings with ``distance_terms``: no ``L×L`` tensor, the fused
+    kernel wherever the terms fold into ``q``/``k``/``v``. Where
+    :func:`~posenc.kernels.backend.blockwise_attention` does not apply (or with learned
+    ``sinks``), the general backend runs (``dense`` for a scalar bias, else ``chunked``)."""
+    o = options or BlockOptions()
+    if sinks is None:  # (learned sinks: the general backend)
+        # the explicit parts' probabilities are kept for backward within the layer's
+        # saved-score budget (BlockOptions.checkpoint_bytes), as dense/chunked keep their
+        # scores (what recomputing them cost: docs/bench.md, "Kept probabilities")
+        out = blockwise_attention(
+            enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj, max_block=o.chunk_size, keep_bytes=o.checkpoint_bytes
+        )
+        if out is not None:
+            return propagate_nonfinite(out, q, k, v)  # the fused calls would hide a NaN row
+    general = dense if "dense" in supported_backends(enc) else chunked
+    return general(enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj, options=options, sinks=sinks)
 
 
 _compiled_flex = None
@@ -373,20 +306,13 @@ def supported_backends(enc: PositionEncoding) -> list[str]:
 
 
 # ``blockwise`` pays for its per-block fused calls only from about this many scores per
-# head (q_len * k_len); below it the one-shot dense/chunked backends are faster. Measured
-# fwd+bwd, causal, 1 thread (docs/bench.md, "When auto picks blockwise"): at 64x64
-# (compare's quick preset) blockwise is 1.2-4.8x slower for alibi/t5/kerple/shaw/xl; at
-# 512x512 it is faster or level for all of them.
+# head (q_len * k_len); below it the one-shot dense/chunked backends are faster (the
+# measurements: docs/bench.md, "When auto picks blockwise").
 BLOCKWISE_MIN_SCORES = 512 * 512
 # Bidirectional calls pay more for blockwise's explicit parts (a band or strip on both
 # sides of the diagonal, and the right far field's own fused calls), against a baseline
-# kernel that skips nothing: there the one-shot backends win up to about 2048 x 2048.
-# Measured fwd+bwd of one bidirectional Attention, B = 1, H = 8, Dh = 64, 2 threads, ratios
-# to plain SDPA at L = 512 / 1024 / 2048, blockwise against dense (scalar bias) or chunked:
-# alibi 1.30 / 1.46 / 1.34 vs 1.06 / 1.27 / 1.29, t5 2.03 / 1.71 / 1.52 vs 1.27 / 1.54 /
-# 1.69, kerple 1.23 / 1.39 / 1.43 vs 1.14 / 1.30 / 1.54, shaw 2.11 / 1.80 / 1.45 vs 1.29 /
-# 1.55 / 1.75, xl 1.88 / 2.01 / 2.04 vs 1.79 / 2.07 / 2.68, deberta 6.83 / 4.70 / 2.76 vs
-# 2.48 / 2.84 / 5.19 (docs/bench.md, "When auto picks blockwise").
+# kernel that skips nothing: there the one-shot backends win up to about 2048 x 2048
+# (docs/bench.md, "When auto picks blockwise", bidirectional table).
 BLOCKWISE_MIN_SCORES_BIDIR = 2048 * 2048
 
 

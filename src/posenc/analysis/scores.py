@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..backends import scores
 from ..base import check_lengths
 from ..model import TransformerLM
+from ..score_sum import scores
 from .stats import distances
 
 __all__ = ["attention_probs", "attention_scores", "causal_mask", "layer_inputs", "score_parts"]

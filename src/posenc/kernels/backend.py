@@ -7,7 +7,8 @@ with an offset (no other :class:`~posenc.AttentionMask` field set), and the posi
 are consecutive in every batch row with one distance between the first key and the
 first query for all rows (the default positions, a KV cache, left padding with shifted
 positions). Otherwise :func:`blockwise_attention` returns None and
-:func:`posenc.backends.blockwise` runs the general backend.
+:func:`posenc.backends.blockwise` runs the general backend (this module stands below
+the backends: it imports none of them).
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from .flash import propagate_nonfinite
 from .relative import distance_attention
 
-__all__ = ["blockwise", "blockwise_attention", "consecutive_delta", "kernel_mask", "BLOCK"]
+__all__ = ["blockwise_attention", "consecutive_delta", "kernel_mask", "BLOCK"]
 
 # query rows per block, by kind of terms: strips are cheap per row, bands pay per row
 # for their rectangle, linear terms pay per block for one more pair of fused calls
@@ -102,25 +102,3 @@ def blockwise_attention(
         block=block,
         keep_bytes=keep_bytes,
     )
-
-
-def blockwise(enc, q, k, v, q_pos, k_pos, mask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
-    """The ``blockwise`` backend (signature of :data:`posenc.BACKENDS`): :mod:`posenc.kernels`
-    for encodings with ``distance_terms``, no ``L×L`` tensor, the fused kernel wherever the
-    terms fold into ``q``/``k``/``v``. Where :func:`blockwise_attention` does not apply (or
-    with learned ``sinks``), the general backend runs (``dense`` for a scalar bias, else ``chunked``)."""
-    from ..backends import BlockOptions, chunked, dense, supported_backends  # the registry imports this module
-
-    o = options or BlockOptions()
-    if sinks is None:  # (learned sinks: the general backend)
-        # the explicit parts' probabilities are kept for backward within the layer's
-        # saved-score budget (BlockOptions.checkpoint_bytes, 2 GiB), as dense/chunked keep
-        # their scores: Transformer-XL's causal L = 4096 fwd+bwd went from 2.89x to 2.44x
-        # plain SDPA, Kerple's from 2.04x to 1.76x, once they stopped recomputing (2 threads)
-        out = blockwise_attention(
-            enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj, max_block=o.chunk_size, keep_bytes=o.checkpoint_bytes
-        )
-        if out is not None:
-            return propagate_nonfinite(out, q, k, v)  # the fused calls would hide a NaN row (posenc.backends)
-    general = dense if "dense" in supported_backends(enc) else chunked
-    return general(enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj, options=options, sinks=sinks)
