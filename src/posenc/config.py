@@ -14,80 +14,22 @@ another model argument.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .backends import canonical_backend
+from .base import get_class, options_of
+from .layer_spec import SPEC_FIELDS, LayerSpec
+from .patterns import is_pattern, layers
 from .validate import check_args
 
 __all__ = ["LayerSpec", "ModelConfig"]
 
 
-@dataclass
-class LayerSpec:
-    """What one block's attention runs.
-
-    Attributes:
-        encoding: a registered encoding name.
-        options: its options (``base``, ``num_buckets``, ...).
-        window: sliding window of ``W`` keys, the query included (``j > i - W``); None: no window.
-        chunk: attend only within aligned chunks of ``C`` tokens (``i // C == j // C``, Llama 4).
-        sinks: one learned sink logit per head in the softmax (gpt-oss).
-
-    ``window`` and ``chunk`` become fields of the layer's :class:`~posenc.AttentionMask`;
-    :func:`posenc.layers` builds lists of specs from a pattern (``"rope*3,nope"``).
-    """
-
-    encoding: str = "rope"
-    options: dict[str, Any] = field(default_factory=dict)
-    window: int | None = None
-    chunk: int | None = None
-    sinks: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.encoding, str):
-            raise TypeError(f"LayerSpec.encoding must be an encoding name (str), got {self.encoding!r}")
-        if not isinstance(self.options, dict):
-            raise TypeError(f"LayerSpec.options must be a dict, got {type(self.options).__name__}")
-        self.options = dict(self.options)
-        for name in ("window", "chunk"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise ValueError(f"LayerSpec.{name} must be a positive int or None, got {v!r}")
-        if not isinstance(self.sinks, bool):
-            raise TypeError(f"LayerSpec.sinks must be a bool, got {self.sinks!r}")
-        check_args("LayerSpec", LayerSpec, {"options": self.options})  # no NaN or infinite option
-
-    def key(self) -> tuple:
-        """Layers with equal keys may share one encoding instance."""
-        return (self.encoding, repr(sorted(self.options.items())))
-
-    def describe(self) -> str:
-        """The spec in pattern syntax (round-trips through :func:`posenc.layers`)."""
-        args = [f"{k}={_fmt(v)}" for k, v in self.options.items()]
-        args += [f"{k}={_fmt(getattr(self, k))}" for k in SPEC_FIELDS if getattr(self, k) not in (None, False)]
-        return self.encoding + (f"({','.join(args)})" if args else "")
-
-
-SPEC_FIELDS = ("window", "chunk", "sinks")  # LayerSpec fields a layer pattern may set
-
-
 def _number(v: Any) -> bool:
     """A finite real number, not a bool."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _fmt(v: Any) -> str:
-    """A value in pattern syntax."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "none"
-    if isinstance(v, (dict, list)):
-        return json.dumps(v, separators=(",", ":"))
-    return str(v)
 
 
 @dataclass
@@ -163,9 +105,6 @@ class ModelConfig:
         # the annotated types of the rest (causal, tie_embeddings, share_encoding: bools)
         check_args("ModelConfig", ModelConfig, {f.name: getattr(self, f.name) for f in fields(self)})
         self.options = dict(self.options)
-        from .base import get_class, options_of
-        from .patterns import is_pattern, layers  # (patterns imports this module)
-
         if isinstance(self.encoding, (list, tuple)):  # one entry per layer (names, patterns, specs)
             if self.layers is not None:
                 raise ValueError("give the layers as encoding=[...] or layers=[...], not both")

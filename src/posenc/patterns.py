@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .base import get_class, options_of
-from .config import SPEC_FIELDS, LayerSpec
+from .layer_spec import SPEC_FIELDS, LayerSpec
 
 __all__ = ["Preset", "PRESETS", "MAX_LAYERS", "MAX_NESTING", "layers", "parse_pattern", "expand", "is_pattern"]
 

@@ -21,7 +21,7 @@ from torch import nn
 from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
 from ..base import options_of
-from ..config import LayerSpec
+from ..layer_spec import LayerSpec
 from ..patterns import is_pattern, layers
 from .models import GPT2, LLAMA, PosencGPT2Config, PosencGPT2LMHeadModel, PosencLlamaConfig, PosencLlamaForCausalLM
 from .stack import PosencStack
