@@ -9,7 +9,8 @@ import torch
 from tests.conftest import assert_close
 
 import posenc
-from posenc.encodings.absolute import Hierarchical, learned_to_hierarchical
+from posenc.conversions import learned_to_hierarchical
+from posenc.encodings.absolute import Hierarchical
 
 
 def _vaswani(L: int, D: int) -> torch.Tensor:

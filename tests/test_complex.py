@@ -10,7 +10,7 @@ import torch
 from tests.conftest import assert_close, attention_n, lm_n
 
 import posenc
-from posenc.encodings.complex_model import ComplexAttention, ComplexLinear, ComplexTransformerLM
+from posenc.complex_model import ComplexAttention, ComplexLinear, ComplexTransformerLM
 
 
 def _enc(**kw):

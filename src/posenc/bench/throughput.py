@@ -17,7 +17,7 @@ posenc         x-transformers
 
 x-transformers uses ``attn_flash=True`` (SDPA) except with ``rel_pos_bias``, which it
 refuses on that path. With ``complex-order`` among the encodings, the paper's
-complex-valued model (:class:`~posenc.encodings.complex_model.ComplexTransformerLM`,
+complex-valued model (:class:`~posenc.complex_model.ComplexTransformerLM`,
 ``dim/2`` complex features, the same real width) is measured too, as ``complex-model``.
 With ``packed``, every posenc model is also trained on packed documents (impl
 ``posenc-packed``: the same windows with ``document_ids``, documents of mean length
@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
+from ..complex_model import ComplexTransformerLM
 from ..data import Batch
-from ..encodings.complex_model import ComplexTransformerLM
 from ..model import TransformerLM
 from ..train import Trainer
 from .measure import median, time_runs

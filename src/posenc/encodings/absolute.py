@@ -22,14 +22,11 @@ DETR (summed sinusoids would be symmetric in the axes); ``learned`` sums one tab
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from torch import Tensor, nn
 
 from .. import functional as PF
 from ..base import PositionEncoding, Stage, register
-from ..config import LayerSpec, ModelConfig
 
 
 @register
@@ -181,7 +178,7 @@ class Hierarchical(PositionEncoding):
     ``u_i = (p_i − α·p_0) / (1 − α)`` and encode position ``t = i·n + j`` as
     ``q_t = α·u_i + (1 − α)·u_j``. For ``t < n`` (``i = 0``) this is exactly ``p_t``, so a
     trained ``learned`` table converts without retraining (:meth:`from_learned`,
-    :func:`learned_to_hierarchical`). Positions ``>= n²`` raise ``ValueError``.
+    :func:`posenc.conversions.learned_to_hierarchical`). Positions ``>= n²`` raise ``ValueError``.
 
     The parameter is named ``table`` like :class:`Learned`'s, so state dicts carry over.
     """
@@ -258,32 +255,3 @@ class Hierarchical(PositionEncoding):
 
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         return x + self.positions(pos).to(x.dtype)
-
-
-def learned_to_hierarchical(model, *, alpha: float = 0.4):
-    """Convert a trained ``learned`` :class:`~posenc.TransformerLM` into a ``hierarchical`` one.
-
-    Every weight is reused (the position table keeps its name ``table``); the new model
-    reproduces the old one exactly at positions below ``max_len`` and runs up to
-    ``max_len²``. Its ``config`` says ``encoding="hierarchical"``, so
-    :func:`posenc.save_checkpoint` / :func:`posenc.load_checkpoint` round-trip it.
-    """
-    cfg = getattr(model, "config", None)
-    if not isinstance(cfg, ModelConfig) or any(s.encoding != "learned" for s in cfg.layer_specs()):
-        raise ValueError(
-            f"expects a TransformerLM built with encoding='learned', got {type(model).__name__} "
-            f"with encoding={getattr(cfg, 'encoding', None)!r}"
-        )
-    layers = (
-        None if cfg.layers is None else [LayerSpec("hierarchical", {**s.options, "alpha": alpha}) for s in cfg.layers]
-    )
-    new_cfg = replace(cfg, encoding="hierarchical", options={**cfg.options, "alpha": alpha}, layers=layers)
-    ref = model.head.weight
-    with torch.device("meta"):
-        new = type(model)(config=new_cfg)
-    new = new.to_empty(device=ref.device).to(ref.dtype)
-    new.load_state_dict(model.state_dict())
-    for m in new.modules():
-        if isinstance(m, PositionEncoding):
-            m.init_buffers()
-    return new

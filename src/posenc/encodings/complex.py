@@ -20,7 +20,7 @@ Two ways to use it:
   :class:`posenc.Attention`, which sees vectors, not token ids), it is the
   word-independent form: the input ``x`` read as ``[Re | Im]`` is the complex word
   vector ``r_j·e^{iθ_j}`` and ``embed(x, pos) = x ⊙ e^{iω·k}`` with one shared ``ω``;
-* :mod:`posenc.encodings.complex_model`: the paper's complex-valued attention and LM.
+* :mod:`posenc.complex_model`: the paper's complex-valued attention and LM.
 
 Initialisation follows the authors' code: ``ω`` starts at the sinusoidal frequencies
 ``10000^(−2k/D)`` (every word alike), ``θ = 0``, ``r ~ N(0, init_std²)``. Angles are

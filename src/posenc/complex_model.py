@@ -23,8 +23,9 @@ full forward, as for every causal model in posenc.
 
 Not in the encoding registry, on purpose: the registry holds :class:`~posenc.PositionEncoding`
 stages that run inside :class:`posenc.Attention` and :class:`posenc.TransformerLM`; this
-is a different model (complex activations, a modulus score no backend computes), so it
-lives beside its encoding, ``complex-order``, whose real-ified form is the registered one.
+is a different model (complex activations, a modulus score no backend computes). It
+stands beside :mod:`posenc.model`, above the encodings, and uses the encoding
+``complex-order`` (:mod:`posenc.encodings.complex`), whose real-ified form is the registered one.
 
 Shape notation as in :mod:`posenc`; ``D`` here is the number of complex features.
 """
@@ -37,10 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import as_positions
-from ..cache import KVCache, ModelCache
-from ..mask import AttentionMask
-from .complex import ComplexOrder
+from .base import as_positions
+from .cache import KVCache, ModelCache
+from .encodings.complex import ComplexOrder
+from .mask import AttentionMask
 
 __all__ = ["ComplexLinear", "ComplexAttention", "ComplexTransformerLM"]
 
