@@ -330,7 +330,7 @@ class PositionEncoding(nn.Module):
         raise NotImplementedError
 
     def distance_terms(self, q: Tensor, k: Tensor):
-        """The stages as tables per distance ``d = k_pos - q_pos`` (a :class:`posenc.kernels.DistanceTerms`,
+        """The stages as tables per distance ``d = k_pos - q_pos`` (a :class:`posenc.terms.DistanceTerms`,
         run by the ``blockwise`` backend), or None: not a function of ``d`` alone. ``q``, ``k``
         after the q/k stage; with :attr:`uses_layer_projections` also ``qk_proj=``.
         """

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from .. import functional as PF
 from ..base import PositionEncoding, ScoreMod, Stage, register
-from ..kernels import DistanceTerms, saturation
+from ..terms import DistanceTerms, saturation
 
 
 def _per_head(values: Tensor) -> Tensor:

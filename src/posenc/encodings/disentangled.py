@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from .. import functional as PF
 from ..base import PositionEncoding, Stage, register
-from ..kernels import DistanceTerms, saturation
+from ..terms import DistanceTerms, saturation
 
 _POS_ATT_TYPES = ("c2p", "p2c")
 

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from .. import functional as PF
 from ..base import PositionEncoding, Stage, register
-from ..kernels import DistanceTerms
+from ..terms import DistanceTerms
 
 
 def _check_lengths(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> None:

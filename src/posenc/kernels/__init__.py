@@ -14,6 +14,7 @@ that recomputes scores in backward instead of storing them.
 * :mod:`.band` — the explicit block; :mod:`.flash` — the fused kernel with its log-sum-exp.
 """
 
-from .relative import DistanceTerms, distance_attention, saturation
+from ..terms import DistanceTerms, saturation  # (on the ground floor: the encodings build them)
+from .relative import distance_attention
 
 __all__ = ["DistanceTerms", "distance_attention", "saturation"]

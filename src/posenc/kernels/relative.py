@@ -13,73 +13,20 @@ CPU only (it calls the CPU flash kernel).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
+from ..terms import DistanceTerms, Table
 from .band import Tables
 from .plan import Geometry, make_plan
 from .segments import SegmentAttention, SegmentConfig
 
-__all__ = ["DistanceTerms", "distance_attention", "saturation"]
+__all__ = ["distance_attention"]
 
-Table = Callable[[Tensor], Tensor]
-
-# keys per band for a bias without vector terms (Kerple): 1024-key bands ran a causal
-# L = 4096 fwd+bwd in 0.68-0.73 s against 0.97-0.98 s for whole rows (2 threads). Vector
-# terms (Transformer-XL) are not split: each band pays for its own window of table
-# products, and splitting measured slower (L = 4096: 1.10 s at 1024 keys against 0.97 s).
+# keys per band for a bias without vector terms (Kerple); vector terms (Transformer-XL) are
+# not split: each band pays for its own window of table products (the measurements:
+# docs/bench.md, "Kerple: bands of at most 1024 keys")
 BIAS_BAND_KEYS = 1024
-
-
-@dataclass
-class DistanceTerms:
-    """An encoding's score and value terms as functions of ``d = k_pos - q_pos``::
-
-        s_ij = scale·(q_i·k_j + q_rel_i·rel_k[row(d)] + k_j·rel_q[row(d)]) + bias[row(d)]
-        o_i  = Σ_j p_ij·(v_j + rel_v[row(d)])
-
-    ``rows(d)``: the table row of each distance (a bucket, a clipped distance), int64
-    ``(n,)``; the tables are then called with rows (int64 ``(m,)``). Without ``rows`` they
-    are called with the distances themselves. ``bias`` -> ``(H, m)`` float32; ``rel_k``,
-    ``rel_q``, ``rel_v`` -> ``(H|1, m, Dh)``.
-
-    ``q``: the query in ``q_i·k_j`` (the ``q`` argument when None; Transformer-XL's
-    ``q + u``); ``q_rel``: the query dotted with ``rel_k`` (the same ``q`` when None).
-
-    ``kind``: ``"clamp"``: every term is constant for ``d <= far[0]`` and for
-    ``d >= far[1]``; ``"linear"``: only a bias, equal to ``slopes[0]·d`` for ``d <= far[0]``
-    and ``slopes[1]·d`` for ``d >= far[1]`` (``(H,)`` each, no gradient); ``"none"``.
-    """
-
-    bias: Table | None = None
-    rel_k: Table | None = None
-    rel_q: Table | None = None
-    rel_v: Table | None = None
-    rows: Table | None = None
-    q: Tensor | None = None
-    q_rel: Tensor | None = None
-    kind: str = "none"
-    far: tuple[int, int] | None = None
-    slopes: tuple[Tensor, Tensor] | None = None
-
-    def at(self, d: Tensor) -> tuple[Tensor, Tensor | None]:
-        """``(argument of the tables, table row of each distance or None)`` for distances ``d``."""
-        if self.rows is None:
-            return d, None
-        return torch.unique(self.rows(d), return_inverse=True)
-
-
-def saturation(rows: Table, limit: int, device=None) -> tuple[int, int]:
-    """``(lo, hi)`` with ``rows(d)`` constant for ``d <= lo`` and for ``d >= hi``, given that it
-    is constant beyond ``±limit``: the far field of a clipped or bucketed table."""
-    d = torch.arange(-limit, limit + 1, device=device)
-    r = rows(d)
-    left = int((r != r[0]).nonzero()[0, 0]) if bool((r != r[0]).any()) else r.numel()
-    right = int((r != r[-1]).nonzero()[-1, 0]) if bool((r != r[-1]).any()) else -1
-    return int(d[left - 1]), int(d[right + 1])
 
 
 def _table(terms: DistanceTerms, f: Table, d: Tensor) -> Tensor:
