@@ -146,8 +146,7 @@ def test_chunked_blocks_keep_to_a_score_budget(monkeypatch):
 
 
 def test_bench_resolves_auto_backend_per_device():
-    from posenc.bench.layers import posenc_case
-    from posenc.bench.runner import resolved_backend
+    from posenc.bench.layers import posenc_case, resolved_backend
 
     case = posenc_case("alibi", heads=2, head_dim=8, causal=True, max_len=64, device="cpu", dtype=torch.float32)
     module, _ = case.make(16)

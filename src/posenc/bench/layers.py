@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from ..attention import Attention
 from ..base import available
 
-__all__ = ["Case", "posenc_case", "baseline_case", "reference_cases", "REFERENCE_ENCODINGS"]
+__all__ = ["Case", "posenc_case", "baseline_case", "reference_cases", "resolved_backend", "REFERENCE_ENCODINGS"]
 
 Fn = Callable[[Tensor], Tensor]
 
@@ -269,3 +269,10 @@ def reference_cases(encodings: list[str], *, heads: int, head_dim: int, device, 
         elif e == "deberta" and hf:
             out.append(_hf_deberta(heads, head_dim, device, dtype))
     return out
+
+
+def resolved_backend(case: Case, module, device: torch.device, L: int) -> str:
+    """The backend a posenc case actually runs at length ``L`` (``auto`` resolved by the layer itself)."""
+    if not isinstance(module, Attention):
+        return ""
+    return module.resolve_backend(case.backend, device.type, L, L)

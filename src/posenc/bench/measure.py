@@ -27,10 +27,11 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 import torch
+from torch import Tensor
 
 from ..allocator import allocator_settings
 
-__all__ = ["time_runs", "peak_memory", "machine_record", "top_operators"]
+__all__ = ["layer_step", "time_runs", "peak_memory", "machine_record", "top_operators"]
 
 
 def _sync(device: torch.device) -> None:
@@ -181,3 +182,24 @@ def machine_record(device: torch.device) -> dict:
     except OSError:
         pass
     return rec
+
+
+def layer_step(module, fn: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor, mode: str) -> Callable[[], None]:
+    """One timed step of ``module``: ``fn(x)`` under no_grad (``mode="fwd"``), or forward and
+    backward with ``grad`` after clearing the parameters' gradients (``"fwd+bwd"``)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+
+    if mode == "fwd":
+
+        def run():
+            with torch.no_grad():
+                fn(x)
+
+        return run
+
+    def run():
+        for p in params:
+            p.grad = None
+        fn(x).backward(grad)
+
+    return run

@@ -18,7 +18,11 @@ import resource
 import subprocess
 import sys
 
+import torch
+
 from ..allocator import allocator_settings, tune_allocator
+from .layers import baseline_case, posenc_case, resolved_backend
+from .measure import layer_step
 
 __all__ = ["peak_rss"]
 
@@ -47,11 +51,6 @@ def peak_rss(spec: dict, timeout: float | None = None) -> dict:
 
 
 def _child(spec: dict) -> dict:
-    import torch
-
-    from .layers import baseline_case, posenc_case
-    from .runner import _step, resolved_backend
-
     torch.set_num_threads(spec.get("threads", 1))
     alloc = spec.get("allocator")
     if alloc:  # the parent's posenc.tune_allocator settings, so that both measure one setup
@@ -77,7 +76,7 @@ def _child(spec: dict) -> dict:
     module, fn = case.make(L)
     backend = resolved_backend(case, module, device, L)
     before = _current_rss()
-    _step(module, fn, x, grad, "fwd+bwd")()
+    layer_step(module, fn, x, grad, "fwd+bwd")()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     return {"peak_bytes": peak, "before_bytes": before, "backend": backend, "allocator": allocator_settings()}
 

@@ -15,12 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
 
 from ..allocator import allocator_settings
-from ..attention import Attention
-from .layers import Case, baseline_case, posenc_case, reference_cases
-from .measure import median, peak_memory, time_runs, top_operators
+from .layers import Case, baseline_case, posenc_case, reference_cases, resolved_backend
+from .measure import layer_step, median, peak_memory, time_runs, top_operators
 from .rss import peak_rss
 
 __all__ = ["BenchConfig", "MASKS", "MEMORY_METHODS", "MODES", "Row", "run_layers", "resolved_backend"]
@@ -105,32 +103,6 @@ class Row:
     profile: list[dict] = field(default_factory=list)  # top operators: name, self_s, share
 
 
-def resolved_backend(case: Case, module, device: torch.device, L: int) -> str:
-    """The backend a posenc case actually runs at length ``L`` (``auto`` resolved by the layer itself)."""
-    if not isinstance(module, Attention):
-        return ""
-    return module.resolve_backend(case.backend, device.type, L, L)
-
-
-def _step(module, fn: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor, mode: str) -> Callable[[], None]:
-    params = [p for p in module.parameters() if p.requires_grad]
-
-    if mode == "fwd":
-
-        def run():
-            with torch.no_grad():
-                fn(x)
-
-        return run
-
-    def run():
-        for p in params:
-            p.grad = None
-        fn(x).backward(grad)
-
-    return run
-
-
 def _cases(cfg: BenchConfig, device, dtype, causal: bool, encodings: list[str]) -> list[Case]:
     kw = dict(heads=cfg.heads, head_dim=cfg.head_dim, device=device, dtype=dtype)
     cases = [baseline_case(causal=causal, **kw)]
@@ -211,7 +183,7 @@ def _run_length(cfg, cases, causal, L, device, dtype, D, too_slow, progress) -> 
             if (case.label, mode) in too_slow:
                 row.status = f"skipped: a shorter length took over {cfg.max_seconds:g} s per run"
                 continue
-            run = _step(module, fn, x, grad, mode)
+            run = layer_step(module, fn, x, grad, mode)
             try:
                 if progress:
                     progress(f"warm-up {case.label} L={L} {mode}{'' if causal else ' bidir'}")
@@ -302,7 +274,7 @@ def _memory_length(cfg, cases, causal, L, device, dtype, D, progress) -> list[Ro
                 torch.manual_seed(cfg.seed)
                 module, fn = case.make(L)
                 row.backend = resolved_backend(case, module, device, L)
-                row.peak_bytes = peak_memory(_step(module, fn, x, grad, "fwd+bwd"), device=device)
+                row.peak_bytes = peak_memory(layer_step(module, fn, x, grad, "fwd+bwd"), device=device)
         except Exception as e:
             row.status = f"error: {type(e).__name__}: {str(e)[:200]}"
             continue
