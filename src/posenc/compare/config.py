@@ -18,10 +18,12 @@ from typing import Any
 from ..data import TASK_NAMES
 from .checks import check_encodings, check_fields, check_models, parse_named
 
-__all__ = ["CompareConfig", "PRESETS", "CORE_ENCODINGS", "from_dict"]
+__all__ = ["CompareConfig", "PRESETS", "CORE_ENCODINGS", "EXTEND_METHODS", "from_dict"]
 
 # The seven encodings of the core: what `posenc compare` trains by default.
 CORE_ENCODINGS = ["nope", "learned", "sinusoidal", "rope", "alibi", "t5", "shaw"]
+# The length-extension methods `extend` may list (posenc.compare.extend runs them).
+EXTEND_METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "rerope", "leaky-rerope", "self-extend")
 
 
 @dataclass
@@ -128,8 +130,6 @@ class CompareConfig:
         if self.shard is not None:
             parse_shard(self.shard)
         if self.extend is not None:
-            from .extend import EXTEND_METHODS
-
             bad = [m for m in self.extend if m not in EXTEND_METHODS] if isinstance(self.extend, list) else self.extend
             if bad or not self.extend:
                 raise ValueError(f"extend must list methods of {', '.join(EXTEND_METHODS)}, got {self.extend!r}")

@@ -41,13 +41,13 @@ from ..base import available, get_class, options_of
 from ..checkpoint import load_checkpoint
 from ..model import TransformerLM
 from ..output import Column, Table, length_axis, pyplot, readable_log_axis, save_figure, write_csv, write_text
+from .config import EXTEND_METHODS
 from .diagnostics import finite, run_health
 from .evaluate import EvalSettings, evaluate
 from .train import checkpoint_path
 
 __all__ = ["EXTEND_METHODS", "method_options", "with_options", "run_extend", "extend_table", "write_extend"]
 
-EXTEND_METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "rerope", "leaky-rerope", "self-extend")
 _NEEDS = {"ntk": "base", "linear": "rope_scaling", "dynamic": "rope_scaling", "yarn": "rope_scaling"}
 
 
