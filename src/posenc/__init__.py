@@ -40,6 +40,7 @@ from . import (
     encodings,  # noqa: F401  (registers the built-in encodings)
     positions,
 )
+from ._version import __version__ as __version__  # (ground floor: submodules read it there)
 from .allocator import tune_allocator
 from .attention import Attention, Projection
 from .backends import BACKENDS, BlockOptions, select_backend, supported_backends
@@ -51,8 +52,6 @@ from .mask import AttentionMask
 from .model import TransformerLM
 from .patterns import PRESETS, layers
 from .score_sum import scores
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Attention",

@@ -15,6 +15,7 @@ import importlib
 import os
 import sys
 
+from ._version import __version__
 from .base import available as _available
 from .base import get_class, options_of
 from .cli_types import OneLineParser
@@ -92,8 +93,6 @@ def presets_table():
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
     p = OneLineParser(prog="posenc", description="Transformer position encodings: use, compare, understand.")
     p.add_argument("--version", action="version", version=f"posenc {__version__}")
     sub = p.add_subparsers(dest="command", required=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .._version import __version__
 from ..base import available
 from ..data import load_source
 from ..output import write_json
@@ -215,8 +216,6 @@ def check_extend(cfg: CompareConfig) -> None:
 def environment(rt: Runtime, cfg: CompareConfig, runs, *, workers: int, threads: int) -> dict[str, Any]:
     """Where the numbers come from: versions, device, processes and threads, dtype, and the
     matmul peak of the training processes (MFU's denominator)."""
-    from .. import __version__
-
     env: dict[str, Any] = {
         "posenc": __version__, "torch": torch.__version__, "python": platform.python_version(),
         "platform": platform.platform(), "device": str(rt.device), "dtype": cfg.dtype,
