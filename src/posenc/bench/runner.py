@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..allocator import allocator_settings
+from ..base import get_class
 from .layers import Case, baseline_case, posenc_case, reference_cases, resolved_backend
 from .measure import layer_step, median, peak_memory, time_runs, top_operators
 from .rss import peak_rss
@@ -124,7 +125,6 @@ def run_layers(cfg: BenchConfig, progress: Callable[[str], None] | None = None) 
     device = torch.device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
     D = cfg.heads * cfg.head_dim
-    from ..base import get_class
 
     # DeBERTa's reference is bidirectional: run it (and posenc's deberta) in that mode too.
     groups: list[tuple[bool, list[str]]] = []

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
-from ..base import options_of
+from ..base import get_class, options_of
 from ..layer_spec import LayerSpec
 from ..patterns import is_pattern, layers
 from .models import GPT2, LLAMA, PosencGPT2Config, PosencGPT2LMHeadModel, PosencLlamaConfig, PosencLlamaForCausalLM
@@ -80,8 +80,6 @@ def layer_specs(encoding, options: dict, depth: int, config, family) -> list[dic
         entries = list(encoding)
     else:
         raise TypeError(f"encoding must be a name or a list of one per layer, got {type(encoding).__name__}")
-    from ..base import get_class
-
     specs = []
     for i, e in enumerate(entries):
         if isinstance(e, str):

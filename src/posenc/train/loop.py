@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..checkpoint import save_checkpoint
 from .runtime import Runtime
 
 LossFn = Callable[[nn.Module, Any], Tensor]
@@ -222,8 +223,6 @@ class Trainer:
             CheckpointWriteError: the file cannot be written (a full disk, a read-only or
                 vanished folder); the temporary file is removed, the previous one kept.
         """
-        from ..checkpoint import save_checkpoint
-
         if not self.runtime.main:
             return
         path = Path(path)
