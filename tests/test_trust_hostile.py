@@ -118,3 +118,21 @@ def test_streaming_example_refuses_a_payload_checkpoint(run_dir, tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "refuses to load" in proc.stderr and "Traceback" not in proc.stderr
     assert not marker.exists()
+
+
+def test_random_bytes_are_one_checkpoint_error_whatever_the_unpickler_raises(tmp_path):
+    """Random files reach torch's restricted unpickler in many ways (IndexError, KeyError,
+    EOFError, RuntimeError ...): each is the one CheckpointError naming the file."""
+    g = torch.Generator().manual_seed(0)
+    real = tmp_path / "real.pt"
+    posenc.save_checkpoint(real, posenc.TransformerLM(8, 8, 1, 2, "rope", max_len=8))
+    head = real.read_bytes()
+    for i in range(200):
+        n = int(torch.randint(1, 400, (1,), generator=g))
+        data = bytes(torch.randint(0, 256, (n,), generator=g, dtype=torch.uint8).tolist())
+        if i % 2:  # a real zip header, then garbage: reaches the unpickler more often
+            data = head[:n] + data
+        path = tmp_path / f"r{i}.pt"
+        path.write_bytes(data)
+        with pytest.raises(CheckpointError, match=f"r{i}.pt"):
+            posenc.load_checkpoint(path)
