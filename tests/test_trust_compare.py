@@ -335,3 +335,23 @@ def test_merge_refuses_a_name_that_stands_for_other_patterns_in_two_shards(tmp_p
     cfg0 = {**cfg, "shard": "1/2"}
     write_json(dirs[0] / "results.json", {"config": cfg0, "runs": [{"encoding": "x", "seed": 0}]})
     assert [r["encoding"] for r in merge_results(dirs)["runs"]] == ["y", "x"]
+
+
+def test_one_lock_for_every_tool_naming_its_holder(tmp_path, capsys):
+    """compare's run folder is the OutputFolder every tool takes: a folder analyze holds is
+    refused to compare (and the other way round), naming the holder; compare leaves no lock
+    file of its own behind."""
+    from posenc.output import OutputFolder
+
+    out = tmp_path / "shared"
+    with OutputFolder(out, tool="posenc analyze"):
+        assert run_cli(*FAST, "--encodings", "rope", "--out", str(out)) == 2
+    err = capsys.readouterr().err
+    assert f"in use by another posenc analyze (pid {os.getpid()})" in err and err.count("\n") == 1
+    assert not out.exists()  # analyze made it and left it empty: gone; compare wrote nothing
+    with RunDir(out):
+        code = main(["analyze", "decay", "--encodings", "rope", "--length", "8", "--max-distance", "16",
+                     "--head-dim", "8", "--out", str(out)])  # fmt: skip
+        assert code == 2 and "in use by another posenc compare" in capsys.readouterr().err
+    assert run_cli(*FAST, "--encodings", "rope", "--out", str(out)) == 0
+    assert not (out / ".lock").exists() and (out / "results.json").is_file()

@@ -2,9 +2,10 @@
 
 * :func:`default_out` names a new folder ``runs/<timestamp>-<random>``: two runs started in
   the same second never share one.
-* :class:`RunDir` takes the folder: it creates it, holds an exclusive ``fcntl`` lock on
-  ``<out>/.lock`` for the whole run (the kernel frees it when the process dies, so a killed
-  run never leaves a stale lock), refuses a non-empty folder unless the run resumes or
+* :class:`RunDir` takes the folder as every posenc tool takes its output folder
+  (:class:`posenc.output.OutputFolder`: created, checked writable before the work, an
+  exclusive ``fcntl`` lock on ``<out>/.lock`` for the whole run, which the kernel frees
+  when the process dies, so a killed run never leaves a stale lock), refuses a non-empty folder unless the run resumes or
   overwrites, and with ``overwrite`` removes what an earlier comparison wrote there and
   nothing else: the paths its manifest lists (:mod:`posenc.compare.manifest`). Every
   path a run writes is listed there before it is written; a file the run would replace
@@ -21,15 +22,14 @@ Errors are :class:`RunDirError` (a ``ValueError``), one sentence naming the path
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import secrets
-import stat
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..output.folder import LOCK, OutputFolder, OutputFolderError
 from .config import CompareConfig
 from .manifest import MANIFEST, Manifest
 
@@ -38,7 +38,6 @@ __all__ = ["RunDir", "RunDirError", "default_out", "check_checkpoint", "is_locke
 # the files a comparison (or --merge) writes at the top of its folder, whatever its config
 OUTPUTS = ("config.json", "results.json", "results.csv", "table.md", "report.md", "extrapolation.png",
            "per_position.png")  # fmt: skip
-LOCK = ".lock"
 
 
 def outputs_of(config: dict[str, Any] | CompareConfig) -> list[str]:
@@ -49,7 +48,7 @@ def outputs_of(config: dict[str, Any] | CompareConfig) -> list[str]:
             *(["extend.md", "extend.csv", "extend.png"] if d.get("extend") else [])]  # fmt: skip
 
 
-class RunDirError(ValueError):
+class RunDirError(OutputFolderError):
     """The run folder cannot be used as asked."""
 
 
@@ -58,8 +57,10 @@ def default_out(root: str = "runs") -> str:
     return f"{root}/{time.strftime('%Y-%m-%dT%H-%M-%S')}-{secrets.token_hex(3)}"
 
 
-class RunDir:
-    """Exclusive use of a run folder (a context manager).
+class RunDir(OutputFolder):
+    """Exclusive use of a run folder (a context manager): an :class:`~posenc.output.OutputFolder`
+    (created, probed writable and locked on ``<out>/.lock`` before the work, as ``analyze``
+    and ``bench`` hold theirs) that also claims the folder for one comparison.
 
     Args:
         path: the folder (created if missing).
@@ -75,56 +76,22 @@ class RunDir:
             ``overwrite`` would replace a file no comparison listed.
     """
 
+    error = RunDirError
+
     def __init__(
         self, path: str | Path, *, resume: bool = False, overwrite: bool = False, writes: Iterable[str] = ()
     ) -> None:
         if resume and overwrite:
             raise RunDirError("--resume and --overwrite exclude each other: continue the run, or start it over")
-        self.path, self.resume, self.overwrite = Path(path), resume, overwrite
-        self.writes = list(writes)
+        super().__init__(path, tool="posenc compare", flag="--out")
+        self.resume, self.overwrite, self.writes = resume, overwrite, list(writes)
         self.manifest = Manifest(self.path)
-        self._fd: int | None = None
-        self._created = self._lock_created = False  # this run made them: a refusal or discard() removes them
-        self._clean_up = False
 
     def __enter__(self) -> RunDir:
-        import fcntl
-
-        p = self.path
-        self._created = not os.path.lexists(p)
-        self._lock_created = not os.path.lexists(p / LOCK)
+        super().__enter__()  # the folder made, probed and locked (OutputFolder), or RunDirError
         try:
-            p.mkdir(parents=True, exist_ok=True)
-            # never through a link planted as .lock (it would truncate a file elsewhere)
-            fd = os.open(p / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                raise RunDirError(f"--out {str(p)!r}: {str(p / LOCK)!r} is not a regular file")
-        except FileExistsError:
-            raise RunDirError(f"--out {str(p)!r} exists and is not a folder") from None
-        except NotADirectoryError:
-            raise RunDirError(f"--out {str(p)!r}: a parent of it is a file, not a folder") from None
-        except PermissionError:
-            raise RunDirError(f"--out {str(p)!r}: permission denied (cannot create or write there)") from None
-        except OSError as e:
-            if e.errno == errno.ELOOP and (p / LOCK).is_symlink():
-                raise RunDirError(f"--out {str(p)!r}: {str(p / LOCK)!r} is a symbolic link; remove it") from None
-            raise RunDirError(f"--out {str(p)!r} cannot be used: {e.strerror or e}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise RunDirError(
-                f"--out {str(p)!r} is in use by another posenc compare (it holds {str(p / LOCK)!r}); "
-                "wait for it to finish, or choose another --out"
-            ) from None
-        self._fd = fd
-        try:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
             self._claim()
-        except BaseException:
-            self._clean_up = True  # refused: leave no lock file or folder of ours behind
+        except BaseException:  # refused: only what this run made goes (a lock file, a folder left empty)
             self.__exit__(None, None, None)
             raise
         return self
@@ -199,29 +166,12 @@ class RunDir:
         self.manifest.prune()
 
     def discard(self) -> None:
-        """Remove what this run wrote (its manifest's entries) and the manifest; the folder
-        too, on leaving, if this run created it and it is empty then. For a run that failed
-        before it wrote anything worth resuming: the rerun finds the folder as it was."""
+        """Remove what this run wrote (its manifest's entries) and the manifest; on leaving,
+        the lock file and the folder go too if this run created them and they are empty then
+        (:class:`~posenc.output.OutputFolder`). For a run that failed before it wrote anything
+        worth resuming: the rerun finds the folder as it was."""
         self.manifest.remove_listed()
         (self.path / MANIFEST).unlink(missing_ok=True)
-        self._clean_up = True
-
-    def __exit__(self, *exc) -> None:
-        if self._fd is None:
-            return
-        import fcntl
-
-        if self._clean_up:  # the lock file (and folder) this run created go, while the lock is held
-            try:
-                if self._lock_created:
-                    (self.path / LOCK).unlink()
-                if self._created and not any(self.path.iterdir()):
-                    self.path.rmdir()
-            except OSError:
-                pass
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        os.close(self._fd)
-        self._fd = None
 
 
 def is_locked(path: str | Path) -> bool:

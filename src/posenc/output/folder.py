@@ -20,6 +20,7 @@ import contextlib
 import errno
 import os
 import secrets
+import stat
 from pathlib import Path
 
 __all__ = ["LOCK", "OutputFolder", "OutputFolderError", "check_creatable"]
@@ -36,6 +37,15 @@ def _why(e: OSError) -> str:
     if isinstance(e, PermissionError) or e.errno == errno.EROFS:
         return "permission denied (cannot create or write there)" if e.errno != errno.EROFS else "read-only file system"
     return e.strerror or str(e)
+
+
+def _holder(fd: int) -> str:
+    """The tool named in a held lock file (``"<pid> posenc compare"``), or ``"posenc process"``."""
+    try:
+        pid, _, tool = os.pread(fd, 200, 0).decode(errors="replace").strip().partition(" ")
+    except OSError:
+        return "posenc process"
+    return f"{tool} (pid {pid})" if tool.startswith("posenc") and pid.isdigit() else "posenc process"
 
 
 def check_creatable(folder: str | Path, flag: str, *, shown: str | Path | None = None) -> None:
@@ -89,13 +99,15 @@ class OutputFolder:
         self._created: list[Path] = []  # folders this run made, innermost first
         self._made_lock = False
 
+    error: type[OutputFolderError] = OutputFolderError  # what a refusal raises (a subclass may narrow it)
+
     def _fail(self, e: OSError) -> OutputFolderError:
         p = str(self.path)
         if isinstance(e, FileExistsError) or (isinstance(e, NotADirectoryError) and self.path.is_file()):
-            return OutputFolderError(f"{self.flag} {p!r} exists and is not a folder")
+            return self.error(f"{self.flag} {p!r} exists and is not a folder")
         if isinstance(e, NotADirectoryError):
-            return OutputFolderError(f"{self.flag} {p!r}: a parent of it is a file, not a folder")
-        return OutputFolderError(f"{self.flag} {p!r} cannot be used: {_why(e)}")
+            return self.error(f"{self.flag} {p!r}: a parent of it is a file, not a folder")
+        return self.error(f"{self.flag} {p!r} cannot be used: {_why(e)}")
 
     def __enter__(self) -> OutputFolder:
         try:
@@ -139,14 +151,25 @@ class OutputFolder:
 
         lock = self.path / LOCK
         for _ in range(10):  # the lock file may be removed by its holder between open and flock
-            existed = lock.exists()
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            existed = os.path.lexists(lock)
+            try:  # never through a link planted as .lock (truncating it would write elsewhere)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise self.error(
+                        f"{self.flag} {str(self.path)!r}: {str(lock)!r} is a symbolic link; remove it"
+                    ) from None
+                raise
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted there
+                os.close(fd)
+                raise self.error(f"{self.flag} {str(self.path)!r}: {str(lock)!r} is not a regular file; remove it")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
+                holder = _holder(fd)
                 os.close(fd)
-                raise OutputFolderError(
-                    f"{self.flag} {str(self.path)!r} is in use by another posenc process (it holds "
+                raise self.error(
+                    f"{self.flag} {str(self.path)!r} is in use by another {holder} (it holds "
                     f"{str(lock)!r}); wait for it to finish, or choose another {self.flag}"
                 ) from None
             try:
@@ -159,7 +182,7 @@ class OutputFolder:
                 os.write(fd, f"{os.getpid()} {self.tool}\n".encode())
                 return
             os.close(fd)  # we locked a file its holder just removed: take the new one
-        raise OutputFolderError(f"{self.flag} {str(self.path)!r}: could not take {str(lock)!r}")
+        raise self.error(f"{self.flag} {str(self.path)!r}: could not take {str(lock)!r}")
 
     def _release(self) -> None:
         if self._fd is not None:
