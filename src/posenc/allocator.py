@@ -6,19 +6,13 @@ least its *mmap threshold* with a fresh ``mmap`` (128 KiB at first, raised on th
 than its *trim threshold* is free there (twice the mmap threshold). A blocked attention
 backend allocates and frees tensors of a few MiB per query block, hundreds of times a
 step; whenever they come from a fresh mapping, the kernel zeroes every page on first
-touch. How often that happens depends on what ran before in the process: CoPE's causal
-fwd+bwd at L = 4096 (``chunked``, B = 1, H = 8, Dh = 64, 2 threads, AMD EPYC) took 2.1 s
-in a process of its own and 3.0-3.9 s after other encodings' layers had run in it (``posenc
-bench`` times every encoding in one process), most of the difference in system time.
+touch, so an encoding's time depended on what had run before it in the process (``posenc
+bench`` times every encoding in one process).
 
 :func:`tune_allocator` raises both thresholds, so that freed blocks stay in the heap and
-are reused: in runs of several encodings CoPE's step came back to 2.0-2.2 s (3.7-4.0x plain
-SDPA instead of 5.1-6.6x, before CoPE's own later changes), FIRE, DeBERTa and Transformer-XL
-a few per cent faster (docs/bench.md, "The C allocator").
-Requests from 32 MiB up are still mapped and unmapped: with a 1 GiB threshold the heap
-fragmented at L = 16384 (TUPE's step peaked at 13.8 GiB resident instead of 2.6 GiB, FIRE's
-at 4.4 instead of 1.9), while 32 MiB kept the speed at L = 4096. The cost: the process
-keeps up to 2 GiB of freed heap (its resident size does not shrink back below that).
+are reused; requests from 32 MiB up are still mapped and unmapped (a higher threshold let
+the heap fragment at long lengths). The measurements behind both settings, and the cost
+(the process keeps up to 2 GiB of freed heap), are in docs/bench.md, "The C allocator".
 ``posenc bench`` calls it unless given ``--allocator default``;
 a training script can call it once at start. It acts on glibc only (Linux); elsewhere it
 does nothing and returns False. Setting the environment variables

@@ -48,7 +48,7 @@ class CompareConfig:
     # model: the same for every encoding
     dim: int = 64  # D
     depth: int = 2  # blocks
-    heads: int = 8  # H (8 heads of 8 dims: measured closer to convergence in the budget than 4 of 16)
+    heads: int = 8  # H: 8 heads of 8 dims (docs/compare.md, "Converged within the budget": why not 4 of 16)
     mlp_ratio: float = 4.0  # MLP width / D
     dropout: float = 0.0
     tie_embeddings: bool = False
