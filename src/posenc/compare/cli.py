@@ -46,7 +46,9 @@ _HELP = {
     "dataset_field": "the dataset column holding the text",
     "task": "synthetic task: copy, reverse, sort, associative-recall (lengths count items), "
     "grid (2-D: the symbol above each cell; lengths are grid sides), or passkey (retrieval of a key from "
-    "filler text; lengths count tokens); the preset then sets the task's lengths and budget",
+    "filler text; lengths count tokens), count (CoPE's counting; lengths count statements) or flip-flop "
+    "(Liu et al. 2023; lengths count instructions, tested at p(ignore) 0.8, 0.98, 0.1); the preset then "
+    "sets the task's lengths and budget",
     "val_fraction": "fraction of the corpus (its end) held out for validation",
     "dim": "model width D",
     "depth": "number of blocks",

@@ -12,6 +12,8 @@ download is needed:
 * :mod:`posenc.data.tasks` — ``copy``, ``reverse``, ``sort``, ``associative-recall``;
 * :mod:`posenc.data.passkey` — passkey retrieval from filler text of a corpus.
 * :mod:`posenc.data.grid` — ``grid``: the symbol above each cell of a 2-D grid.
+* :mod:`posenc.data.paper_tasks` — ``count`` (CoPE's counting) and ``flip-flop`` (Liu et
+  al. 2023), generated as the papers generate them.
 
 :class:`TextData` splits a byte string deterministically into train and validation
 (the last ``val_fraction`` of the bytes) and serves batches that depend only on
@@ -30,12 +32,15 @@ import torch
 from torch import Tensor
 
 from .grid import GridTask, positions_for
+from .paper_tasks import PAPER_TASKS, CountTask, FlipFlopTask, paper_task
 from .passkey import PasskeyTask
 from .tasks import TASK_NAMES, TASKS, Batch, SyntheticTask, step_generator
 
 __all__ = [
     "Batch",
+    "CountTask",
     "DataError",
+    "FlipFlopTask",
     "PasskeyTask",
     "GridTask",
     "TASKS",
@@ -258,7 +263,7 @@ def load_source(
     seed: int = 0,
     longest: int = 1,
     packed: bool = False,
-) -> TextData | SyntheticTask | GridTask | PasskeyTask:
+) -> TextData | SyntheticTask | GridTask | PasskeyTask | CountTask | FlipFlopTask:
     """The data source named by at most one of ``task``, ``text`` or ``dataset``; the
     embedded corpus when none is. ``task="passkey"`` draws its filler from the text the
     other arguments name (the embedded corpus by default).
@@ -276,6 +281,8 @@ def load_source(
         raise DataError(f"packed documents need a text source; --task {task} has none")
     if task == "grid":
         return GridTask(seed=seed)
+    if task in PAPER_TASKS:
+        return paper_task(task, seed=seed)
     if task is not None and task != "passkey":
         return SyntheticTask(task, seed=seed)
     if text is not None:

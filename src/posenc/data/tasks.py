@@ -49,7 +49,8 @@ def step_generator(seed: int, step: int) -> torch.Generator:
 
 
 TASKS = ("copy", "reverse", "sort", "associative-recall")  # SyntheticTask's
-TASK_NAMES = (*TASKS, "grid", "passkey")  # every task posenc compare offers (posenc.data.grid, .passkey)
+# every task posenc compare offers (posenc.data.grid, .passkey, .paper_tasks)
+TASK_NAMES = (*TASKS, "grid", "passkey", "count", "flip-flop")
 
 
 @dataclass
