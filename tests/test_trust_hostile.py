@@ -136,3 +136,26 @@ def test_random_bytes_are_one_checkpoint_error_whatever_the_unpickler_raises(tmp
         path.write_bytes(data)
         with pytest.raises(CheckpointError, match=f"r{i}.pt"):
             posenc.load_checkpoint(path)
+
+
+def test_links_planted_in_a_run_folder_are_never_written_through(run_dir, tmp_path):
+    """A shared run folder resumed with links planted at every name posenc writes (the old
+    temporary checkpoint name, the outputs): the files they point to, outside
+    --out, stay as they were; the links are replaced by posenc's own files."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns(".lock"))
+    (run / "checkpoints" / "rope.pt").unlink()  # the model trains again, so its checkpoint is written
+    victims = {}
+    for name in ["checkpoints/rope.tmp", "results.json", "table.md", "report.md"]:
+        victim = tmp_path / f"victim-{name.replace('/', '-')}"
+        victim.write_text("mine")
+        (run / name).unlink(missing_ok=True)
+        (run / name).symlink_to(victim)
+        victims[name] = victim
+    assert main(["compare", "--resume", "--out", str(run)]) == 0
+    assert all(v.read_text() == "mine" for v in victims.values())
+    for name in ["checkpoints/rope.pt", "results.json", "table.md", "report.md"]:
+        assert not (run / name).is_symlink() and (run / name).stat().st_size > 0, name
+    posenc.load_checkpoint(run / "checkpoints" / "rope.pt")

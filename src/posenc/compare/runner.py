@@ -16,7 +16,7 @@ from .._version import __version__
 from ..base import available
 from ..data import load_source
 from ..output import write_json
-from ..train import Runtime, setup, temporary_path
+from ..train import Runtime, setup
 from .config import CompareConfig, from_dict, parse_shard
 from .pool import plan_workers, run_jobs
 from .report import run_subtitle, write_outputs
@@ -120,7 +120,7 @@ def compare(
     writes = [
         *outputs_of(cfg),
         "checkpoints",
-        *(f"checkpoints/{p.name}" for c in ckpts for p in (c, temporary_path(c))),
+        *(f"checkpoints/{c.name}" for c in ckpts),
     ]
     with contextlib.ExitStack() as stack:
         run_dir = (

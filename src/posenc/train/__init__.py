@@ -66,7 +66,6 @@ from .loop import (
     cosine_schedule,
     lm_loss,
     masked_loss,
-    temporary_path,
 )
 from .progress import Progress
 from .runtime import Runtime, map_tensors, resolve_device, setup
@@ -87,5 +86,4 @@ __all__ = [
     "masked_loss",
     "resolve_device",
     "setup",
-    "temporary_path",
 ]

@@ -3,7 +3,6 @@ language-model loss, the learning-rate schedule and the hooks the loop calls."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import math
 import os
@@ -18,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checkpoint import save_checkpoint
+from ..output.files import OutputError, atomic_write
 from .runtime import Runtime
 
 LossFn = Callable[[nn.Module, Any], Tensor]
@@ -226,21 +226,15 @@ class Trainer:
         if not self.runtime.main:
             return
         path = Path(path)
-        tmp = temporary_path(path)
-        try:
-            save_checkpoint(tmp, self.model, **self.state_dict(state), **extra)
-            os.replace(tmp, path)
-        except (OSError, RuntimeError) as e:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            if isinstance(e, RuntimeError) and not any(m in str(e) for m in _WRITE_FAILURES):
+        try:  # a fresh hidden temporary (O_EXCL: never through a link planted in the folder), then a rename
+            with atomic_write(path, "wb") as f:
+                save_checkpoint(f, self.model, **self.state_dict(state), **extra)
+        except OutputError as e:
+            raise CheckpointWriteError.of(path, e) from None
+        except RuntimeError as e:  # torch's zip writer: the bytes did not reach the disk
+            if not any(m in str(e) for m in _WRITE_FAILURES):
                 raise
             raise CheckpointWriteError.of(path, e) from None
-
-
-def temporary_path(path: Path) -> Path:
-    """Where :meth:`Trainer.save` writes ``path`` before renaming it (``rope.pt`` -> ``rope.tmp``)."""
-    return path.with_suffix(".tmp")
 
 
 # what torch's zip writer says when the bytes do not reach the disk (it raises RuntimeError)
