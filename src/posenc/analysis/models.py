@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
-import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -254,20 +252,15 @@ def _check_cached(path: Path, want: dict, train_dir: Path) -> None:
 
 
 def _save_atomic(path: Path, model: TransformerLM, extra: dict) -> None:
-    """Save a checkpoint through a temporary file in the same folder: the whole file or none."""
+    """Save a checkpoint through a fresh temporary file in the same folder: the whole file or none."""
     from ..output import OutputError
+    from ..output.files import atomic_write
 
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
     try:
-        save_checkpoint(tmp, model, **extra)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise OutputError(e.errno, e.strerror or str(e), str(path)) from None
+        with atomic_write(path, "wb") as f:
+            save_checkpoint(f, model, **extra)
     except RuntimeError as e:  # torch's writer reports a full disk as a RuntimeError
         raise OutputError(0, str(e).splitlines()[0][:160], str(path)) from None
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
 
 
 def tiny_checkpoints(

@@ -19,6 +19,8 @@ import json
 import os
 from pathlib import Path, PurePosixPath
 
+from ..output.files import write_text
+
 __all__ = ["MANIFEST", "Manifest"]
 
 MANIFEST = ".posenc-manifest.json"
@@ -78,14 +80,8 @@ class Manifest:
             self.save()
 
     def save(self) -> None:
-        path = self.root / MANIFEST
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps({"written": self.written}, indent=1) + "\n")
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        # atomically, through a fresh O_EXCL temporary: never through a link planted in the folder
+        write_text(self.root / MANIFEST, json.dumps({"written": self.written}, indent=1) + "\n")
 
     def remove_listed(self) -> list[str]:
         """Remove every listed file that still exists, then every listed folder left empty;
