@@ -79,7 +79,7 @@ def test_inv_freq_and_attention_factor_equal_hf(kind):
     for head_dim, prf, base, max_pos, p in _grid(kind):
         cfg = _hf_config(head_dim, max_pos, p)
         enc = _ours(head_dim, max_pos, p)
-        assert enc.rotary_dim == int(head_dim * prf)
+        assert enc.rotary_dim == (head_dim if kind == "proportional" else int(head_dim * prf))  # Gemma 4: full width
         for seq_len in (None, max_pos // 4, max_pos, 3 * max_pos + 7):
             ref, ref_factor = ROPE_INIT_FUNCTIONS[kind](cfg, "cpu", seq_len=seq_len)
             got = enc.inv_freq if seq_len is None else enc.frequencies(seq_len)

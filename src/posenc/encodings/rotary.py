@@ -12,7 +12,7 @@ Two layouts of the pairs (``layout=``), converted into each other by
 * ``"interleaved"``: pairs ``(x_{2k}, x_{2k+1})``, RoFormer, GPT-J, Meta's Llama.
 
 ``rope_scaling`` takes HF's dict (``{"rope_type": "linear"|"dynamic"|"yarn"|
-"longrope"|"llama3", "factor": …, …}``) and reproduces, operation for operation,
+"longrope"|"llama3"|"proportional", "factor": …, …}``) and reproduces, operation for operation,
 ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`` (:mod:`.rope_scaling`): the
 same float32 ``inv_freq`` and the same attention factor, which multiplies ``cos`` and ``sin``.
 
@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from .. import functional as PF
 from ..base import PositionEncoding, Stage, register
 from .rope_extension import check_extension, extended_qk_scores
-from .rope_scaling import ROPE_TYPES, check_scaling, rope_parameters
+from .rope_scaling import ROPE_REGISTRY, ROPE_TYPES, check_scaling, rope_parameters, rotary_width
 
 __all__ = ["RoPE", "ROPE_TYPES", "rope_parameters", "permute_for_layout"]
 
@@ -78,7 +78,9 @@ class RoPE(PositionEncoding):
     Args:
         base: ``θ`` (HF ``rope_theta``).
         layout: ``"half"`` (HF Llama / NeoX) or ``"interleaved"`` (RoFormer / GPT-J / Meta).
-        partial_rotary_factor: rotate only the first ``Dr = int(Dh·factor)`` dimensions.
+        partial_rotary_factor: rotate only the first ``Dr = int(Dh·factor)`` dimensions. With
+            ``rope_type="proportional"`` (Gemma 4) the tables span all ``Dh`` dims instead, with
+            the first ``int(p·Dh // 2)`` frequencies of the full-``Dh`` spectrum and zeros after.
         rotary_value: also rotate the values by their key position (RoFormer's option).
         rope_scaling: HF's dict, ``None`` for plain RoPE. ``rope_theta`` and
             ``partial_rotary_factor`` keys in it override ``base`` and ``partial_rotary_factor``.
@@ -134,7 +136,7 @@ class RoPE(PositionEncoding):
             partial_rotary_factor = rope_scaling.get("partial_rotary_factor", partial_rotary_factor)
         if not isinstance(partial_rotary_factor, (int, float)) or not 0.0 < partial_rotary_factor <= 1.0:
             raise ValueError(f"partial_rotary_factor must be in (0, 1], got {partial_rotary_factor!r}")
-        rot = int(head_dim * partial_rotary_factor)
+        rot = rotary_width(head_dim, partial_rotary_factor, rope_scaling)  # Dh for proportional
         if rot < 2 or rot % 2:
             raise ValueError(
                 f"rotary dim head_dim*partial_rotary_factor = {head_dim}*{partial_rotary_factor} = {rot} "
@@ -148,7 +150,7 @@ class RoPE(PositionEncoding):
         self.rope_scaling = check_scaling(rope_scaling, rot, max_len)
         self.rope_type = self.rope_scaling["rope_type"]
         # frequencies depend on the current length: keep raw keys in the KV cache
-        self.length_dependent = self.rope_type in ("dynamic", "longrope")
+        self.length_dependent = ROPE_REGISTRY[self.rope_type].length_dependent
         self.cache_raw_keys = self.length_dependent
         self.original_max_len = self.rope_scaling.get("original_max_position_embeddings") or max_len
         self.register_buffer("inv_freq", torch.empty(rot // 2), persistent=False)
@@ -175,7 +177,12 @@ class RoPE(PositionEncoding):
 
     def _params(self, seq_len: int | None = None) -> tuple[Tensor, float]:
         return rope_parameters(
-            self.rope_scaling, dim=self.rotary_dim, base=self.base, max_len=self.max_len, seq_len=seq_len
+            self.rope_scaling,
+            dim=self.rotary_dim,
+            base=self.base,
+            max_len=self.max_len,
+            seq_len=seq_len,
+            partial_rotary_factor=self.partial_rotary_factor,
         )
 
     def _check_axes(self) -> None:
@@ -196,7 +203,9 @@ class RoPE(PositionEncoding):
         turns by ``pos[axis[k]]·inv_freq[k]``. Axial: band ``a`` holds the 1-D frequencies of
         a ``Dr/A``-dim RoPE (``base^(-2k·A/Dr)``) on coordinate ``a``."""
         n = self.rotary_dim // 2 // self.axes
-        inv, factor = rope_parameters(self.rope_scaling, dim=2 * n, base=self.base, max_len=self.max_len)
+        inv, factor = rope_parameters(
+            self.rope_scaling, dim=2 * n, base=self.base, max_len=self.max_len, partial_rotary_factor=1.0
+        )
         return inv.repeat(self.axes), torch.arange(self.axes).repeat_interleave(n), factor
 
     def init_buffers(self) -> None:
