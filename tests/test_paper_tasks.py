@@ -235,8 +235,8 @@ def test_flip_flop_answers_by_an_independent_interpreter():
 def test_presets_of_the_paper_tasks():
     c = preset_config("quick", task="count")
     f = preset_config("quick", task="flip-flop")
-    assert c.train_len == 32 and c.eval_lens == [16, 32, 64, 128]
-    assert f.train_len == 32 and f.eval_lens == [32, 64, 128]
+    assert c.train_len == 16 and c.eval_lens == [8, 16, 32, 64] and c.steps == 3000
+    assert f.train_len == 16 and f.eval_lens == [16, 32, 64] and f.steps == 3000
     assert preset_config("quick", task="copy").train_len == 16  # the synthetic entry still applies
 
 

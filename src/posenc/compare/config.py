@@ -242,20 +242,21 @@ PRESETS: dict[str, dict[str, Any]] = {
             "passkey": {"eval_samples": 64, "lr": 5e-3},
             # the papers' tasks (posenc.data.paper_tasks) by analogy with "synthetic"; the
             # convergence check at this budget has not been run yet (docs/compare.md).
-            # count: programs of U(3, 32) statements (~20 words; CoPE: up to 512), tested to 4x
+            # count: programs of U(3, 16) statements (~25 tokens a batch row; CoPE: up to 512),
+            # tested to 4x; flip-flop: 16 instructions (31 tokens; Liu et al.: 256) at the
+            # training length and past it, each at p(ignore) = 0.8, 0.98 and 0.1. Both cost
+            # about what "synthetic" costs per step (tokens per batch within 2x of copy's)
             "count": {
-                "train_len": 32,
-                "eval_lens": [16, 32, 64, 128],
+                "train_len": 16,
+                "eval_lens": [8, 16, 32, 64],
                 "steps": 3000,
-                "encoding_options": {"t5": {"max_distance": 64}},
+                "encoding_options": {"t5": {"max_distance": 32}},
             },
-            # flip-flop: 32 instructions (64 tokens; Liu et al.: 256), tested at the training
-            # length and past it, each at p(ignore) = 0.8, 0.98 and 0.1
             "flip-flop": {
-                "train_len": 32,
-                "eval_lens": [32, 64, 128],
+                "train_len": 16,
+                "eval_lens": [16, 32, 64],
                 "steps": 3000,
-                "encoding_options": {"t5": {"max_distance": 64}},
+                "encoding_options": {"t5": {"max_distance": 32}},
             },
         },  # fmt: skip
     },
