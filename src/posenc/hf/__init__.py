@@ -51,6 +51,7 @@ from .models import (  # noqa: E402
     PosencLlamaForCausalLM,
     register_auto,
 )
+from .rope_config import rope_options, rope_options_for  # noqa: E402
 
 register()
 register_auto()
@@ -69,4 +70,6 @@ __all__ = [
     "mask_interface",
     "register",
     "rope_layout",
+    "rope_options",
+    "rope_options_for",
 ]

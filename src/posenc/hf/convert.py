@@ -24,6 +24,7 @@ from ..base import get_class, options_of
 from ..layer_spec import LayerSpec
 from ..patterns import is_pattern, layers
 from .models import GPT2, LLAMA, PosencGPT2Config, PosencGPT2LMHeadModel, PosencLlamaConfig, PosencLlamaForCausalLM
+from .rope_config import rope_options_for
 from .stack import PosencStack
 
 __all__ = ["convert", "layer_specs", "SUPPORTED"]
@@ -44,15 +45,16 @@ def _family(model: nn.Module):
     raise TypeError(f"posenc.hf.convert supports {names} (and their subclasses); got {type(model).__name__}")
 
 
-def _defaults(name: str, config, family) -> dict:
-    """Options the model's own config implies: RoPE's base and scaling (HF's ``rope_parameters``)."""
-    rope = getattr(config, "rope_parameters", None) if family is LLAMA else None
-    if name not in ("rope", "xpos") or not isinstance(rope, dict):
+def _defaults(name: str, config, family, layer_type: str | None = None) -> dict:
+    """Options the model's own config implies: RoPE's base, partial rotary and scaling, read from
+    HF's ``rope_parameters`` (flat, per layer type or per label) by :func:`rope_options_for`,
+    which raises rather than fall back to a default base."""
+    if family is not LLAMA or name not in ("rope", "xpos"):
         return {}
-    out = {"base": float(rope.get("rope_theta", 10000.0))}
-    if name == "rope" and rope.get("rope_type", "default") != "default":
-        out["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
-    return out
+    out = dict(rope_options_for(config, layer_type))
+    if "rope_scaling" not in out:  # HF Llama's default RoPE turns the whole head whatever partial_rotary_factor says
+        out.pop("partial_rotary_factor", None)
+    return {"base": out["base"]} if name == "xpos" and "base" in out else out
 
 
 def layer_specs(encoding, options: dict, depth: int, config, family) -> list[dict]:
@@ -101,7 +103,8 @@ def layer_specs(encoding, options: dict, depth: int, config, family) -> list[dic
         bad = sorted(set(options) - set(valid))
         if bad:
             raise ValueError(f"option(s) {bad} do not apply to layer {i}'s encoding {name!r}; valid: {valid}")
-        defaults = {k: v for k, v in _defaults(name, config, family).items() if k in valid}
+        layer_type = (getattr(config, "layer_types", None) or [None] * depth)[i]
+        defaults = {k: v for k, v in _defaults(name, config, family, layer_type).items() if k in valid}
         specs.append({"encoding": name, "options": {**defaults, **options, **own}})
     return specs
 
