@@ -320,3 +320,27 @@ def test_convert_reads_rope_parameters_never_a_default_base():
     assert [s["options"]["base"] for s in specs] == [1e4, 1e6]
     with pytest.raises(ValueError, match="has no 'rope_theta'"):
         layer_specs("rope", {}, 1, SimpleNamespace(rope_parameters={"rope_type": "default"}), LLAMA)
+
+
+def test_rope_layout_reads_rope_parameters():
+    from transformers import LlamaConfig
+
+    from posenc.encodings.rotary import permute_for_layout
+    from posenc.hf import rope_layout
+
+    torch.manual_seed(0)
+    w = torch.randn(HEADS * 16, 8)
+    for params, rotary_dim in (
+        ({"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}, 16),  # full width
+        ({"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5, "rope_theta": 1e4}, 8),
+    ):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = LlamaConfig(hidden_size=8, num_attention_heads=HEADS, head_dim=16, rope_parameters=params)
+        got = rope_layout({"q_proj.weight": w}, cfg, to="interleaved")["q_proj.weight"]
+        want = permute_for_layout(w, heads=HEADS, head_dim=16, to="interleaved", rotary_dim=rotary_dim)
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="has no 'rope_theta'"):
+        bad = LlamaConfig(hidden_size=8, num_attention_heads=HEADS, head_dim=16)
+        bad.rope_parameters = {"rope_type": "default"}
+        rope_layout({"q_proj.weight": w}, bad, to="interleaved")

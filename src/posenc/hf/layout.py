@@ -14,7 +14,9 @@ import re
 
 from torch import Tensor
 
+from ..encodings.rope_scaling import rotary_width
 from ..encodings.rotary import permute_for_layout
+from .rope_config import rope_options_for
 
 __all__ = ["rope_layout"]
 
@@ -41,9 +43,9 @@ def rope_layout(state_dict: dict[str, Tensor], config, *, to: str) -> dict[str, 
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    rope = getattr(config, "rope_parameters", None) or {}
-    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-    rotary_dim = int(head_dim * factor)
+    rope = rope_options_for(config)  # Llama family: flat rope_parameters; raises on a bad one
+    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
+    rotary_dim = rotary_width(head_dim, factor, rope.get("rope_scaling"))  # Dh for proportional
     out = {}
     for key, value in state_dict.items():
         m = _QK.search(key)
