@@ -107,7 +107,7 @@ def load_checkpoint(path, *, map_location="cpu") -> tuple[TransformerLM, dict]:
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:  # the restricted unpickler stopped: an object, or not a pickle at all
-        # PyTorch's own message suggests retrying with weights_only=False: show only what it refused
+        # PyTorch's own message suggests lifting the restriction: show only what it refused
         refused = re.search(r"GLOBAL [\w.]+", str(e))
         if refused:
             raise CheckpointError(
