@@ -237,3 +237,15 @@ def test_perplexity_of_a_huge_loss_is_inf_not_an_error():
         model.head.weight.mul_(1e6)  # logits of 1e6: a loss far past exp's range
     e = evaluate(model, load_source(longest=16), 16, device=torch.device("cpu"), settings=EvalSettings(tokens=64))
     assert e["loss"] > 709 and e["ppl"] == math.inf
+
+
+@pytest.mark.parametrize("task, vocab", [(None, 256), ("passkey", 256), ("copy", 17), ("grid", 17),
+                                         ("count", 43), ("flip-flop", 5)])  # fmt: skip
+def test_chance_is_known_for_every_task(task, vocab):
+    """The "above chance" half of the divergence rule needs every task's vocabulary (the
+    papers' tasks included): a model worse than a uniform guess is diverged on each."""
+    import math
+
+    from posenc.compare.diagnostics import chance_loss, vocab_size
+
+    assert vocab_size({"task": task}) == vocab and chance_loss({"task": task}) == pytest.approx(math.log(vocab))
