@@ -124,3 +124,13 @@ def mode_id(p) -> str:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (small tensors: one thread is faster, and two spinning
+    threads crawl on a shared 2-core machine); the count is restored after it."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

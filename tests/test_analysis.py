@@ -17,14 +17,7 @@ from posenc.analysis.invariance import shift_change
 from posenc.analysis.padding import probe_padding
 from posenc.analysis.similarity import position_vectors
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small tensors: one thread is faster, and the test machine is shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def small_model(name: str, **kw) -> posenc.TransformerLM:

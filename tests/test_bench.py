@@ -187,15 +187,6 @@ def test_machine_record_fields():
     assert rec["torch"] == torch.__version__
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread: on a shared 2-core machine two spinning threads crawl."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_bench_smoke_l128(tmp_path, one_thread):
     """`posenc bench` end to end at L = 128: tables, JSON/CSV, plot, machine, Markdown."""
     from posenc.cli import main

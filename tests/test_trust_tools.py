@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import posenc
 from posenc.analysis import models, specs
@@ -23,12 +22,7 @@ from posenc.cli import main, make_parser
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def run(argv: list[str]) -> int:
