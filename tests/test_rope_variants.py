@@ -344,3 +344,43 @@ def test_rope_layout_reads_rope_parameters():
         bad = LlamaConfig(hidden_size=8, num_attention_heads=HEADS, head_dim=16)
         bad.rope_parameters = {"rope_type": "default"}
         rope_layout({"q_proj.weight": w}, bad, to="interleaved")
+
+
+# ------------------------------------------------------------------ the contract, for the new variants
+VARIANTS = {
+    "proportional": ("rope", {"rope_scaling": {"rope_type": "proportional", "factor": 2.0},
+                              "partial_rotary_factor": 0.5}),
+    "interleaved-mrope": ("mrope", {"mrope_section": [2, 1, 1], "mrope_interleaved": True}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_variant_keeps_the_contract(variant):
+    """What the contract suite checks for every encoding's defaults, for these options too:
+    cached decoding equals the full forward, every backend equals eager, scores unchanged when
+    every position shifts (both variants are relative)."""
+    from tests.conftest import assert_close, attention_n, lm_n
+
+    from posenc.backends import supported_backends
+
+    torch.manual_seed(0)
+    name, opts = VARIANTS[variant]
+    L, dim = 8, 32  # 4 heads of 8
+    lm = posenc.TransformerLM(32, dim, 2, 4, name, max_len=16, **opts).eval()
+    t = torch.randint(0, 32, (2, L))
+    with torch.no_grad():
+        full = lm(t)
+        cache = lm.init_cache(batch_size=2, max_len=L)
+        steps = torch.cat([lm(t[:, i : i + 1], cache=cache) for i in range(L)], 1)
+    assert_close(steps, full, n=lm_n(dim=dim, depth=2, length=L), msg=f"{variant}: token by token")
+    x = torch.randn(2, L, dim)
+    n = attention_n(dim=dim, head_dim=8, length=L)
+    eager = posenc.Attention(dim, 4, name, causal=True, backend="eager", **opts)
+    assert eager.encoding.relative
+    with torch.no_grad():
+        ref = eager(x)
+        assert_close(eager(x, pos=torch.arange(L) + 5), ref, n=n + L + 5, msg=f"{variant}: shifted")
+        for backend in supported_backends(eager.encoding):
+            attn = posenc.Attention(dim, 4, name, causal=True, backend=backend, **opts)
+            attn.load_state_dict(eager.state_dict())
+            assert_close(attn(x), ref, n=n, msg=f"{variant}: {backend}")
