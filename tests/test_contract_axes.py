@@ -18,8 +18,8 @@ from tests.conftest import assert_close, attention_n, encoding_modes, lm_n, mode
 from tests.test_contract import assert_backend_equals_eager
 
 import posenc
-from posenc.base import options_of
 from posenc.positions import grid
+from posenc.registry import options_of
 
 HEADS, HEAD_DIM = 2, 12  # 6 rotary pairs: 3 per axis for A = 2, 2 for A = 3
 DIM, MAX_LEN = HEADS * HEAD_DIM, 16

@@ -240,12 +240,16 @@ def test_table_shared_across_layers_projections_per_layer():
 def test_share_att_key_uses_the_layer_projections():
     attn = posenc.Attention(D, H, "deberta", causal=False)
     enc = attn.encoding
-    assert enc.uses_layer_projections and not any(n.startswith("pos_") for n, _ in enc.named_parameters())
+    assert enc.share_att_key and not any(n.startswith("pos_") for n, _ in enc.named_parameters())
     q, k, pos = torch.randn(1, H, 3, DH), torch.randn(1, H, 3, DH), torch.arange(3)[None]
     with pytest.raises(ValueError, match="qk_proj"):
         enc.score_terms(q, k, pos, pos)
     # the table goes through exactly the projections given: the layer's own
     got = enc.score_terms(q, k, pos, pos, qk_proj=(attn.q_proj, attn.k_proj))
+    # the layer hands them over in the call's context
+    assert_close(
+        enc.score_terms(q, k, pos, pos, ctx=posenc.Context(pos, pos, qk_proj=(attn.q_proj, attn.k_proj))), got, n=DH
+    )
     table = enc.rel_table()
     kr = attn.k_proj(table).view(-1, H, DH).transpose(0, 1)  # (H, 2span, Dh)
     qr = attn.q_proj(table).view(-1, H, DH).transpose(0, 1)

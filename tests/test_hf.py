@@ -372,8 +372,9 @@ def test_errors_name_the_bad_value():
         ph.PosencLlamaConfig(**llama_config().to_dict() | {"posenc_layers": [{"encoding": "rope"}]})
     with pytest.raises(ValueError, match="'to' must be|to must be"):
         ph.rope_layout({}, llama_config(), to="meta")
-    with pytest.raises(ValueError, match="deberta with share_att_key=True needs as many key heads"):
-        ph.convert(llama, encoding="deberta")
+    grouped = ph.convert(llama, encoding="deberta")  # share_att_key: W_K of grouped key heads is too narrow
+    with pytest.raises(ValueError, match="share_att_key needs the layer's key projection to give heads\\*head_dim"):
+        grouped(torch.randint(0, V, (1, 4)))
 
 
 def test_posenc_implementation_on_an_unconverted_model_is_an_error():

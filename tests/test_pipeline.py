@@ -82,9 +82,9 @@ def test_public_pipeline_reproduces_the_layer(mode):
     with torch.no_grad():
         ref = attn(x, pos=pos, backend="eager")
         h = attn.embed_input(x, pos) if attn.runs_input_stage else x
-        q, k, v, q_pos, k_pos = attn.project(h, pos)
-        parts = posenc.scores(enc, q, k, q_pos, k_pos, qk_proj=(attn.q_proj, attn.k_proj), parts=True)
-        s = posenc.scores(enc, q, k, q_pos, k_pos, qk_proj=(attn.q_proj, attn.k_proj))
+        q, k, v, q_pos, k_pos, ctx = attn.project(h, pos)
+        parts = posenc.scores(enc, q, k, q_pos, k_pos, parts=True, ctx=ctx)
+        s = posenc.scores(enc, q, k, q_pos, k_pos, ctx=ctx)
         assert set(parts) == {"qk"} | ({"terms"} if enc.stages & Stage.TERMS else set()) | (
             {"bias"} if enc.stages & Stage.BIAS else set()
         )
@@ -95,7 +95,7 @@ def test_public_pipeline_reproduces_the_layer(mode):
         a = torch.softmax(s, -1)
         o = a @ v
         if enc.stages & Stage.VALUE:
-            o = o + enc.value_term(a, q_pos, k_pos)
+            o = o + enc.value_term(a, q_pos, k_pos, ctx=ctx)
         out = attn.o_proj(o.transpose(1, 2).reshape(2, L, -1))
     assert_close(out, ref, n=N_ATTN)
 
@@ -114,7 +114,7 @@ def test_registry_functions_equal_the_layer(mode):
         p = attn.project(h, pos)
         mask = AttentionMask(causal=causal, key_padding=kpm)
         for b in posenc.supported_backends(attn.encoding):
-            out = posenc.BACKENDS[b](attn.encoding, *p, mask, qk_proj=(attn.q_proj, attn.k_proj))
+            out = posenc.BACKENDS[b](attn.encoding, *p[:5], mask, ctx=p.ctx)
             out = attn.o_proj(out.transpose(1, 2).reshape(2, L, -1))
             assert_close(out, attn(x, pos=pos, key_padding_mask=kpm, backend=b), n=N_ATTN, msg=b)
 
@@ -250,7 +250,7 @@ def test_core_modules_name_no_encoding(module):
 def test_base_imports_nothing_above_it():
     imports = [n for n in ast.walk(ast.parse((SRC / "base.py").read_text())) if isinstance(n, ast.ImportFrom)]
     below = {(n.module, a.name) for n in imports if n.level for a in n.names}
-    assert {m or name for m, name in below} == {"functional", "validate"}  # the registry is filled from above
+    assert {m or name for m, name in below} == {"functional", "validate", "context"}  # ground floor only
     for path in (SRC / "encodings").glob("*.py"):  # the encodings sit below the model
         imported = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)]
         assert not any(n.module in ("model", "attention", "checkpoint") for n in imported if n.level == 2), path.name

@@ -186,7 +186,7 @@ def test_declarations():
         assert enc.rope_extension["scale_base"] == ext.get(
             "scale_base", TRAIN if ext["type"] != "self-extend" else None
         )
-    assert "rope_extension" in posenc.base.options_of(posenc.get_class("rope"))
+    assert "rope_extension" in posenc.registry.options_of(posenc.get_class("rope"))
 
 
 # ---------------------------------------------------------------------------- contract

@@ -44,13 +44,15 @@ from ._version import __version__ as __version__  # (ground floor: submodules re
 from .allocator import tune_allocator
 from .attention import Attention, Projection
 from .backends import BACKENDS, BlockOptions, select_backend, supported_backends
-from .base import PositionEncoding, Stage, available, build, get_class, register
+from .base import PositionEncoding, Stage
 from .cache import KVCache, ModelCache, SegmentMemory, SinkWindow
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import LayerSpec, ModelConfig
+from .context import Context, InputRead, Tables
 from .mask import AttentionMask
 from .model import TransformerLM
 from .patterns import PRESETS, layers
+from .registry import available, build, get_class, register
 from .score_sum import scores
 
 __all__ = [
@@ -65,6 +67,9 @@ __all__ = [
     "PRESETS",
     "PositionEncoding",
     "Projection",
+    "Context",
+    "InputRead",
+    "Tables",
     "SegmentMemory",
     "SinkWindow",
     "Stage",

@@ -22,10 +22,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .backends import BACKENDS, BlockOptions, canonical_backend, select_backend, supported_backends
-from .base import PositionEncoding, Stage, as_positions, build, check_lengths
+from .backends import BACKENDS, BlockOptions, canonical_backend, require_backend, select_backend
+from .base import PositionEncoding, Stage, as_positions, check_lengths
 from .cache import InputHistory, KVCache, SinkWindow, WindowKVCache, cat_positions, run_input_stage
+from .context import Context, Tables
 from .mask import AttentionMask
+from .registry import build
 from .validate import check_args
 
 __all__ = ["Attention", "Projection"]
@@ -35,7 +37,9 @@ class Projection(NamedTuple):
     """What :meth:`Attention.project` returns: the inputs of a backend.
 
     ``q`` ``(B, H, Lq, Dh)``, ``k``/``v`` ``(B, H, Lk, Dh)`` after the q/k stage (with a cache:
-    every cached key), ``q_pos`` ``(B|1, Lq)``, ``k_pos`` ``(B|1, Lk)`` int64.
+    every cached key), ``q_pos`` ``(B|1, Lq)``, ``k_pos`` ``(B|1, Lk)`` int64, ``ctx`` the
+    call's :class:`~posenc.Context` (what the score side may read). A backend takes
+    ``BACKENDS[name](enc, *p[:5], mask, ctx=p.ctx)``.
     """
 
     q: Tensor
@@ -43,6 +47,7 @@ class Projection(NamedTuple):
     v: Tensor
     q_pos: Tensor
     k_pos: Tensor
+    ctx: Context
 
 
 class Attention(nn.Module):
@@ -131,11 +136,8 @@ class Attention(nn.Module):
             self.encoding = encoding
         else:
             self.encoding = build(encoding, heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
-        if backend != "auto" and backend not in supported_backends(self.encoding):
-            raise ValueError(
-                f"backend {backend!r} cannot run encoding {self.encoding.name!r}; "
-                f"supported: {supported_backends(self.encoding)}"
-            )
+        if backend != "auto":
+            require_backend(self.encoding, backend)
         inner = heads * head_dim
         self.q_proj = nn.Linear(dim, inner, bias=qkv_bias)
         self.k_proj = nn.Linear(dim, inner, bias=qkv_bias)
@@ -251,39 +253,57 @@ class Attention(nn.Module):
         cache: KVCache | None = None,
         memory: Tensor | None = None,
         memory_pos: Tensor | None = None,
+        tables: Tables | None = None,
     ) -> Projection:
-        """Projections and the q/k stage: the inputs of a backend (see :class:`Projection`).
+        """Projections, what the encoding reads from the input, the q/k stage: the inputs of a
+        backend (see :class:`Projection`).
 
-        ``pos``: ``(B|1, L[, A])`` int64, checked. With ``cache``, the new keys/values are
-        appended and every cached one comes back; with ``memory`` ``(B, M, D)`` at
-        ``memory_pos`` ``(B|1, M)`` (Transformer-XL), keys and values are computed from
-        ``cat(memory, x)``, queries from ``x`` only.
+        ``pos``: ``(B|1, L[, A])`` int64, checked. With ``cache``, the new keys/values (and the
+        encoding's per-key state) are appended and every cached one comes back; with
+        ``memory`` ``(B, M, D)`` at ``memory_pos`` ``(B|1, M)`` (Transformer-XL), keys and
+        values are computed from ``cat(memory, x)``, queries from ``x`` only. ``tables``: the
+        model call's :class:`~posenc.context.Tables` memo, shared by its layers.
         """
         enc = self.encoding
         B, L, _ = x.shape
         q = self.q_proj(x).view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
         q_pos = k_pos = pos
+        rows = x  # the layer input rows of the keys this call adds
         if memory is not None:
             if cache is not None:
                 raise ValueError("memory and cache cannot be used together")
-            x = torch.cat((memory.to(x.dtype), x), dim=1)  # (B, M + L, D)
+            rows = torch.cat((memory.to(x.dtype), x), dim=1)  # (B, M + L, D)
             k_pos = cat_positions(memory_pos, pos)  # (B|1, M + L)
-        Lk = x.shape[1]
-        k = self.k_proj(x).view(B, Lk, self.heads, self.head_dim).transpose(1, 2)  # (B, H, Lk, Dh)
-        v = self.v_proj(x).view(B, Lk, self.heads, self.head_dim).transpose(1, 2)  # (B, H, Lk, Dh)
+        Lk = rows.shape[1]
+        k = self.k_proj(rows).view(B, Lk, self.heads, self.head_dim).transpose(1, 2)  # (B, H, Lk, Dh)
+        v = self.v_proj(rows).view(B, Lk, self.heads, self.head_dim).transpose(1, 2)  # (B, H, Lk, Dh)
+        state: dict[str, Tensor] = {}
+        if enc.reads_input:
+            read = enc.read_input(rows, k, v, None if cache is None else cache.carry)
+            k, v, state = read.k, read.v, read.state
+            if cache is not None:
+                cache.carry = read.carry
+        q_state = {n: t[:, :, Lk - L :] for n, t in state.items()}  # the queries are the last L rows
+        ctx = Context(
+            q_pos, k_pos, x=x, q_state=q_state, k_state=state, qk_proj=(self.q_proj, self.k_proj), tables=tables
+        )
         if enc.rotates_value:
-            v = enc.rotate_value(v, k_pos)
+            v = enc.rotate_value(v, k_pos, ctx=ctx)
         if cache is None:
-            q, k = enc.rotate(q, k, q_pos, k_pos)
+            q, k = enc.rotate(q, k, q_pos, k_pos, ctx=ctx)
         elif enc.cache_raw_keys or cache.reassigns_positions:  # rotate every cached key again
             k, v, k_pos = cache.update(k, v, pos)
+            state = cache.update_state(state)
             if cache.reassigns_positions:  # the queries follow the cached keys (SinkWindow)
                 q_pos = k_pos[:, k_pos.shape[1] - L :]
-            q, k = enc.rotate(q, k, q_pos, k_pos)
+            ctx = replace(ctx, q_pos=q_pos, k_pos=k_pos, k_state=state)
+            q, k = enc.rotate(q, k, q_pos, k_pos, ctx=ctx)
         else:
-            q, k = enc.rotate(q, k, q_pos, k_pos)
+            q, k = enc.rotate(q, k, q_pos, k_pos, ctx=ctx)
             k, v, k_pos = cache.update(k, v, pos)
-        return Projection(q, k.to(q.dtype), v.to(q.dtype), q_pos, k_pos)
+            state = cache.update_state(state)
+            ctx = replace(ctx, k_pos=k_pos, k_state=state)
+        return Projection(q, k.to(q.dtype), v.to(q.dtype), q_pos, k_pos, ctx)
 
     def mask_for(
         self, q_len: int, k_len: int, key_padding_mask: Tensor | None = None, document_ids: Tensor | None = None
@@ -319,11 +339,13 @@ class Attention(nn.Module):
         memory: Tensor | None = None,
         memory_pos: Tensor | None = None,
         document_ids: Tensor | None = None,
+        tables: Tables | None = None,
     ) -> Tensor:
         """:meth:`project`, the backend, the output projection: ``(B, L, D)``.
 
         For callers that checked ``pos`` already (``(B|1, L)`` int64; a model checks once
-        for all its layers) and ran the input stage where it belongs.
+        for all its layers) and ran the input stage where it belongs. ``tables``: the model
+        call's :class:`~posenc.context.Tables`, so layers sharing an encoding share its tables.
 
         A cache that cannot take all ``L`` tokens in one call without evicting keys an
         earlier query of the call sees (:attr:`posenc.KVCache.room`: a
@@ -334,19 +356,20 @@ class Attention(nn.Module):
         L = x.shape[1]
         room = None if cache is None else cache.room
         if room is None or L <= room:
-            return self._attend(x, pos, cache, key_padding_mask, backend, memory, memory_pos, document_ids)
+            return self._attend(x, pos, cache, key_padding_mask, backend, memory, memory_pos, document_ids, tables)
         seen, outs, start = cache.length, [], 0
         while start < L:
             end = start + max(1, min(L - start, cache.room))
             kpm = None if key_padding_mask is None else key_padding_mask[:, : seen + end]
             docs = None if document_ids is None else document_ids[..., start:end]
-            outs.append(self._attend(x[:, start:end], pos[:, start:end], cache, kpm, backend, memory, memory_pos, docs))
+            piece = (x[:, start:end], pos[:, start:end], cache, kpm, backend, memory, memory_pos, docs, tables)
+            outs.append(self._attend(*piece))
             start = end
         return torch.cat(outs, dim=1)
 
-    def _attend(self, x, pos, cache, key_padding_mask, backend, memory, memory_pos, document_ids) -> Tensor:
+    def _attend(self, x, pos, cache, key_padding_mask, backend, memory, memory_pos, document_ids, tables) -> Tensor:
         B, L, _ = x.shape
-        p = self.project(x, pos, cache=cache, memory=memory, memory_pos=memory_pos)
+        p = self.project(x, pos, cache=cache, memory=memory, memory_pos=memory_pos, tables=tables)
         Lk = p.k.shape[2]
         if cache is not None and key_padding_mask is not None:
             key_padding_mask = cache.select_keys(key_padding_mask)
@@ -355,9 +378,8 @@ class Attention(nn.Module):
             mask = replace(mask, **cache.mask_fields(Lk))
         mask.check(B, L, Lk)
         name = self.resolve_backend(backend, x.device.type, L, Lk, causal=mask.causal)
-        qk_proj = (self.q_proj, self.k_proj)
         opts = self.block_options
-        out = BACKENDS[name](self.encoding, *p, mask, qk_proj=qk_proj, options=opts, sinks=self.sinks)  # (B, H, L, Dh)
+        out = BACKENDS[name](self.encoding, *p[:5], mask, ctx=p.ctx, options=opts, sinks=self.sinks)  # (B, H, L, Dh)
         return self.o_proj(out.transpose(1, 2).reshape(B, L, self.heads * self.head_dim))
 
     def resolve_backend(
@@ -376,9 +398,4 @@ class Attention(nn.Module):
         if name == "auto":
             causal = self.causal if causal is None else causal
             return select_backend(self.encoding, device_type, q_len, k_len, causal=causal)
-        if name not in supported_backends(self.encoding):
-            raise ValueError(
-                f"backend {name!r} cannot run encoding {self.encoding.name!r}; "
-                f"supported: {supported_backends(self.encoding)}"
-            )
-        return name
+        return require_backend(self.encoding, name)

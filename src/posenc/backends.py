@@ -5,10 +5,13 @@ API reference (what :class:`posenc.Attention` calls, and what other code may cal
     posenc.scores(enc, q, k, q_pos, k_pos, *, qk_proj=None, parts=False)
         # the pre-softmax score sum  s = scale·(q̃·k̃ + score_terms) + bias, float32 (B, H, Lq, Lk);
         # parts=True: {"qk": scale·q̃·k̃, "terms": scale·score_terms, "bias": bias}, the stages it has
-    posenc.BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask, *, qk_proj=None, options=None, sinks=None) -> (B, H, Lq, Dh)
+    posenc.BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask, *, ctx=None, qk_proj=None, options=None, sinks=None)
+        # -> (B, H, Lq, Dh)
         # q (B, H, Lq, Dh), k, v (B, H, Lk, Dh): after the q/k stage (Attention.project);
         # q_pos (B|1, Lq), k_pos (B|1, Lk) int64; mask: a posenc.AttentionMask;
-        # qk_proj: the layer's (W_Q, W_K) for encodings with uses_layer_projections;
+        # ctx: the call's posenc.Context (what the encoding may read: the layer input rows,
+        #   per-token state, the layer's projections, the per-forward tables); None: a bare one
+        # qk_proj: the layer's (W_Q, W_K), when ctx does not carry them;
         # options: a BlockOptions (query block sizes, recompute budget)
         # sinks: (H,) learned sink logits (gpt-oss, posenc.sinks) or None
     posenc.supported_backends(enc) -> list[str]     # every one of them equals "eager"
@@ -82,6 +85,7 @@ __all__ = [
     "scores",
     "select_backend",
     "supported_backends",
+    "require_backend",
 ]
 
 
@@ -110,7 +114,9 @@ class BlockOptions:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
 
 
-AttendFn = Callable[..., Tensor]  # (enc, q, k, v, q_pos, k_pos, mask, *, qk_proj=None, options=None, sinks=None)
+AttendFn = Callable[
+    ..., Tensor
+]  # (enc, q, k, v, q_pos, k_pos, mask, *, ctx=None, qk_proj=None, options=None, sinks=None)
 
 
 # ============================================================================ helpers
@@ -130,11 +136,13 @@ def _needs_grad(*tensors: Tensor) -> bool:
 
 
 # ============================================================================ backends
-def sdpa(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
+def sdpa(
+    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None
+) -> Tensor:
     """``F.scaled_dot_product_attention``: input and q/k stages only (a window or chunk: in query
     blocks of ``options.dense_chunk`` rows that read only the keys they can see)."""
 
-    def block(q, k, v, q_pos, k_pos, m: AttentionMask):
+    def block(q, k, v, q_pos, k_pos, m: AttentionMask, _ctx):
         (B, H, Lq, _), Lk, scale = q.shape, k.shape[2], enc.scale
         if sinks is not None:  # one zero key whose score is the sink logit
             bias = sink_bias(None, m.dense(Lq, Lk, q.device), sinks, (B, H, Lq, Lk)).to(q.dtype)
@@ -147,7 +155,9 @@ def sdpa(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, optio
     return propagate_nonfinite(_in_query_blocks(block, c, False, q, k, v, q_pos, k_pos, mask), q, k, v)
 
 
-def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
+def dense(
+    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None
+) -> Tensor:
     """SDPA with the bias as a float mask, in query blocks of ``options.dense_chunk`` rows.
 
     Blocking bounds the bias at ``(B|1, H, chunk, Lk)`` and drops the keys a block cannot
@@ -159,8 +169,8 @@ def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, opti
     o = options or BlockOptions()
     scale = enc.scale
 
-    def block(qb, kb, vb, qp, kp, m: AttentionMask):
-        bias = enc.bias(qp, kp)  # (B|1, H, Lq_b, Lk_b) float32
+    def block(qb, kb, vb, qp, kp, m: AttentionMask, bctx):
+        bias = enc.bias(qp, kp, ctx=bctx)  # (B|1, H, Lq_b, Lk_b) float32
         keep = m.dense(qb.shape[2], kb.shape[2], qb.device)
         if sinks is not None:
             bias = sink_bias(bias, keep, sinks, (*qb.shape[:3], kb.shape[2]))
@@ -171,7 +181,7 @@ def dense(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, opti
 
     learned_bias = _needs_grad(q, k, v) and any(p.requires_grad for p in enc.parameters())
     recompute = learned_bias and saved_score_bytes(q, k, mask) > o.checkpoint_bytes
-    out = _in_query_blocks(block, min(o.chunk_size, o.dense_chunk), recompute, q, k, v, q_pos, k_pos, mask)
+    out = _in_query_blocks(block, min(o.chunk_size, o.dense_chunk), recompute, q, k, v, q_pos, k_pos, mask, ctx=ctx)
     return propagate_nonfinite(out, q, k, v)
 
 
@@ -190,7 +200,9 @@ def chunked_rows(k_len: int, chunk_size: int) -> int:
     return min(chunk_size, CHUNKED_ROWS, max(8, CHUNKED_SCORES // max(k_len, 1)))
 
 
-def chunked(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
+def chunked(
+    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None
+) -> Tensor:
     """:func:`scores`, softmax and values in query blocks of :func:`chunked_rows` rows.
 
     Each block sees only the keys the mask lets it see. With gradients, the blocks are
@@ -200,21 +212,25 @@ def chunked(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, op
     o = options or BlockOptions()
     recompute = _needs_grad(q, k, v) and saved_score_bytes(q, k, mask) > o.checkpoint_bytes
 
-    def block(qb, kb, vb, qp, kp, m):
-        return materialized(enc, qb, kb, vb, qp, kp, m, qk_proj, sinks)
+    def block(qb, kb, vb, qp, kp, m, bctx):
+        return materialized(enc, qb, kb, vb, qp, kp, m, qk_proj, sinks, bctx)
 
     rows = min(o.chunk_size, CHUNKED_ROWS)
-    out = _in_query_blocks(block, rows, recompute, q, k, v, q_pos, k_pos, mask, scores=CHUNKED_SCORES)
+    out = _in_query_blocks(block, rows, recompute, q, k, v, q_pos, k_pos, mask, scores=CHUNKED_SCORES, ctx=ctx)
     return propagate_nonfinite(out, q, k, v)
 
 
-def eager(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
+def eager(
+    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None
+) -> Tensor:
     """The oracle: every term materialised at once, float32 throughout."""
-    out = materialized(enc, q.float(), k.float(), v.float(), q_pos, k_pos, mask, qk_proj, sinks)
+    out = materialized(enc, q.float(), k.float(), v.float(), q_pos, k_pos, mask, qk_proj, sinks, ctx)
     return propagate_nonfinite(out, q, k, v).to(q.dtype)
 
 
-def blockwise(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
+def blockwise(
+    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None
+) -> Tensor:
     """:mod:`posenc.kernels` for encodings with ``distance_terms``: no ``L×L`` tensor, the fused
     kernel wherever the terms fold into ``q``/``k``/``v``. Where
     :func:`~posenc.kernels.backend.blockwise_attention` does not apply (or with learned
@@ -225,12 +241,22 @@ def blockwise(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, 
         # saved-score budget (BlockOptions.checkpoint_bytes), as dense/chunked keep their
         # scores (what recomputing them cost: docs/bench.md, "Kept probabilities")
         out = blockwise_attention(
-            enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj, max_block=o.chunk_size, keep_bytes=o.checkpoint_bytes
+            enc,
+            q,
+            k,
+            v,
+            q_pos,
+            k_pos,
+            mask,
+            ctx=ctx,
+            qk_proj=qk_proj,
+            max_block=o.chunk_size,
+            keep_bytes=o.checkpoint_bytes,
         )
         if out is not None:
             return propagate_nonfinite(out, q, k, v)  # the fused calls would hide a NaN row
     general = dense if "dense" in supported_backends(enc) else chunked
-    return general(enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj, options=options, sinks=sinks)
+    return general(enc, q, k, v, q_pos, k_pos, mask, ctx=ctx, qk_proj=qk_proj, options=options, sinks=sinks)
 
 
 _compiled_flex = None
@@ -248,12 +274,14 @@ def _flex_attention(device_type: str):
     return _compiled_flex
 
 
-def flex(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, qk_proj=None, options=None, sinks=None) -> Tensor:
+def flex(
+    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None
+) -> Tensor:
     """FlexAttention with the encoding's ``score_mod`` and the mask's ``mask_mod``."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     (B, _, Lq, _), Lk = q.shape, k.shape[2]
-    score_mod = enc.score_mod(q_pos.expand(B, Lq), k_pos.expand(B, Lk))
+    score_mod = enc.score_mod(q_pos.expand(B, Lq), k_pos.expand(B, Lk), ctx=ctx)
     mask_mod = mask.mask_mod()
     if sinks is not None:  # key Lk: the sink key
         score_mod, mask_mod = sink_mods(score_mod, mask_mod, sinks, Lk)
@@ -303,6 +331,13 @@ def supported_backends(enc: PositionEncoding) -> list[str]:
     if st & Stage.BIAS and not vector:
         out += ["flex", "dense"]
     return out + ["chunked", "eager"]
+
+
+def require_backend(enc: PositionEncoding, name: str) -> str:
+    """``name`` when it can run ``enc``; else a ``ValueError`` listing the backends that can."""
+    if name not in supported_backends(enc):
+        raise ValueError(f"backend {name!r} cannot run encoding {enc.name!r}; supported: {supported_backends(enc)}")
+    return name
 
 
 # ``blockwise`` pays for its per-block fused calls only from about this many scores per

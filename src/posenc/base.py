@@ -21,6 +21,7 @@ imports :mod:`posenc.encodings`; this module imports nothing above it.
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
 from collections.abc import Callable
 from typing import ClassVar
@@ -28,6 +29,7 @@ from typing import ClassVar
 from torch import Tensor, nn
 
 from . import functional as PF
+from .context import InputRead
 from .functional import (
     as_positions,  # re-exported: the layer and model call them from here
     check_lengths,
@@ -37,10 +39,6 @@ from .validate import checked_init, position_checked
 __all__ = [
     "Stage",
     "PositionEncoding",
-    "register",
-    "build",
-    "available",
-    "get_class",
     "ScoreMod",
     "check_lengths",
     "as_positions",
@@ -51,7 +49,25 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 BASE_ARGS = ("heads", "head_dim", "max_len", "causal")  # checked by PositionEncoding.__init__ itself
 STAGE_METHODS = ("embed", "rotate", "rotate_value", "bias", "score_terms", "qk_scores", "value_term")
+# the methods the layer and the backends call with ``ctx=`` (a posenc.Context)
+CONTEXT_METHODS = (*STAGE_METHODS[1:], "score_mod", "distance_terms")
 POSITION_ARGS = ("pos", "q_pos", "k_pos")  # the stage methods' position arguments
+
+
+def _takes_ctx(fn: Callable) -> bool:
+    params = inspect.signature(fn).parameters
+    return "ctx" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _ignoring_ctx(fn: Callable) -> Callable:
+    """A stage method written without ``ctx`` (an encoding that reads nothing of the call but
+    its arguments), callable with it."""
+
+    @functools.wraps(fn)
+    def stage(self, *args, ctx=None, **kwargs):
+        return fn(self, *args, **kwargs)
+
+    return stage
 
 
 class Stage(enum.Flag):
@@ -102,16 +118,6 @@ class PositionEncoding(nn.Module):
             NTK); otherwise it stores rotated keys.
         memory_len: tokens of earlier segments each layer attends to (Transformer-XL's
             recurrence, :meth:`posenc.TransformerLM.init_memory`); 0 = none.
-        uses_layer_projections: ``score_terms`` projects the encoding's own table with the
-            layer's ``W_Q``/``W_K``, passed as ``qk_proj=(q_proj, k_proj)`` (DeBERTa's
-            ``share_att_key``).
-        terms_read_mask: the ``score_terms`` of a pair depend on which other keys the
-            query sees (CoPE's gate sums): they also take ``mask=``, the call's bool
-            ``(B|1, 1, Lq, Lk)`` (True = attend) or None (nothing hidden).
-        terms_read_qk: the ``score_terms`` use the plain product ``q·kᵀ`` (CoPE's gates):
-            :func:`posenc.scores` passes the one it computes as ``qk=`` (unscaled,
-            ``(B, H, Lq, Lk)``, the dtype of ``q``), so it is computed and differentiated
-            once; a direct call without it computes its own.
         axes: coordinates per position the encoding reads, ``A``: 1 for a sequence, 2 or 3
             for image rows/columns or video time/rows/columns (set per instance by the
             encodings that take an ``axes`` option). With ``A > 1`` every stage receives
@@ -130,9 +136,6 @@ class PositionEncoding(nn.Module):
     input_context: int = 0
     cache_raw_keys: bool = False
     memory_len: int = 0
-    uses_layer_projections: bool = False
-    terms_read_mask: bool = False
-    terms_read_qk: bool = False
     axes: int = 1
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -148,6 +151,10 @@ class PositionEncoding(nn.Module):
             fn = cls.__dict__.get(name)
             if fn is not None and not getattr(fn, "checks_positions", False):
                 setattr(cls, name, position_checked(fn, POSITION_ARGS))
+        for name in CONTEXT_METHODS:
+            fn = cls.__dict__.get(name)
+            if fn is not None and not _takes_ctx(fn):
+                setattr(cls, name, _ignoring_ctx(fn))
 
     def __init__(self, *, heads: int, head_dim: int, max_len: int | None = None, causal: bool = True) -> None:
         super().__init__()
@@ -270,11 +277,34 @@ class PositionEncoding(nn.Module):
         """
         return x
 
-    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        """q/k stage. ``q``: ``(B, H, Lq, Dh)``, ``k``: ``(B, H, Lk, Dh)``; same shapes out."""
+    def read_input(self, x: Tensor, k: Tensor, v: Tensor, carry=None) -> InputRead:
+        """What the encoding computes from the layer input for the tokens a call adds.
+
+        ``x`` ``(B, L, D)``: the layer input rows of those tokens (with Transformer-XL memory,
+        the memory's rows first); ``k``, ``v`` ``(B, H, L, Dh)``: their projections, before
+        the q/k stage; ``carry``: what the previous call of the same KV cache returned (None
+        without a cache, on its first call, or when there is none). Returns an
+        :class:`~posenc.context.InputRead`: the keys and values the layer uses, per-token
+        state the score side reads as ``ctx.q_state``/``ctx.k_state`` (the cache keeps it
+        beside the keys), and the next carry. The default reads nothing; an encoding whose
+        position term comes from the hidden state (FoX's gates) overrides it.
+        """
+        return InputRead(k, v, {}, carry)
+
+    @property
+    def reads_input(self) -> bool:
+        """The encoding overrides :meth:`read_input` (the layer calls it)."""
+        return type(self).read_input is not PositionEncoding.read_input
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> tuple[Tensor, Tensor]:
+        """q/k stage. ``q``: ``(B, H, Lq, Dh)``, ``k``: ``(B, H, Lk, Dh)``; same shapes out.
+
+        ``ctx``: the call's :class:`~posenc.Context` (None in a direct call), for every
+        method below: an encoding reads from it what the call has beyond its arguments.
+        """
         return q, k
 
-    def rotate_value(self, v: Tensor, k_pos: Tensor) -> Tensor:
+    def rotate_value(self, v: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
         """Part of the q/k stage when :attr:`rotates_value`: values rotated by their key
         position (RoFormer's ``rotary_value``); identity by default."""
         return v
@@ -283,21 +313,21 @@ class PositionEncoding(nn.Module):
     def rotates_value(self) -> bool:
         return False
 
-    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def bias(self, q_pos: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
         """Scalar score stage: ``(H, Lq, Lk)`` for 1-D positions, ``(B, H, Lq, Lk)`` for 2-D.
 
         Float32, added after ``scale``.
         """
         raise NotImplementedError
 
-    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor, ctx=None) -> ScoreMod:
         """The same bias as a FlexAttention ``score_mod`` closure.
 
         ``q_pos``/``k_pos`` are ``(B, L)``; the closure maps ``(score, b, h, q_idx, kv_idx)``
         to ``score + bias[b, h, q_idx, kv_idx]`` without an ``L×L`` tensor. The default
         indexes the dense :meth:`bias` and is meant only as a fallback.
         """
-        dense = self.bias(q_pos, k_pos)
+        dense = self.bias(q_pos, k_pos, ctx=ctx)
 
         def mod(score, b, h, q_idx, kv_idx):
             return score + dense[b, h, q_idx, kv_idx]
@@ -309,14 +339,16 @@ class PositionEncoding(nn.Module):
         """True when :meth:`score_mod` is a real elementwise form (not the dense fallback)."""
         return type(self).score_mod is not PositionEncoding.score_mod
 
-    def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
         """Vector score stage: ``(B, H, Lq, Lk)`` added to ``q̃·k̃`` before ``scale``.
 
-        An encoding with :attr:`uses_layer_projections` also takes ``qk_proj=(q_proj, k_proj)``.
+        The score sum gives ``ctx.mask`` (the call's bool mask) and ``ctx.qk`` (the plain
+        ``q·kᵀ`` it computed: CoPE's gates read both); ``ctx.qk_proj`` holds the layer's
+        ``W_Q``/``W_K`` (DeBERTa's ``share_att_key``).
         """
         raise NotImplementedError
 
-    def qk_scores(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def qk_scores(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
         """Pair score stage: float32 ``(B, H, Lq, Lk)`` that *replaces* ``q̃·k̃`` (before ``scale``).
 
         For encodings whose ``q·k`` term is not one rotation of the queries and keys, e.g.
@@ -325,14 +357,14 @@ class PositionEncoding(nn.Module):
         """
         raise NotImplementedError
 
-    def value_term(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def value_term(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
         """Value stage: ``attn`` ``(B, H, Lq, Lk)`` -> ``(B, H, Lq, Dh)`` added to ``attn @ v``."""
         raise NotImplementedError
 
-    def distance_terms(self, q: Tensor, k: Tensor):
+    def distance_terms(self, q: Tensor, k: Tensor, ctx=None):
         """The stages as tables per distance ``d = k_pos - q_pos`` (a :class:`posenc.terms.DistanceTerms`,
         run by the ``blockwise`` backend), or None: not a function of ``d`` alone. ``q``, ``k``
-        after the q/k stage; with :attr:`uses_layer_projections` also ``qk_proj=``.
+        after the q/k stage.
         """
         return None
 
@@ -341,57 +373,3 @@ class PositionEncoding(nn.Module):
     def rel_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """``j - i`` for every pair: ``(..., Lq, Lk)`` int64 (broadcast over a batch dim)."""
         return k_pos.unsqueeze(-2) - q_pos.unsqueeze(-1)
-
-
-# ============================================================================ registry
-_REGISTRY: dict[str, type[PositionEncoding]] = {}
-
-
-def register(cls: type[PositionEncoding]) -> type[PositionEncoding]:
-    """Class decorator: add an encoding to the registry under ``cls.name``."""
-    if not (isinstance(cls, type) and issubclass(cls, PositionEncoding)):
-        raise TypeError(f"register expects a PositionEncoding subclass, got {cls!r}")
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ValueError(f"an encoding named {cls.name!r} is already registered ({_REGISTRY[cls.name].__name__})")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def available() -> list[str]:
-    """Names of every registered encoding, sorted."""
-    return sorted(_REGISTRY)
-
-
-def get_class(name: str) -> type[PositionEncoding]:
-    if not isinstance(name, str):
-        raise TypeError(f"encoding name must be a str, got {type(name).__name__}")
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown encoding {name!r}; available: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
-
-
-def options_of(cls: type[PositionEncoding]) -> list[str]:
-    """Keyword options an encoding accepts beyond heads, head_dim, max_len, causal."""
-    params = inspect.signature(cls.__init__).parameters
-    return [p for p in params if p not in ("self", "heads", "head_dim", "max_len", "causal")]
-
-
-def build(
-    name: str, *, heads: int, head_dim: int, max_len: int | None = None, causal: bool = True, **options
-) -> PositionEncoding:
-    """Build a registered encoding.
-
-    Raises:
-        ValueError: unknown name or option (the message lists the valid ones), or an
-            option value out of range.
-    """
-    cls = get_class(name)
-    valid = options_of(cls)
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise ValueError(
-            f"unknown option(s) {unknown} for encoding {name!r}; valid options: {', '.join(valid) or '(none)'}"
-        )
-    return cls(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)

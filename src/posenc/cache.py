@@ -136,6 +136,8 @@ class KVCache(nn.Module):
         self.register_buffer("pos", torch.zeros(pos_shape, dtype=torch.long, device=device), persistent=False)
         self.length = 0
         self.inputs: InputHistory | None = None
+        self.state: dict[str, Tensor] = {}  # the encoding's per-key state (read_input), token axis 2
+        self.carry = None  # the encoding's running state between calls (read_input)
 
     @property
     def max_len(self) -> int:
@@ -143,8 +145,22 @@ class KVCache(nn.Module):
 
     def reset(self) -> None:
         self.length = 0
+        self.state, self.carry = {}, None
         if self.inputs is not None:
             self.inputs.reset()
+
+    def update_state(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """After :meth:`update`: append the new keys' per-key ``state`` ``{name: (B, *, L, ...)}``
+        and return it for every key :meth:`update` returned."""
+        if not state:
+            return {}
+        start = self.length - next(iter(state.values())).shape[2]
+        self.state = {
+            n: torch.cat((self.state[n][:, :, :start], t.detach()), 2) if start else t.detach()
+            for n, t in state.items()
+        }
+        out = {n: torch.cat((self.state[n][:, :, :start], t), 2) if start else t for n, t in state.items()}
+        return out
 
     def update(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Append ``k, v`` ``(B, H, L, Dh)`` at ``pos`` ``(B|1, L[, A])``; return all cached so far."""
@@ -237,6 +253,8 @@ class WindowKVCache(KVCache):
         self.held = self.index  # stream index of each key the last update returned
         self.length = 0
         self.inputs: InputHistory | None = None
+        self.state, self.carry = {}, None
+        self._keep = None  # which of the keys the last update returned it kept
 
     @property
     def max_len(self) -> int:
@@ -279,10 +297,18 @@ class WindowKVCache(KVCache):
         self.index = self.held[keep]
         keep = keep.to(k.device)
         self.k, self.v, self.pos = k_all[:, :, keep], v_all[:, :, keep], p_all[:, keep]
+        self._keep = keep
         self.length += L
         if self.policy is not None:
             p_all = torch.arange(n, device=k.device).expand(B, n)
         return k_all, v_all, p_all
+
+    def update_state(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        if not state:
+            return {}
+        out = {n: torch.cat((self.state[n].to(t.dtype), t), 2) if n in self.state else t for n, t in state.items()}
+        self.state = {n: t[:, :, self._keep].detach() for n, t in out.items()}
+        return out
 
     def mask_fields(self, k_len: int) -> dict:
         if self.policy is not None:

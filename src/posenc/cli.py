@@ -16,9 +16,9 @@ import os
 import sys
 
 from ._version import __version__
-from .base import available as _available
-from .base import get_class, options_of
 from .cli_types import OneLineParser
+from .registry import available as _available
+from .registry import get_class, options_of
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {

@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .backends import canonical_backend
-from .base import get_class, options_of
 from .layer_spec import SPEC_FIELDS, LayerSpec
 from .patterns import is_pattern, layers
+from .registry import get_class, options_of
 from .validate import check_args
 
 __all__ = ["LayerSpec", "ModelConfig"]

@@ -258,11 +258,12 @@ class AttentionMask:
 
 
 def in_query_blocks(
-    block, c: int, recompute: bool, q, k, v, q_pos, k_pos, mask: AttentionMask, scores: int | None = None
+    block, c: int, recompute: bool, q, k, v, q_pos, k_pos, mask: AttentionMask, scores: int | None = None, ctx=None
 ) -> Tensor:
     """Run ``block`` on query rows ``[s, s + c)`` against only the keys the mask lets them see.
 
-    ``block`` has a backend's signature; ``recompute``: checkpoint each block (its scores
+    ``block`` takes ``(q, k, v, q_pos, k_pos, mask, ctx)`` of one block (``ctx``: the call's
+    :class:`~posenc.Context` narrowed to the block, or None); ``recompute``: checkpoint each block (its scores
     are rebuilt in backward). A window or chunk shrinks ``c`` (:meth:`AttentionMask.query_block`).
     ``scores``: also keep each block's ``rows × keys`` at most this (at least 8 rows), so
     that every block of a long causal call allocates score tensors of about one size.
@@ -273,7 +274,7 @@ def in_query_blocks(
     """
     (Lq, Lk), c = (q.shape[2], k.shape[2]), mask.query_block(c)
     if Lq <= c and (scores is None or Lq * Lk <= scores):
-        return block(q, k, v, q_pos, k_pos, mask)
+        return block(q, k, v, q_pos, k_pos, mask, ctx)
     outs = []
     e = 0
     while e < Lq:
@@ -283,6 +284,15 @@ def in_query_blocks(
             ks, ke = mask.key_range(s, e, Lk)
             e = min(e, s + max(8, scores // max(ke - ks, 1)))
         ks, ke = mask.key_range(s, e, Lk)
-        args = (q[:, :, s:e], k[:, :, ks:ke], v[:, :, ks:ke], q_pos[:, s:e], k_pos[:, ks:ke], mask.narrow(s, ks, ke))
+        bctx = None if ctx is None else ctx.block(slice(s, e), slice(ks, ke))
+        args = (
+            q[:, :, s:e],
+            k[:, :, ks:ke],
+            v[:, :, ks:ke],
+            q_pos[:, s:e],
+            k_pos[:, ks:ke],
+            mask.narrow(s, ks, ke),
+            bctx,
+        )
         outs.append(checkpoint(block, *args, use_reentrant=False) if recompute else block(*args))
     return torch.cat(outs, dim=2)  # (B, H, Lq, Dh)

@@ -22,10 +22,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import Attention
-from .base import PositionEncoding, Stage, as_positions, build, check_lengths, get_class, options_of
+from .base import PositionEncoding, Stage, as_positions, check_lengths
 from .cache import InputHistory, KVCache, ModelCache, SegmentMemory, run_input_stage
 from .config import ModelConfig
+from .context import Tables
 from .positions import document_positions
+from .registry import build, get_class, options_of
 
 __all__ = ["TransformerLM", "Block"]
 
@@ -71,6 +73,7 @@ class Block(nn.Module):
         memory: Tensor | None = None,
         memory_pos: Tensor | None = None,
         document_ids: Tensor | None = None,
+        tables: Tables | None = None,
     ) -> Tensor:
         memory = None if memory is None else self.ln1(memory)  # memory holds block inputs
         h = self.attn.attend(
@@ -81,6 +84,7 @@ class Block(nn.Module):
             memory=memory,
             memory_pos=memory_pos,
             document_ids=document_ids,
+            tables=tables,
         )
         x = x + self.drop(h)
         return x + self.mlp(self.ln2(x))
@@ -312,18 +316,20 @@ class TransformerLM(nn.Module):
                     f"token id {int(bad[0])} is out of range for vocab_size={self.vocab_size} (ids must be 0..{self.vocab_size - 1})"
                 ) from None
             raise
+        tables = Tables()  # position tables computed once for this call, shared by the layers
         for i, block in enumerate(self.blocks):
             if i > 0:
                 x = self._run_stages(i, x, pos, cache, document_ids)
             if memory is None:
                 layer_cache = cache.layers[i] if cache is not None else None
-                x = block(x, pos, layer_cache, key_padding_mask=key_padding_mask, document_ids=document_ids)
+                kw = {"key_padding_mask": key_padding_mask, "document_ids": document_ids, "tables": tables}
+                x = block(x, pos, layer_cache, **kw)
                 continue
             mem = memory.layers[i]
             if mem is not None and mem.shape[0] != B:
                 raise ValueError(f"memory holds batch size {mem.shape[0]}, got tokens of batch size {B}")
             x_in = x
-            x = block(x, pos, memory=mem, memory_pos=memory.pos if mem is not None else None)
+            x = block(x, pos, memory=mem, memory_pos=memory.pos if mem is not None else None, tables=tables)
             memory.remember(i, x_in)
         if memory is not None:
             memory.advance(pos)

@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .base import get_class, options_of
 from .layer_spec import SPEC_FIELDS, LayerSpec
+from .registry import get_class, options_of
 
 __all__ = ["Preset", "PRESETS", "MAX_LAYERS", "MAX_NESTING", "layers", "parse_pattern", "expand", "is_pattern"]
 

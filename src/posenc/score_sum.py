@@ -8,10 +8,13 @@ that hold the scores (``chunked``, ``eager`` in :mod:`posenc.backends`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor, nn
 
 from .base import PositionEncoding, Stage
+from .context import Context
 from .mask import AttentionMask
 from .sinks import sink_softmax
 
@@ -31,55 +34,56 @@ def scores(
     qk_proj: QKProj | None = None,
     parts: bool = False,
     mask: Tensor | None = None,
+    ctx: Context | None = None,
 ) -> Tensor | dict[str, Tensor]:
     """Pre-softmax scores ``s = scale·(q̃·k̃ + score_terms) + bias``: float32 ``(B, H, Lq, Lk)``.
 
     ``q``/``k`` are after the q/k stage; the encoding's ``score_terms`` and ``bias`` run if
-    it declares them, and its ``qk_scores`` replaces ``q̃·k̃`` if it declares ``Stage.SCORES``. With ``parts=True`` the separate terms come back as a dict
-    (``"qk"``, and ``"terms"``/``"bias"`` where the encoding has them), each float32
-    ``(B, H, Lq, Lk)``; they sum to the scores. ``mask``: the call's bool ``(B|1, 1, Lq, Lk)``
-    (True = attend) or None, given to ``score_terms`` of an encoding with ``terms_read_mask``.
+    it declares them, and its ``qk_scores`` replaces ``q̃·k̃`` if it declares ``Stage.SCORES``.
+    With ``parts=True`` the separate terms come back as a dict (``"qk"``, and
+    ``"terms"``/``"bias"`` where the encoding has them), each float32 ``(B, H, Lq, Lk)``;
+    they sum to the scores. ``ctx``: the call's :class:`~posenc.Context` (a bare one of these
+    positions when None); ``mask``: the call's bool ``(B|1, 1, Lq, Lk)`` (True = attend) or
+    None, and ``qk_proj`` the layer's ``(W_Q, W_K)``, both handed to the stages in the
+    context, with the plain ``q·kᵀ`` as ``ctx.qk`` where the score sum has it.
     """
     st = enc.stages
-    extra = {"qk_proj": qk_proj} if enc.uses_layer_projections else {}
-    if enc.terms_read_mask:
-        extra["mask"] = mask
-    share_qk = enc.terms_read_qk and not st & Stage.SCORES  # the terms read the plain q·kᵀ
+    ctx = Context(q_pos, k_pos) if ctx is None else ctx
+    ctx = replace(ctx, q_pos=q_pos, k_pos=k_pos, mask=mask, qk_proj=qk_proj if qk_proj is not None else ctx.qk_proj)
+    plain = not st & Stage.SCORES  # the matmul below is the plain q·kᵀ the terms may read
     if parts:
-        qk = _qk(enc, q, k, q_pos, k_pos)
+        qk = _qk(enc, q, k, q_pos, k_pos, ctx)
         out = {"qk": qk.float() * enc.scale}  # (B, H, Lq, Lk)
         if st & Stage.TERMS:
-            if share_qk:
-                extra["qk"] = qk
-            out["terms"] = enc.score_terms(q, k, q_pos, k_pos, **extra).float() * enc.scale
+            terms = enc.score_terms(q, k, q_pos, k_pos, ctx=replace(ctx, qk=qk if plain else None))
+            out["terms"] = terms.float() * enc.scale
         if st & Stage.BIAS:
-            out["bias"] = enc.bias(q_pos, k_pos).float().expand_as(out["qk"])
+            out["bias"] = enc.bias(q_pos, k_pos, ctx=ctx).float().expand_as(out["qk"])
         return out
     # in place from the matmul on: none of these intermediates is saved for backward,
     # and each L×L pass that allocates costs as much as the arithmetic on CPU
-    s = _qk(enc, q, k, q_pos, k_pos)  # (B, H, Lq, Lk)
+    s = _qk(enc, q, k, q_pos, k_pos, ctx)  # (B, H, Lq, Lk)
     if st & Stage.TERMS:
-        if share_qk:  # the terms' graph reads s but saves none of it: the in-place add is safe
-            extra["qk"] = s
-        s.add_(enc.score_terms(q, k, q_pos, k_pos, **extra))
+        # a stage that reads ctx.qk reads s but saves none of it: the in-place add is safe
+        s.add_(enc.score_terms(q, k, q_pos, k_pos, ctx=replace(ctx, qk=s if plain else None)))
     s = s.float().mul_(enc.scale)
     if st & Stage.BIAS:
-        s.add_(enc.bias(q_pos, k_pos))
+        s.add_(enc.bias(q_pos, k_pos, ctx=ctx))
     return s
 
 
-def _qk(enc: PositionEncoding, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+def _qk(enc: PositionEncoding, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: Context) -> Tensor:
     """The ``q̃·k̃`` term ``(B, H, Lq, Lk)``: the encoding's own ``qk_scores`` where it has them."""
     if enc.stages & Stage.SCORES:
-        return enc.qk_scores(q, k, q_pos, k_pos)
+        return enc.qk_scores(q, k, q_pos, k_pos, ctx=ctx)
     return q @ k.transpose(-1, -2)
 
 
-def materialized(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, qk_proj=None, sinks=None) -> Tensor:
+def materialized(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, qk_proj=None, sinks=None, ctx=None) -> Tensor:
     """Scores, mask, softmax and output for a block of queries against the keys given."""
     Lq, Lk = q.shape[2], k.shape[2]
     dense = mask.dense(Lq, Lk, q.device)
-    s = scores(enc, q, k, q_pos, k_pos, qk_proj=qk_proj, mask=dense)
+    s = scores(enc, q, k, q_pos, k_pos, qk_proj=qk_proj, mask=dense, ctx=ctx)
     blind = None  # query rows that see no key at all (a fully padded row)
     if dense is not None:
         s.masked_fill_(~dense, float("-inf"))
@@ -92,7 +96,7 @@ def materialized(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, qk_proj=None, 
     attn = attn.to(v.dtype)
     out = attn @ v  # (B, H, Lq, Dh)
     if enc.stages & Stage.VALUE:
-        out = out + enc.value_term(attn, q_pos, k_pos).to(out.dtype)
+        out = out + enc.value_term(attn, q_pos, k_pos, ctx=ctx).to(out.dtype)
     return out
 
 

@@ -84,10 +84,13 @@ def decompose_terms(model, tokens: Tensor, *, layer: int = 0) -> tuple[dict[str,
     attn = model.blocks[layer].attn
     enc = attn.encoding
     c, p, how = input_split(model, layer, tokens, pos)
-    qc, kc, _, _, _ = attn.project(c, pos)  # rotated; projection biases stay with the content
+    qc, kc = attn.project(c, pos)[:2]  # rotated; projection biases stay with the content
     qp = (p @ attn.q_proj.weight.t()).view(B, L, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, L, Dh)
     kp = (p @ attn.k_proj.weight.t()).view(B, L, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, L, Dh)
-    qp, kp = enc.rotate(qp, kp, pos, pos)  # rotations are linear: rotate each part
+    if p.any():  # rotations are linear: rotate each part
+        qp, kp = enc.rotate(qp, kp, pos, pos)
+    else:  # no position in the input: its parts are zero (a non-linear q/k stage, PoPE, maps 0 elsewhere)
+        qp, kp = torch.zeros_like(qc), torch.zeros_like(kc)
     s = enc.scale
     terms = {
         "content·content": (qc @ kc.transpose(-1, -2)).float() * s,

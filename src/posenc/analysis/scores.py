@@ -73,5 +73,5 @@ def score_parts(block, x: Tensor, pos: Tensor) -> dict[str, Tensor]:
     (:func:`posenc.scores` with ``parts=True``, the sum every backend computes).
     """
     attn = block.attn
-    q, k, _, q_pos, k_pos = attn.project(block.attention_input(x, pos), pos)
-    return scores(attn.encoding, q, k, q_pos, k_pos, qk_proj=(attn.q_proj, attn.k_proj), parts=True)
+    p = attn.project(block.attention_input(x, pos), pos)
+    return scores(attn.encoding, p.q, p.k, p.q_pos, p.k_pos, parts=True, ctx=p.ctx)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ..base import available, get_class
+from ..registry import available, get_class
 
 __all__ = ["Spec", "resolve", "split_specs"]
 

@@ -25,9 +25,9 @@ import torch
 
 from ..allocator import tune_allocator
 from ..backends import backend_names
-from ..base import available
 from ..cli_types import choice_list, device_name, finite_float, int_in, int_list, nonempty_path
 from ..output import OutputFolder, check_creatable, write_text
+from ..registry import available
 from .compile import graph_breaks
 from .markdown import markdown_report
 from .measure import machine_record

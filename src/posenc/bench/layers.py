@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import Attention
-from ..base import available
+from ..registry import available
 
 __all__ = ["Case", "posenc_case", "baseline_case", "reference_cases", "resolved_backend", "REFERENCE_ENCODINGS"]
 

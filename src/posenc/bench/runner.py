@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..allocator import allocator_settings
-from ..base import get_class
+from ..registry import get_class
 from .layers import Case, baseline_case, posenc_case, reference_cases, resolved_backend
 from .measure import layer_step, median, peak_memory, time_runs, top_operators
 from .rss import peak_rss

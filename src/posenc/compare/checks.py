@@ -118,8 +118,8 @@ def check_models(names: list[str], named: dict[str, str]) -> None:
     """The model names ``names`` (one per compared model) are distinct, and every ``NAME`` of a
     ``NAME=PATTERN`` entry (``named``) is a safe file name that does not pass itself off as a
     registered encoding or layer preset it is not."""
-    from ..base import available
     from ..patterns import PRESETS, layers
+    from ..registry import available
 
     for name, pattern in named.items():
         if not MODEL_NAME.fullmatch(name):
@@ -154,8 +154,8 @@ def check_encodings(cfg) -> None:
 
     Errors start with the field (``encodings`` / ``encoding_options``) so the command line
     names the flag."""
-    from ..base import available, build, get_class
     from ..patterns import is_pattern, layers
+    from ..registry import available, build, get_class
 
     names = available() if cfg.encodings == ["all"] else cfg.encoding_names()
     named = cfg.named_patterns()

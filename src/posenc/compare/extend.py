@@ -37,10 +37,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..base import available, get_class, options_of
 from ..checkpoint import load_checkpoint
 from ..model import TransformerLM
 from ..output import Column, Table, length_axis, pyplot, readable_log_axis, save_figure, write_csv, write_text
+from ..registry import available, get_class, options_of
 from .config import EXTEND_METHODS
 from .diagnostics import finite, run_health
 from .evaluate import EvalSettings, evaluate

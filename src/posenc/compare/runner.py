@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from .._version import __version__
-from ..base import available
 from ..data import load_source
 from ..output import write_json
+from ..registry import available
 from ..train import Runtime, setup
 from .config import CompareConfig, from_dict, parse_shard
 from .pool import plan_workers, run_jobs
@@ -53,7 +53,7 @@ def _slow_first(cfg: CompareConfig, names: list[str]) -> list[str]:
     first: their gradients cost time), so that no long job starts last (the longest-first
     rule for jobs on parallel workers)."""
     from ..backends import select_backend
-    from ..base import build
+    from ..registry import build
 
     rank = {"chunked": 0, "eager": 0, "sdpa": 2}  # any other (dense, flex, blockwise ...): 1
 

@@ -24,7 +24,8 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, ScoreMod, Stage, register
+from ..base import PositionEncoding, ScoreMod, Stage
+from ..registry import register
 from ..terms import DistanceTerms, saturation
 
 

@@ -33,7 +33,8 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, Stage, register
+from ..base import PositionEncoding, Stage
+from ..registry import register
 
 
 @register

@@ -38,7 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import PositionEncoding, Stage, register
+from ..base import PositionEncoding, Stage
+from ..registry import register
 
 
 @register

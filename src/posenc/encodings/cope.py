@@ -14,8 +14,9 @@ in the paper's listing. The term depends on the content, so it is a ``TERMS`` st
 terms by ``scale``). Causal only. Checked against the formula above written out
 in the test, and against the paper's ``CoPE``/``SelfAttn`` listing.
 
-The gates count only keys the query sees. The encoding declares ``terms_read_mask``,
-so every backend passes the call's mask (causal, key padding, packed documents) and
+The gates count only keys the query sees. The score sum hands the call's mask (causal,
+key padding, packed documents) to the stage as ``ctx.mask``, and the plain ``q·kᵀ`` it
+computed as ``ctx.qk`` (the gates' logits, computed and differentiated once), so
 gates of hidden keys are 0, as in the paper's listing (``attn_logits += mask.log()``
 before the sigmoid). Without a mask (a direct call) causality comes from positions
 (``k_pos <= q_pos``), which equals the causal mask whenever positions increase along
@@ -27,7 +28,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..base import PositionEncoding, Stage, register
+from ..base import PositionEncoding, Stage
+from ..registry import register
 
 
 @register
@@ -40,8 +42,6 @@ class CoPE(PositionEncoding):
     year = 2024
     stages = Stage.TERMS
     causal_only = True
-    terms_read_mask = True
-    terms_read_qk = True  # the gates' q·kᵀ is the score's own (posenc.scores passes it)
 
     def __init__(self, *, heads, head_dim, max_len=None, causal=True, npos_max: int = 64):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
@@ -83,10 +83,16 @@ class CoPE(PositionEncoding):
         k: Tensor,
         q_pos: Tensor,
         k_pos: Tensor,
+        ctx=None,
         *,
         mask: Tensor | None = None,
         qk: Tensor | None = None,
     ) -> Tensor:
+        """CoPE's term ``e[p_ij] / scale``. The mask and ``q·kᵀ`` come from ``ctx`` (or, in a
+        direct call, ``mask=``/``qk=``; without either, causality from positions)."""
+        if ctx is not None:
+            mask = ctx.mask if mask is None else mask
+            qk = ctx.qk if qk is None else qk
         if q.dim() != 4 or k.dim() != 4 or q.shape[-1] != self.head_dim:
             raise ValueError(f"q, k must be (B, H, L, {self.head_dim}), got {tuple(q.shape)}, {tuple(k.shape)}")
         if q_pos.shape[-1] != q.shape[-2] or k_pos.shape[-1] != k.shape[-2]:

@@ -26,7 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, Stage, register
+from ..base import PositionEncoding, Stage
+from ..registry import register
 from ..terms import DistanceTerms, saturation
 
 _POS_ATT_TYPES = ("c2p", "p2c")
@@ -135,7 +136,6 @@ class DeBERTa(PositionEncoding):
                 self.pos_key_proj = nn.Linear(D, inner, bias=version == 2)
             if self.p2c:
                 self.pos_query_proj = nn.Linear(D, inner)
-        self.uses_layer_projections = share_att_key  # the table goes through the layer's W_Q/W_K
         self.absolute = None
         if absolute_from_layer is not None:
             if not isinstance(absolute_from_layer, int) or absolute_from_layer < 0:
@@ -220,9 +220,15 @@ class DeBERTa(PositionEncoding):
             if qk_proj is None:
                 raise ValueError(
                     "share_att_key=True projects the table with the layer's W_Q/W_K: pass "
-                    "qk_proj=(q_proj, k_proj), as posenc.Attention does"
+                    "ctx=posenc.Context(..., qk_proj=(q_proj, k_proj)) or qk_proj=, as posenc.Attention does"
                 )
             proj = qk_proj[1] if which == "key" else qk_proj[0]
+            width = getattr(proj, "out_features", self.dim)
+            if width != self.dim:
+                raise ValueError(
+                    f"share_att_key needs the layer's {which} projection to give heads*head_dim={self.dim} "
+                    f"features (as many key heads as query heads), got {width}"
+                )
             if proj.in_features != self.hidden_size:
                 raise ValueError(
                     f"share_att_key needs hidden_size == layer dim, got {self.hidden_size} and {proj.in_features}"
@@ -231,8 +237,9 @@ class DeBERTa(PositionEncoding):
             proj = self.pos_key_proj if which == "key" else self.pos_query_proj
         return proj(table).view(-1, self.heads, self.head_dim).transpose(0, 1)
 
-    def distance_terms(self, q: Tensor, k: Tensor, *, qk_proj=None) -> DistanceTerms:
+    def distance_terms(self, q: Tensor, k: Tensor, ctx=None, *, qk_proj=None) -> DistanceTerms:
         """c2p (``q·Kr``) and p2c (``k·Qr``) vectors per table row of ``δ = i - j = -d``."""
+        qk_proj = _layer_projections(ctx, qk_proj)
         table = self.rel_table()
         kr = self.project_table(table, "key", qk_proj) if self.c2p else None  # (H, 2span, Dh)
         qr = self.project_table(table, "query", qk_proj) if self.p2c else None
@@ -248,7 +255,10 @@ class DeBERTa(PositionEncoding):
             far=saturation(rows, self._saturation_limit(), device=table.device),
         )
 
-    def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, *, qk_proj=None) -> Tensor:
+    def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None, *, qk_proj=None) -> Tensor:
+        """c2p and p2c. With ``share_att_key`` the table goes through the layer's ``W_Q``/``W_K``:
+        ``ctx.qk_proj`` (:class:`posenc.Attention` puts them there), or ``qk_proj=`` in a direct call."""
+        qk_proj = _layer_projections(ctx, qk_proj)
         if q.shape[-2] != q_pos.shape[-1] or k.shape[-2] != k_pos.shape[-1]:
             raise ValueError(
                 f"q/k lengths {q.shape[-2]}/{k.shape[-2]} do not match positions {q_pos.shape[-1]}/{k_pos.shape[-1]}"
@@ -267,3 +277,8 @@ class DeBERTa(PositionEncoding):
             p2c = torch.gather(kq, -2, index)  # k_j·Qr[idx(i, j)]
             out = p2c if out is None else out + p2c
         return out
+
+
+def _layer_projections(ctx, qk_proj):
+    """The layer's ``(W_Q, W_K)``: given directly, or from the call's context."""
+    return qk_proj if qk_proj is not None or ctx is None else ctx.qk_proj

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import PositionEncoding, ScoreMod, Stage, register
+from ..base import PositionEncoding, ScoreMod, Stage
+from ..registry import register
 from .bias import _per_head
 
 

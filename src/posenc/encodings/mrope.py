@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..base import register
+from ..registry import register
 from .rotary import RoPE
 
 

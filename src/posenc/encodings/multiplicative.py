@@ -10,7 +10,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, Stage, register
+from ..base import PositionEncoding, Stage
+from ..registry import register
 
 
 @register

@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..base import PositionEncoding, Stage, register
+from ..base import PositionEncoding, Stage
+from ..registry import register
 
 
 @register

@@ -45,7 +45,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, Stage, register
+from ..base import PositionEncoding, Stage
+from ..registry import register
 
 
 class _Memo:

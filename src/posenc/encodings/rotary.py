@@ -40,7 +40,8 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, Stage, register
+from ..base import PositionEncoding, Stage
+from ..registry import register
 from .rope_extension import check_extension, extended_qk_scores
 from .rope_scaling import ROPE_REGISTRY, ROPE_TYPES, check_scaling, rope_parameters, rotary_width
 

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..base import register
+from ..registry import register
 from .rotary import RoPE
 
 __all__ = ["XPos"]

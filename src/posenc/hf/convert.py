@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
-from ..base import get_class, options_of
 from ..layer_spec import LayerSpec
 from ..patterns import is_pattern, layers
+from ..registry import get_class, options_of
 from .models import GPT2, LLAMA, PosencGPT2Config, PosencGPT2LMHeadModel, PosencLlamaConfig, PosencLlamaForCausalLM
 from .rope_config import rope_options_for
 from .stack import PosencStack

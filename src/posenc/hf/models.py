@@ -29,7 +29,8 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from ..base import PositionEncoding, get_class
+from ..base import PositionEncoding
+from ..registry import get_class
 from .attention import NAME
 from .stack import Dims, PosencStack, PositionsOff, RotaryOff, build_encoding
 

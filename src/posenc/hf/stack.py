@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..base import PositionEncoding, Stage, build, get_class
+from ..base import PositionEncoding, Stage
 from ..cache import InputHistory, run_input_stage
+from ..registry import build, get_class
 from .attention import PosencMask
 
 __all__ = ["PosencStack", "RotaryOff", "PositionsOff", "Dims"]
@@ -166,8 +167,7 @@ class PosencStack(nn.Module):
         """Attach each layer's encoding to its attention module and hook the input stages in.
 
         Raises:
-            ValueError: an ``input_at`` block index outside the model, or DeBERTa's
-                ``share_att_key`` with grouped key heads.
+            ValueError: an ``input_at`` block index outside the model.
         """
         self.unwire()
         d = self.dims
@@ -189,15 +189,14 @@ class PosencStack(nn.Module):
                     runs = before.setdefault(at, [])
                     if self.layer_index[i] not in runs:
                         runs.append(self.layer_index[i])
-            if enc.uses_layer_projections:
-                if d.kv_heads != d.heads:
-                    raise ValueError("deberta with share_att_key=True needs as many key heads as query heads")
-                if gpt2_fused:
-                    D = d.hidden
-                    qk = (_FusedSlice(attn.c_attn, 0, D), _FusedSlice(attn.c_attn, D, 2 * D))
-                else:
-                    qk = (attn.q_proj, attn.k_proj)
-                attn.__dict__["posenc_qk_proj"] = qk
+            # the layer's W_Q/W_K, read by an encoding that projects its own table with them
+            # (DeBERTa's share_att_key, which refuses a W_K of grouped key heads)
+            if gpt2_fused:
+                D = d.hidden
+                qk = (_FusedSlice(attn.c_attn, 0, D), _FusedSlice(attn.c_attn, D, 2 * D))
+            else:
+                qk = (attn.q_proj, attn.k_proj)
+            attn.__dict__["posenc_qk_proj"] = qk
         for at, which in before.items():
             hook = functools.partial(self._input_hook, which, at)
             self._handles.append(layers[at].register_forward_pre_hook(hook, with_kwargs=True))

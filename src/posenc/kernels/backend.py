@@ -18,6 +18,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
+from ..context import Context
 from .relative import distance_attention
 
 __all__ = ["blockwise_attention", "consecutive_delta", "kernel_mask", "BLOCK"]
@@ -64,14 +65,15 @@ def blockwise_attention(
     k_pos: Tensor,
     mask,
     *,
+    ctx=None,
     qk_proj=None,
     max_block=None,
     keep_bytes: int = 256 * 2**20,
 ) -> Tensor | None:
     """``(B, H, Lq, Dh)``, or None when the kernel does not apply (see the module docstring).
 
-    ``mask``: a :class:`posenc.AttentionMask`; ``qk_proj``: the layer's ``(W_Q, W_K)`` for
-    encodings with ``uses_layer_projections``; ``max_block``: at most this many query rows
+    ``mask``: a :class:`posenc.AttentionMask`; ``ctx``: the call's :class:`posenc.Context`
+    (``qk_proj``: the layer's ``(W_Q, W_K)``, when ``ctx`` does not carry them); ``max_block``: at most this many query rows
     per block (default :data:`BLOCK`); ``keep_bytes``: the explicit parts' probabilities are
     kept for backward when they fit in this many bytes, else recomputed."""
     if q.device.type != "cpu" or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -81,8 +83,9 @@ def blockwise_attention(
     delta = consecutive_delta(q_pos, k_pos)
     if delta is None:
         return None
-    extra = {"qk_proj": qk_proj} if enc.uses_layer_projections else {}
-    terms = enc.distance_terms(q, k, **extra)
+    if ctx is None or (qk_proj is not None and ctx.qk_proj is None):
+        ctx = Context(q_pos, k_pos, qk_proj=qk_proj) if ctx is None else dataclasses.replace(ctx, qk_proj=qk_proj)
+    terms = enc.distance_terms(q, k, ctx=ctx)
     if terms is None:
         return None
     kpm = mask.key_padding
