@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .backends import BACKENDS, BlockOptions, canonical_backend, require_backend, select_backend
+from .backends import BlockOptions, attend, canonical_backend, require_backend, select_backend
 from .base import PositionEncoding, Stage, as_positions, check_lengths
 from .cache import InputHistory, KVCache, SinkWindow, WindowKVCache, cat_positions, run_input_stage
 from .context import Context, Tables
@@ -378,9 +378,8 @@ class Attention(nn.Module):
             mask = replace(mask, **cache.mask_fields(Lk))
         mask.check(B, L, Lk)
         name = self.resolve_backend(backend, x.device.type, L, Lk, causal=mask.causal)
-        opts = self.block_options
-        out = BACKENDS[name](self.encoding, *p[:5], mask, ctx=p.ctx, options=opts, sinks=self.sinks)  # (B, H, L, Dh)
-        return self.o_proj(out.transpose(1, 2).reshape(B, L, self.heads * self.head_dim))
+        out = attend(self.encoding, *p[:5], mask, ctx=p.ctx, backend=name, options=self.block_options, sinks=self.sinks)
+        return self.o_proj(out.transpose(1, 2).reshape(B, L, self.heads * self.head_dim))  # (B, L, D)
 
     def resolve_backend(
         self,

@@ -53,7 +53,6 @@ clause in :func:`supported_backends`.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -62,12 +61,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .base import PositionEncoding, Stage
+from .flex import flex
 from .kernels.backend import blockwise_attention
 from .kernels.flash import needs_upcast, propagate_nonfinite
 from .mask import AttentionMask
 from .mask import in_query_blocks as _in_query_blocks
 from .score_sum import materialized, saved_score_bytes, scores
-from .sinks import append_sink_key, sink_bias, sink_mods
+from .sinks import append_sink_key, sink_bias
 from .validate import check_device_type
 
 __all__ = [
@@ -86,6 +86,7 @@ __all__ = [
     "select_backend",
     "supported_backends",
     "require_backend",
+    "attend",
 ]
 
 
@@ -259,43 +260,6 @@ def blockwise(
     return general(enc, q, k, v, q_pos, k_pos, mask, ctx=ctx, qk_proj=qk_proj, options=options, sinks=sinks)
 
 
-_compiled_flex = None
-
-
-def _flex_attention(device_type: str):
-    """FlexAttention: compiled on CUDA (fused kernel); the eager reference elsewhere."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    global _compiled_flex
-    if device_type != "cuda":
-        return flex_attention
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex
-
-
-def flex(
-    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None
-) -> Tensor:
-    """FlexAttention with the encoding's ``score_mod`` and the mask's ``mask_mod``."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    (B, _, Lq, _), Lk = q.shape, k.shape[2]
-    score_mod = enc.score_mod(q_pos.expand(B, Lq), k_pos.expand(B, Lk), ctx=ctx)
-    mask_mod = mask.mask_mod()
-    if sinks is not None:  # key Lk: the sink key
-        score_mod, mask_mod = sink_mods(score_mod, mask_mod, sinks, Lk)
-        k, v = append_sink_key(k, v)
-    batch, dev = B if mask.batched else None, q.device.type
-    block_mask = None if mask_mod is None else create_block_mask(mask_mod, batch, None, Lq, k.shape[2], device=dev)
-    with warnings.catch_warnings():
-        # off CUDA the unfused reference runs on purpose (FlexAttention has no CPU backward)
-        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        attend = _flex_attention(q.device.type)
-        out = attend(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=enc.scale)
-    return propagate_nonfinite(out, q, k, v)
-
-
 BACKENDS: dict[str, AttendFn] = {
     "sdpa": sdpa,
     "flex": flex,
@@ -331,6 +295,32 @@ def supported_backends(enc: PositionEncoding) -> list[str]:
     if st & Stage.BIAS and not vector:
         out += ["flex", "dense"]
     return out + ["chunked", "eager"]
+
+
+def attend(
+    enc: PositionEncoding,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    mask: AttentionMask,
+    *,
+    ctx=None,
+    backend: str = "auto",
+    options: BlockOptions | None = None,
+    sinks: Tensor | None = None,
+) -> Tensor:
+    """The attend step every caller runs (:class:`posenc.Attention`, so :class:`posenc.TransformerLM`,
+    and ``posenc.hf``): ``backend`` (``"auto"``: :func:`select_backend` for this call's
+    device, lengths and mask) on ``q`` ``(B, H, Lq, Dh)``, ``k``, ``v`` ``(B, H, Lk, Dh)``
+    after the q/k stage -> ``(B, H, Lq, Dh)``."""
+    name = canonical_backend(backend)
+    if name == "auto":
+        name = select_backend(enc, q.device.type, q.shape[2], k.shape[2], causal=mask.causal)
+    else:
+        require_backend(enc, name)
+    return BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask, ctx=ctx, options=options, sinks=sinks)
 
 
 def require_backend(enc: PositionEncoding, name: str) -> str:

@@ -26,6 +26,7 @@ from .base import PositionEncoding, Stage, as_positions, check_lengths
 from .cache import InputHistory, KVCache, ModelCache, SegmentMemory, run_input_stage
 from .config import ModelConfig
 from .context import Tables
+from .layer_encodings import layer_encodings
 from .positions import document_positions
 from .registry import build, get_class, options_of
 
@@ -128,24 +129,20 @@ class TransformerLM(nn.Module):
             cfg.causal,
             cfg.encoding,
         )
-        blocks, groups = [], {}  # spec key -> the first instance built for it
-        for spec in cfg.layer_specs():
-            enc = self._encoding_for(spec, groups)
+        specs = cfg.layer_specs()
+        encs = layer_encodings(
+            [spec.key() for spec in specs], lambda i: self._build_encoding(specs[i]), cfg.share_encoding
+        )
+        blocks = []
+        for i, spec in enumerate(specs):
+            kw = {"window": spec.window, "chunk": spec.chunk, "sinks": spec.sinks}
             attn = Attention(
-                cfg.dim,
-                cfg.heads,
-                enc,
-                head_dim=cfg.head_dim,
-                causal=cfg.causal,
-                backend=cfg.backend,
-                window=spec.window,
-                chunk=spec.chunk,
-                sinks=spec.sinks,
+                cfg.dim, cfg.heads, encs.of(i), head_dim=cfg.head_dim, causal=cfg.causal, backend=cfg.backend, **kw
             )
             blocks.append(Block(cfg.dim, attn, cfg.mlp_ratio, cfg.dropout))
         # input stages the model runs on the residual stream: block index -> encodings
         self.stages_before: dict[int, list[PositionEncoding]] = {}
-        for enc in groups.values():
+        for enc in encs.firsts:
             at = enc.input_at
             if enc.stages & Stage.INPUT and at != "layer":
                 at = 0 if at == "tokens" else at
@@ -168,29 +165,15 @@ class TransformerLM(nn.Module):
         if cfg.tie_embeddings and self.tok_emb is not None:
             self.head.weight = self.tok_emb.weight
 
-    def _encoding_for(self, spec, groups: dict) -> PositionEncoding:
-        """Layer ``spec``'s encoding: the group's shared instance, or a new one tied to it."""
+    def _build_encoding(self, spec) -> PositionEncoding:
+        """A new encoding for layer ``spec`` (:func:`posenc.layer_encodings.layer_encodings` decides sharing)."""
         cfg = self.config
-        cls = get_class(spec.encoding)
-        first = groups.get(spec.key())
         options = dict(spec.options)
-        if "vocab_size" in options_of(cls):
+        if "vocab_size" in options_of(get_class(spec.encoding)):
             options.setdefault("vocab_size", cfg.vocab_size)  # an encoding that embeds token ids
-        if first is not None:
-            share = cls.share_across_layers if cfg.share_encoding is None else cfg.share_encoding
-            # an input stage the model runs once needs one instance whatever the layers do
-            only_input = first.stages == Stage.INPUT and first.input_at != "layer"
-            if share or only_input:
-                return first
-        enc = build(
+        return build(
             spec.encoding, heads=cfg.heads, head_dim=cfg.head_dim, max_len=cfg.max_len, causal=cfg.causal, **options
         )
-        if first is None:
-            groups[spec.key()] = enc
-            return enc
-        for name in enc.shared_modules:
-            setattr(enc, name, getattr(first, name))  # e.g. a relative table shared by per-layer projections
-        return enc
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> TransformerLM:

@@ -1,8 +1,8 @@
 """The attention scores of a layer, split by the stage where position entered.
 
-Only the public pipeline is called (``Block.attention_input``, ``Attention.project``,
-:func:`posenc.scores`), so an encoding that registers is analysed without any change
-here.
+The block inputs come from the model's own forward (hooks); then only the public
+pipeline is called (``Block.attention_input``, ``Attention.project``, :func:`posenc.scores`),
+so an encoding that registers is analysed without any change here.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..base import check_lengths
 from ..model import TransformerLM
 from ..score_sum import scores
 from .stats import distances
@@ -19,16 +18,26 @@ __all__ = ["attention_probs", "attention_scores", "causal_mask", "layer_inputs",
 
 
 def layer_inputs(model: TransformerLM, tokens: Tensor, pos: Tensor) -> list[Tensor]:
-    """The input of every block (before ``ln1``), ``(B, L, D)`` each, from a plain forward.
+    """The input of every block (before ``ln1``), ``(B, L, D)`` each, read from the model's own
+    forward (a forward pre-hook per block), so input stages the model runs before a later
+    block and per-layer windows are what they are in the forward.
 
     Raises ``ValueError`` for positions past ``max_len`` of an encoding that does not extrapolate.
     """
-    check_lengths(model.encodings, pos)
-    x = model.embed(tokens, pos)
-    outs = []
-    for block in model.blocks:
-        outs.append(x)
-        x = block(x, pos, None)
+    outs: list[Tensor | None] = [None] * len(model.blocks)
+
+    def keep(i):
+        def hook(_module, args):
+            outs[i] = args[0]
+
+        return hook
+
+    handles = [block.register_forward_pre_hook(keep(i)) for i, block in enumerate(model.blocks)]
+    try:
+        model(tokens, pos)
+    finally:
+        for h in handles:
+            h.remove()
     return outs
 
 

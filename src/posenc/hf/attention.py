@@ -46,8 +46,9 @@ from transformers.masking_utils import (
 )
 
 from .. import functional as PF
-from ..backends import BACKENDS, select_backend
+from ..backends import attend
 from ..base import PositionEncoding, Stage
+from ..context import Context
 from ..mask import AttentionMask
 
 __all__ = ["NAME", "PosencMask", "attention_forward", "mask_interface", "register", "layer_encoding"]
@@ -174,23 +175,6 @@ def layer_encoding(module: nn.Module) -> PositionEncoding:
     return enc
 
 
-def attend(
-    enc: PositionEncoding, q, k, v, q_pos, k_pos, *, causal, offset, key_padding, documents, qk_proj=None
-) -> Tensor:
-    """posenc's score and value stages on rotated ``q, k, v`` ``(B, H, L, Dh)`` -> ``(B, H, Lq, Dh)``.
-
-    The backend is the one :func:`posenc.select_backend` picks for ``enc`` on this device;
-    the mask a :class:`posenc.AttentionMask`. ``documents`` ``(B, L)`` (no cache): each run
-    of equal ids attends only within itself (the mask's ``documents``), so a packed row
-    equals its documents run alone. ``qk_proj``: the layer's ``(W_Q, W_K)`` for encodings
-    with ``uses_layer_projections``.
-    """
-    mask = AttentionMask(causal=causal, offset=offset, key_padding=key_padding, documents=documents)
-    return BACKENDS[select_backend(enc, q.device.type, q.shape[-2], k.shape[-2], causal=bool(causal))](
-        enc, q, k, v, q_pos, k_pos, mask, qk_proj=qk_proj
-    )
-
-
 def attention_forward(
     module: nn.Module,
     query: Tensor,
@@ -226,27 +210,18 @@ def attention_forward(
         )
     mask = attention_mask
     q_pos, k_pos, documents = mask.positions(kwargs.get("position_ids"), B, kwargs)
+    ctx = Context(q_pos, k_pos, qk_proj=module.__dict__.get("posenc_qk_proj"))
     if enc.stages & Stage.QK:  # before grouped heads are repeated: one rotation per key head
-        query, key = enc.rotate(query, key, q_pos, k_pos)
+        query, key = enc.rotate(query, key, q_pos, k_pos, ctx=ctx)
     if enc.rotates_value:
-        value = enc.rotate_value(value, k_pos)
+        value = enc.rotate_value(value, k_pos, ctx=ctx)
     if key.shape[1] != H:  # grouped-query attention: kv head g serves query heads g·r .. g·r + r - 1
         key = key.repeat_interleave(H // key.shape[1], dim=1)
         value = value.repeat_interleave(H // value.shape[1], dim=1)
     key, value = key.to(query.dtype), value.to(query.dtype)
-    out = attend(
-        enc,
-        query,
-        key,
-        value,
-        q_pos,
-        k_pos,
-        causal=mask.causal,
-        offset=mask.q_offset,
-        key_padding=mask.padding,
-        documents=documents,
-        qk_proj=module.__dict__.get("posenc_qk_proj"),
-    )
+    # packed rows (documents, no cache): each run of equal ids attends only within itself
+    amask = AttentionMask(causal=mask.causal, offset=mask.q_offset, key_padding=mask.padding, documents=documents)
+    out = attend(enc, query, key, value, q_pos, k_pos, amask, ctx=ctx)  # the layer's own attend step
     return out.transpose(1, 2).contiguous(), None
 
 

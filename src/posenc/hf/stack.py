@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from ..base import PositionEncoding, Stage
 from ..cache import InputHistory, run_input_stage
+from ..layer_encodings import layer_encodings
 from ..registry import build, get_class
 from .attention import PosencMask
 
@@ -129,27 +130,10 @@ class PosencStack(nn.Module):
     def __init__(self, layers: list[dict], dims: Dims, share: bool | None = None) -> None:
         super().__init__()
         self.dims, self.specs = dims, [dict(s) for s in layers]
-        self.encodings = nn.ModuleList()
-        self.layer_index: list[int] = []
-        first: dict[str, int] = {}  # spec key -> index of the first instance built for it
-        for spec in layers:
-            key = repr((spec["encoding"], sorted((spec.get("options") or {}).items())))
-            cls = get_class(spec["encoding"])
-            if key in first:
-                head = self.encodings[first[key]]
-                # an input stage run once on the residual stream needs one instance, as in TransformerLM
-                only_input = head.stages == Stage.INPUT and head.input_at != "layer"
-                if (cls.share_across_layers if share is None else share) or only_input:
-                    self.layer_index.append(first[key])
-                    continue
-            enc = build_encoding(spec, dims)
-            if key in first:
-                for name in enc.shared_modules:  # e.g. DeBERTa's relative table
-                    setattr(enc, name, getattr(self.encodings[first[key]], name))
-            else:
-                first[key] = len(self.encodings)
-            self.layer_index.append(len(self.encodings))
-            self.encodings.append(enc)
+        keys = [repr((spec["encoding"], sorted((spec.get("options") or {}).items()))) for spec in layers]
+        encs = layer_encodings(keys, lambda i: build_encoding(layers[i], dims), share)  # as TransformerLM builds them
+        self.encodings = nn.ModuleList(encs)
+        self.layer_index: list[int] = encs.index
         self._handles: list = []
         self._histories: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> {key: [history, seen]}
 

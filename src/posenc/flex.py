@@ -1,0 +1,55 @@
+"""The ``flex`` backend: FlexAttention with the encoding's ``score_mod`` and the mask's ``mask_mod``.
+
+Compiled on CUDA (the fused kernel, no ``L×L`` tensor); elsewhere the unfused reference
+(forward only). Registered in :data:`posenc.BACKENDS` by :mod:`posenc.backends`.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+from .kernels.flash import propagate_nonfinite
+from .mask import AttentionMask
+from .sinks import append_sink_key, sink_mods
+
+__all__ = ["flex"]
+
+
+_compiled_flex = None
+
+
+def _flex_attention(device_type: str):
+    """FlexAttention: compiled on CUDA (fused kernel); the eager reference elsewhere."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    global _compiled_flex
+    if device_type != "cuda":
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def flex(
+    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None
+) -> Tensor:
+    """FlexAttention with the encoding's ``score_mod`` and the mask's ``mask_mod``."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    (B, _, Lq, _), Lk = q.shape, k.shape[2]
+    score_mod = enc.score_mod(q_pos.expand(B, Lq), k_pos.expand(B, Lk), ctx=ctx)
+    mask_mod = mask.mask_mod()
+    if sinks is not None:  # key Lk: the sink key
+        score_mod, mask_mod = sink_mods(score_mod, mask_mod, sinks, Lk)
+        k, v = append_sink_key(k, v)
+    batch, dev = B if mask.batched else None, q.device.type
+    block_mask = None if mask_mod is None else create_block_mask(mask_mod, batch, None, Lq, k.shape[2], device=dev)
+    with warnings.catch_warnings():
+        # off CUDA the unfused reference runs on purpose (FlexAttention has no CPU backward)
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        run = _flex_attention(q.device.type)
+        out = run(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=enc.scale)
+    return propagate_nonfinite(out, q, k, v)
