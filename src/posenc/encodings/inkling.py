@@ -1,0 +1,223 @@
+"""Inkling: a relative bias read from the hidden state, short convolutions on k and v.
+
+* ``inkling`` — Thinking Machines Lab, Inkling (2026), as HF transformers implements it
+  (``models/inkling/modeling_inkling.py``: ``InklingRelativeLogits``, ``InklingAttention``,
+  ``InklingShortConvolution``). Per head ``h``, with ``r_i = W_r x_i`` ``(H, d_rel)`` and a
+  learned bank ``P`` ``(d_rel, E)`` of bias-versus-distance profiles::
+
+      b_h(i, j) = τ_i · (r_i)_h · P[:, i - j]     for 0 <= i - j < E,   0 otherwise
+      s_ij      = τ_i · q_i·k_j / Dh + b_h(i, j)
+
+  The bias is exactly 0 beyond ``E`` (not clipped to the last column). On Inkling's global
+  layers ``τ_i = 1 + α·ln(max(1, (i + 1) / n_floor))`` multiplies the queries and the bias
+  (in float32); elsewhere ``τ = 1``. ``k`` and ``v`` pass through depthwise causal
+  convolutions of ``K`` taps with a residual (float32) before attention; a KV cache
+  carries the last ``K - 1`` raw rows between calls (zeros before the first token, as
+  HF's ``causal_conv1d_fn`` pads). ``1/Dh`` is Inkling's scale because its q and k are
+  RMS-normalised per head; posenc has no q/k norms yet (issue #26), so this encoding
+  keeps the scale without them.
+
+The bias needs the layer input rows of the queries (``ctx.x``); the FlexAttention form
+captures the per-row table ``r_i·P`` ``(B, H, Lq, E)``, never an ``L×L`` tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..base import PositionEncoding, ScoreMod, Stage
+from ..context import InputRead
+from ..registry import register
+
+
+def _as_rows(pos: Tensor) -> Tensor:
+    """Positions ``(L,)`` or ``(B|1, L)`` as ``(B|1, L)``."""
+    return pos.unsqueeze(0) if pos.dim() == 1 else pos
+
+
+@register
+class Inkling(PositionEncoding):
+    """Inkling's hidden-state relative logits, log-scaled temperature and short convolutions.
+
+    Args:
+        d_rel: width per head of the relative states ``r = W_r x`` (HF ``d_rel``, 16).
+        rel_extent: ``E``, the distances ``0 .. E-1`` that get a bias (HF ``rel_extent`` on
+            global layers; on a sliding layer HF uses the window: pass ``rel_extent=window``).
+            Default 1024, HF's ``InklingTextConfig.rel_extent``: past it the bias is 0, so it
+            should reach at least the training length you want to distinguish positions in.
+        hidden_size: width ``D`` of the layer input ``r_proj`` reads; ``heads·head_dim`` by default.
+        log_scaling_n_floor: ``n_floor`` of the temperature ``τ_i`` (global layers); None: off.
+        log_scaling_alpha: ``α`` of ``τ_i`` (> 0); HF's default 0.1 when ``n_floor`` is set.
+        sconv_kernel: ``K`` of the short convolutions on k and v (HF ``sconv_kernel_size``);
+            0: none.
+        init_std: standard deviation of the initial ``W_r``, ``P`` and convolution weights
+            (HF ``initializer_range``).
+
+    Parameters: ``r_proj`` (``Linear(D, H·d_rel, bias=False)``), ``rel_proj`` ``P``
+    ``(d_rel, E)``, and with ``K > 0`` ``k_conv``/``v_conv`` ``(H·Dh, K)`` (HF's
+    ``conv1d.weight`` ``(H·Dh, 1, K)`` squeezed).
+
+    The convolutions read the keys of one stream in order: with packed documents or a
+    key padding mask they read across document boundaries and padding (HF zeroes padded
+    inputs through ``conv_mask``; posenc's layer does not pass it to :meth:`read_input`).
+
+    Raises:
+        ValueError: an option out of range; :meth:`bias` / :meth:`score_mod` called without
+            a context holding the layer input ``ctx.x``.
+    """
+
+    name = "inkling"
+    family = "bias"
+    paper = "Thinking Machines Lab, Inkling (HF transformers models/inkling)"
+    year = 2026
+    stages = Stage.BIAS
+    causal_only = True  # the bias covers past keys only and the convolutions are causal, as in HF
+
+    def __init__(
+        self,
+        *,
+        heads,
+        head_dim,
+        max_len=None,
+        causal=True,
+        d_rel: int = 16,
+        rel_extent: int = 1024,
+        hidden_size: int | None = None,
+        log_scaling_n_floor: int | None = None,
+        log_scaling_alpha: float | None = None,
+        sconv_kernel: int = 0,
+        init_std: float = 0.02,
+    ):
+        super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
+        for opt, val in (("d_rel", d_rel), ("rel_extent", rel_extent)):
+            if val < 1:
+                raise ValueError(f"{opt} must be an int >= 1, got {val!r}")
+        if hidden_size is not None and hidden_size < 1:
+            raise ValueError(f"hidden_size must be an int >= 1 or None, got {hidden_size!r}")
+        if sconv_kernel < 0:
+            raise ValueError(f"sconv_kernel must be an int >= 0 (0: no short convolutions), got {sconv_kernel!r}")
+        if init_std <= 0:
+            raise ValueError(f"init_std must be a number > 0, got {init_std!r}")
+        if log_scaling_n_floor is None:
+            if log_scaling_alpha is not None:
+                raise ValueError(
+                    f"log_scaling_alpha={log_scaling_alpha!r} needs log_scaling_n_floor (an int >= 1); "
+                    "without it the temperature is off"
+                )
+        else:
+            if log_scaling_n_floor < 1:
+                raise ValueError(f"log_scaling_n_floor must be an int >= 1 or None, got {log_scaling_n_floor!r}")
+            log_scaling_alpha = 0.1 if log_scaling_alpha is None else log_scaling_alpha
+            if log_scaling_alpha <= 0:
+                raise ValueError(f"log_scaling_alpha must be a number > 0, got {log_scaling_alpha!r}")
+            self.stages = Stage.BIAS | Stage.QK  # τ multiplies the queries
+        self.d_rel, self.rel_extent, self.sconv_kernel = d_rel, rel_extent, sconv_kernel
+        self.log_scaling_n_floor, self.log_scaling_alpha = log_scaling_n_floor, log_scaling_alpha
+        self.hidden_size = self.dim if hidden_size is None else hidden_size
+        self.r_proj = nn.Linear(self.hidden_size, heads * d_rel, bias=False)
+        self.rel_proj = nn.Parameter(torch.empty(d_rel, rel_extent))
+        nn.init.normal_(self.r_proj.weight, std=init_std)
+        nn.init.normal_(self.rel_proj, std=init_std)
+        if sconv_kernel > 0:
+            self.k_conv = nn.Parameter(torch.randn(self.dim, sconv_kernel) * init_std)
+            self.v_conv = nn.Parameter(torch.randn(self.dim, sconv_kernel) * init_std)
+
+    def extra_repr(self) -> str:
+        extra = f", d_rel={self.d_rel}, rel_extent={self.rel_extent}, sconv_kernel={self.sconv_kernel}"
+        if self.log_scaling:
+            extra += f", log_scaling_n_floor={self.log_scaling_n_floor}, log_scaling_alpha={self.log_scaling_alpha}"
+        return super().extra_repr() + extra
+
+    @property
+    def log_scaling(self) -> bool:
+        return self.log_scaling_n_floor is not None
+
+    @property
+    def relative(self) -> bool:
+        # τ_i depends on the absolute query position: a shift changes it
+        return not self.log_scaling
+
+    @property
+    def scale(self) -> float:
+        """``1/Dh``, Inkling's scale (its q and k are RMS-normalised; posenc's are not yet)."""
+        return 1.0 / self.head_dim
+
+    def tau(self, q_pos: Tensor) -> Tensor:
+        """``τ_i = 1 + α·ln(max(1, (i + 1)/n_floor))`` float32, same shape as ``q_pos``; 1 when off."""
+        if not self.log_scaling:
+            return torch.ones(q_pos.shape, device=q_pos.device)
+        n = (q_pos + 1).float() / self.log_scaling_n_floor
+        return 1.0 + self.log_scaling_alpha * torch.log(n.clamp(min=1.0))
+
+    # ------------------------------------------------------------------ k/v convolutions
+    def read_input(self, x: Tensor, k: Tensor, v: Tensor, carry=None) -> InputRead:
+        """Depthwise causal convolutions plus residual on ``k`` and ``v`` ``(B, H, L, Dh)``
+        (float32). ``carry``: the last ``K - 1`` raw rows of k and v of the previous call,
+        ``(B, H·Dh, K - 1)`` each (None: zeros); returns the next one."""
+        if self.sconv_kernel == 0:
+            return InputRead(k, v, {}, carry)
+        prev = (None, None) if carry is None else carry
+        (k, k_next), (v, v_next) = (
+            self._conv(t, w, p) for t, w, p in ((k, self.k_conv, prev[0]), (v, self.v_conv, prev[1]))
+        )
+        return InputRead(k, v, {}, (k_next, v_next))
+
+    def _conv(self, t: Tensor, weight: Tensor, prev: Tensor | None) -> tuple[Tensor, Tensor]:
+        B, H, L, Dh = t.shape
+        x = t.float().transpose(1, 2).reshape(B, L, H * Dh).transpose(1, 2)  # (B, C, L), channels h·Dh + d
+        if prev is None:
+            prev = x.new_zeros(B, H * Dh, self.sconv_kernel - 1)
+        full = torch.cat((prev.to(x), x), dim=2)  # (B, C, K - 1 + L)
+        out = F.conv1d(full, weight.float().unsqueeze(1), groups=H * Dh) + x  # (B, C, L)
+        out = out.transpose(1, 2).reshape(B, L, H, Dh).transpose(1, 2).to(t.dtype)
+        return out, full[:, :, full.shape[2] - (self.sconv_kernel - 1) :].detach()
+
+    # ------------------------------------------------------------------ scores
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> tuple[Tensor, Tensor]:
+        """``τ_i·q_i`` (float32, back to ``q``'s dtype); keys unchanged."""
+        if not self.log_scaling:
+            return q, k
+        if q_pos.shape[-1] != q.shape[2]:
+            raise ValueError(f"q_pos holds {q_pos.shape[-1]} positions for {q.shape[2]} queries (length {q.shape[2]})")
+        tau = self.tau(_as_rows(q_pos))[:, None, :, None]  # (B|1, 1, Lq, 1)
+        return (q.float() * tau).to(q.dtype), k
+
+    def _rows_table(self, q_pos: Tensor, ctx) -> Tensor:
+        """``τ_i·(r_i)_h·P`` float32 ``(B, H, Lq, E)``: row ``i``'s bias at every distance."""
+        if ctx is None or ctx.x is None:
+            raise ValueError(
+                "encoding 'inkling' reads ctx.x (the layer input rows of the queries) for its bias; call it "
+                "through posenc.Attention, or pass ctx=posenc.Context(q_pos, k_pos, x=x)"
+            )
+        x = ctx.x
+        B, Lq = x.shape[0], x.shape[1]
+        if Lq != q_pos.shape[-1]:
+            raise ValueError(f"ctx.x has {Lq} rows for {q_pos.shape[-1]} query positions; they must match")
+        r = self.r_proj(x.to(self.r_proj.weight.dtype)).view(B, Lq, self.heads, self.d_rel).float()
+        rel = (r @ self.rel_proj.float()).transpose(1, 2)  # (B, H, Lq, E)
+        if self.log_scaling:
+            rel = rel * self.tau(_as_rows(q_pos))[:, None, :, None]
+        return rel
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
+        """``(B, H, Lq, Lk)`` float32: ``τ_i·(r_i)_h·P[:, i - j]`` for ``0 <= i - j < E``, else 0."""
+        rel = self._rows_table(q_pos, ctx)
+        B, H, Lq, E = rel.shape
+        d = _as_rows(q_pos)[:, :, None] - _as_rows(k_pos)[:, None, :]  # (B|1, Lq, Lk): i - j
+        outside = (d < 0) | (d >= E)
+        idx = d.clamp(0, E - 1)[:, None].expand(B, H, Lq, d.shape[-1])
+        return rel.gather(-1, idx).masked_fill(outside[:, None], 0.0)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor, ctx=None) -> ScoreMod:
+        rel = self._rows_table(q_pos, ctx).contiguous()  # (B, H, Lq, E)
+        B, _, Lq, E = rel.shape
+        q_pos, k_pos = _as_rows(q_pos).expand(B, Lq), _as_rows(k_pos).expand(B, -1)
+
+        def mod(score, b, h, q_idx, kv_idx):
+            d = q_pos[b, q_idx] - k_pos[b, kv_idx]
+            value = rel[b, h, q_idx, d.clamp(0, E - 1)]
+            return score + torch.where((d >= 0) & (d < E), value, 0.0)
+
+        return mod
