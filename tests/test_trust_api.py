@@ -83,11 +83,15 @@ def test_every_backend_equals_eager_on_non_finite_input(name, causal, backend):
     attn = posenc.Attention(16, 2, name, max_len=16, causal=causal)
     pos = torch.arange(8)[None]
     mask = posenc.AttentionMask(causal=causal)
+    with torch.no_grad():  # the call context the layer hands its backend (FoX's gates read the input)
+        ctx = attn.project(torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0)), pos).ctx
     for kind in ("q", "k", "v"):
         q, k, v = _qkv(kind)
         with torch.no_grad():
             outs = {
-                b: posenc.BACKENDS[b](attn.encoding, q, k, v, pos, pos, mask, qk_proj=(attn.q_proj, attn.k_proj))
+                b: posenc.BACKENDS[b](
+                    attn.encoding, q, k, v, pos, pos, mask, qk_proj=(attn.q_proj, attn.k_proj), ctx=ctx
+                )
                 for b in ("eager", backend)
             }
         ref, out = outs["eager"], outs[backend]
