@@ -302,3 +302,15 @@ def test_invariance_per_axis_for_positions_with_axes(spec):
                 assert p["logits"] < 1e-5 and p["probs"] < 1e-5, (spec, row)
             else:
                 assert p["logits"] > 1e-2, (spec, row)
+
+
+def test_decay_draws_the_bias_of_a_hidden_state_encoding(tmp_path):
+    """FoX's bias comes from the layer input: `analyze decay` draws the first layer's bias as its
+    forward computes it (c_i - c_j <= 0, falling with distance), not a context-free call that fails."""
+    from posenc.cli import main
+
+    assert main(["analyze", "decay", "--encodings", "fox,alibi", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "decay.json").read_text())
+    fox = next(r for r in data["results"] if r["encoding"] == "fox")
+    b = fox["bias"]
+    assert b[0] == 0.0 and all(x <= 0.0 for x in b) and b[-1] < b[1]

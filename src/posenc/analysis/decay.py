@@ -11,7 +11,8 @@ Three curves, each drawn for the encodings it applies to:
   ``q̃_m·k̃_0 / q·k`` for ``q = k = 1``, the all-equal ``h_k`` case of the bound; xPos's
   scale decay shows up here without knowing its formula.
 * ``bias`` — scalar-bias encodings (ALiBi, T5, Kerple, FIRE): ``bias`` of the last query
-  against every key, mean over heads, against ``i - j``.
+  against every key, mean over heads, against ``i - j``; for a bias computed from the hidden
+  state (FoX, Inkling), the first layer's, on random tokens, mean over the batch too.
 * ``attention`` — every encoding: the measured attention ``a_ij`` times the number of
   keys query ``i`` sees (1 = uniform attention), averaged over batch, heads, layers and
   every query at distance ``i - j``, on random tokens.
@@ -23,7 +24,7 @@ import torch
 
 from ..base import Stage
 from .models import Subject
-from .scores import attention_probs, causal_mask
+from .scores import attention_probs, causal_mask, layer_inputs, score_parts
 from .stats import distances
 
 
@@ -56,6 +57,16 @@ def bias_curve(enc, length: int) -> torch.Tensor:
 
 
 @torch.no_grad()
+def input_bias_curve(model, tokens) -> torch.Tensor:
+    """For a bias computed from the hidden state (FoX, Inkling): block 0's bias of the last
+    query against keys ``L-1-d`` on ``tokens``, as its forward hands it the context, mean
+    over batch and heads, d = 0..L-1."""
+    pos = torch.arange(tokens.shape[1]).unsqueeze(0)
+    b = score_parts(model.blocks[0], layer_inputs(model, tokens, pos)[0], pos)["bias"]  # (B, H, L, L)
+    return b[:, :, -1].float().mean((0, 1)).flip(0).double()
+
+
+@torch.no_grad()
 def attention_curve(model, tokens) -> torch.Tensor:
     """Mean of ``a_ij × #visible keys`` per distance ``d = i - j ≥ 0`` over layers, heads, batch."""
     L = tokens.shape[1]
@@ -85,11 +96,12 @@ def run_decay(subjects: list[Subject], notes: list[str], *, length=256, max_dist
             else:
                 notes.append(f"{sub.label}: no inv_freq, so no RoFormer bound (the 'ones' curve still applies)")
             entry["ones"] = ones_curve(enc, max_distance).tolist()
-        if enc.stages & Stage.BIAS:
-            entry["bias"] = bias_curve(enc, length).tolist()
         L = min(length, m.max_len or length)
         g = torch.Generator().manual_seed(seed)
         tokens = torch.randint(0, m.vocab_size, (batch, L), generator=g)
+        if enc.stages & Stage.BIAS:
+            curve = input_bias_curve(m, tokens) if enc.reads_input else bias_curve(enc, length)
+            entry["bias"] = curve.tolist()
         entry["attention"] = attention_curve(m, tokens).tolist()
         results.append(entry)
     return results

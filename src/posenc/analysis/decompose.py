@@ -111,7 +111,8 @@ def decompose_terms(model, tokens: Tensor, *, layer: int = 0) -> tuple[dict[str,
         terms["rel·rel"] = t00
         terms["terms rest"] = tqk - tq0 - t0k + t00
     if enc.stages & Stage.BIAS:
-        terms["bias"] = enc.bias(pos, pos).float().expand(B, -1, -1, -1)
+        ctx = attn.project(c + p, pos).ctx  # what the layer hands the bias (fox, inkling read the input)
+        terms["bias"] = enc.bias(pos, pos, ctx=ctx).float().expand(B, -1, -1, -1)
     x = layer_inputs(model, tokens, pos)[layer]
     total = sum(score_parts(model.blocks[layer], x, pos).values())
     residual = float((total - sum(terms.values())).abs().max())

@@ -109,6 +109,11 @@ def build_encoding(spec: dict, dims: Dims) -> PositionEncoding:
     if cls.stages & Stage.INPUT and heads * head_dim != dims.hidden:
         heads, head_dim = 1, dims.hidden
     enc = build(name, heads=heads, head_dim=head_dim, max_len=dims.max_len, causal=True, **options)
+    if enc.reads_input:
+        raise ValueError(
+            f"encoding {name!r} computes its position term from the layer's hidden state (read_input); "
+            "posenc.hf does not hand the attention function the hidden state yet: use posenc.TransformerLM"
+        )
     if enc.input_at == "tokens":
         raise ValueError(
             f"encoding {name!r} with these options builds the token embedding from ids and positions together; "
