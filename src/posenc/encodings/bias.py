@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from .. import functional as PF
 from ..base import PositionEncoding, ScoreMod, Stage
+from ..context import table as memo
 from ..registry import register
 from ..terms import DistanceTerms, saturation
 
@@ -98,6 +99,15 @@ def _is_range(pos: Tensor) -> bool:
     return p.numel() < 2 or bool((p[1:] - p[:-1] == 1).all())
 
 
+def _span(ctx, q_pos: Tensor, k_pos: Tensor) -> tuple[int, int]:
+    """``(lo, hi)``: the smallest and largest ``k_pos - q_pos`` of a call, once per model call."""
+
+    def make():
+        return int(k_pos.min()) - int(q_pos.max()), int(k_pos.max()) - int(q_pos.min())
+
+    return memo(ctx, _span, "span", (q_pos, k_pos), make)
+
+
 @register
 class T5(PositionEncoding):
     name = "t5"
@@ -146,41 +156,65 @@ class T5(PositionEncoding):
             max_distance=self.max_distance,
         )
 
-    def distance_table(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, int]:
+    def _table_key(self, what: str, device) -> tuple[object, str]:
+        """``(owner, name)`` of a parameter-free table in the call's memo: the bucket options fix
+        it, so T5 instances with equal options share it (a subclass: per instance)."""
+        owner = T5 if type(self) is T5 else self
+        return owner, f"t5:{what}:{self.causal}:{self.num_buckets}:{self.max_distance}:{device}"
+
+    def distance_buckets(self, lo: int, hi: int, device, ctx=None) -> Tensor:
+        """Bucket of every distance in ``[lo, hi]``, int64 ``(hi - lo + 1,)``: once per model call for
+        every T5 layer with these bucket options (no parameter in it)."""
+
+        def make():
+            return self.buckets(torch.arange(lo, hi + 1, device=device))
+
+        return memo(ctx, *self._table_key(f"buckets:{lo}:{hi}", device), (), make)
+
+    def distance_table(self, q_pos: Tensor, k_pos: Tensor, ctx=None) -> tuple[Tensor, int]:
         """Bias of every distance ``j - i`` in ``[lo, hi]``: ``((H, hi - lo + 1) float32, lo)``.
 
         Buckets and table lookups run once per distance (2L - 1 of them), not per pair, so
-        the backward into the table is a sum over distances rather than over L² pairs.
+        the backward into the table is a sum over distances rather than over L² pairs. The
+        distance range and the buckets come once per model call (``ctx.tables``); the
+        lookup into the learned table runs in every layer.
         """
-        lo = int(k_pos.min()) - int(q_pos.max())
-        hi = int(k_pos.max()) - int(q_pos.min())
-        dist = torch.arange(lo, hi + 1, device=q_pos.device)
-        return self.relative_attention_bias(self.buckets(dist)).float().t(), lo  # (H, n)
+        lo, hi = _span(ctx, q_pos, k_pos)
+        buckets = self.distance_buckets(lo, hi, q_pos.device, ctx)
+        return self.relative_attention_bias(buckets).float().t(), lo  # (H, n)
 
-    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        table, lo = self.distance_table(q_pos, k_pos)  # (H, n)
+    def bias(self, q_pos: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
+        table, lo = self.distance_table(q_pos, k_pos, ctx)  # (H, n)
         Lk = k_pos.shape[-1]
         # the Toeplitz view crashes inductor's CPU backward (torch 2.13): gather when compiling
-        if not torch.compiler.is_compiling() and _is_range(q_pos) and _is_range(k_pos):
+        if not torch.compiler.is_compiling() and memo(
+            ctx, _is_range, "ranges", (q_pos, k_pos), lambda: _is_range(q_pos) and _is_range(k_pos)
+        ):
             # Toeplitz fast path: windows[h, a, j] = table[h, a + j]; row i is window Lq - 1 - i
             out = table.unfold(-1, Lk, 1).flip(-2)  # (H, Lq, Lk)
             return out if q_pos.dim() == 1 and k_pos.dim() == 1 else out.unsqueeze(0)
         idx = self.rel_distance(q_pos, k_pos) - lo  # (..., Lq, Lk) in [0, n)
         return table[:, idx].movedim(0, -3)  # (..., H, Lq, Lk)
 
-    def distance_terms(self, q: Tensor, k: Tensor) -> DistanceTerms:
-        """One bias per bucket; the buckets stop changing near ``±max_distance``."""
-        table = self.relative_attention_bias.weight  # (num_buckets, H)
-        return DistanceTerms(
-            bias=lambda r: table[r].t().float(),
-            rows=self.buckets,
-            kind="clamp",
-            far=saturation(self.buckets, self.max_distance, device=table.device),
-        )
+    def distance_terms(self, q: Tensor, k: Tensor, ctx=None) -> DistanceTerms:
+        """One bias per bucket; the buckets stop changing near ``±max_distance``.
 
-    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+        The far field ``(lo, hi)`` and the buckets of ``[lo, hi]`` come once per model call:
+        the rows of any distance are those buckets read at ``clamp(d, lo, hi)``."""
+        table = self.relative_attention_bias.weight  # (num_buckets, H)
+        device = table.device
+        key = self._table_key("far", device)
+        lo, hi = memo(ctx, *key, (), lambda: saturation(self.buckets, self.max_distance, device=device))
+        near = self.distance_buckets(lo, hi, device, ctx)  # constant below lo and above hi
+
+        def rows(d: Tensor) -> Tensor:
+            return near[d.clamp(lo, hi) - lo]
+
+        return DistanceTerms(bias=lambda r: table[r].t().float(), rows=rows, kind="clamp", far=(lo, hi))
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor, ctx=None) -> ScoreMod:
         # one value per head and distance, looked up by (j - i - lo): (H, n_distances)
-        table, lo = self.distance_table(q_pos, k_pos)
+        table, lo = self.distance_table(q_pos, k_pos, ctx)
         table = table.contiguous()
 
         def mod(score, b, h, q_idx, kv_idx):

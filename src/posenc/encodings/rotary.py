@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from .. import functional as PF
 from ..base import PositionEncoding, Stage
+from ..context import table
 from ..registry import register
 from .rope_extension import check_extension, extended_qk_scores
 from .rope_scaling import ROPE_REGISTRY, ROPE_TYPES, check_scaling, rope_parameters, rotary_width
@@ -214,11 +215,65 @@ class RoPE(PositionEncoding):
         if self.axes > 1:
             inv_freq, axis, self.attention_factor = self.axis_frequencies()
             self.inv_freq, self.axis = inv_freq.to(device), axis.to(device)
+            self._mark_built()
             return
         inv_freq, self.attention_factor = self._params()
         self.inv_freq = inv_freq.to(device)
         if self.rope_type == "longrope":
             self.long_inv_freq = self._params(self.original_max_len + 1)[0].to(device)
+        self._mark_built()
+
+    # ------------------------------------------------------------------ per-call tables
+    # the options that fix this class's tables (with the buffers init_buffers builds from
+    # them); a subclass shares tables across instances only if it declares its own tuple
+    _table_fields = (
+        "base",
+        "layout",
+        "rotary_dim",
+        "head_dim",
+        "partial_rotary_factor",
+        "rope_scaling",
+        "max_len",
+        "original_max_len",
+        "axes",
+        "attention_factor",
+    )
+
+    def _mark_built(self) -> None:
+        """Remember the buffers :meth:`init_buffers` made from the options (see :meth:`table_key`)."""
+        self._built = tuple(self._buffers.values())
+
+    def table_key(self) -> tuple[object, str] | None:
+        """``(owner, name)`` this instance's cos/sin tables are filed under in the call's memo.
+
+        An instance of a class that declares its own ``_table_fields``, whose buffers are
+        still the ones :meth:`init_buffers` built, is filed under its class and the values
+        of those fields (and the device): layers with equal RoPE options compute their
+        tables once per call, layers with different options never share. Otherwise (a
+        subclass that does not say what fixes its tables, buffers replaced by hand) under
+        the instance itself. None (no memo) for RoPE-Mixed: its angles are learned.
+        """
+        if self.rope_mixed:
+            return None
+        fields = type(self).__dict__.get("_table_fields")
+        built, now = getattr(self, "_built", ()), tuple(self._buffers.values())
+        if fields is None or len(built) != len(now) or any(a is not b for a, b in zip(built, now)):
+            return self, self.name
+        values = repr(tuple(getattr(self, f) for f in fields))
+        return type(self), f"{self.name}:{self.inv_freq.device}:{values}"
+
+    def _tables(self, ctx, pos: Tensor, length: int, seq_len: int) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """``(positions with axes, (cos, sin))`` of ``pos`` for a tensor of ``length`` tokens, once
+        per model call for the layers whose encodings share a :meth:`table_key`."""
+
+        def make():
+            p = self.axis_positions(pos, length) if self.axes > 1 else pos
+            return p, self._cos_sin(p, self.frequencies(seq_len))
+
+        key = self.table_key()
+        if key is None:
+            return make()
+        return table(ctx, key[0], f"{key[1]}:{length}:{seq_len}", (pos,), make)
 
     @property
     def relative(self) -> bool:
@@ -297,21 +352,18 @@ class RoPE(PositionEncoding):
             return 0
         return max(int(p.max()) for p in positions if p.numel()) + 1
 
-    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> tuple[Tensor, Tensor]:
         if self.rope_extension is not None:  # the rotations happen inside qk_scores
             return q, k
-        if self.axes > 1:
-            same = k_pos is q_pos
-            q_pos = self.axis_positions(q_pos, q.shape[-2])
-            k_pos = q_pos if same else self.axis_positions(k_pos, k.shape[-2])
-        inv_freq = self.frequencies(self._seq_len(q_pos, k_pos))
-        q_tab = self._cos_sin(q_pos, inv_freq)
-        k_tab = q_tab if k_pos is q_pos else self._cos_sin(k_pos, inv_freq)
-        return self._rotate_one(q, q_pos, q_tab), self._rotate_one(k, k_pos, k_tab)
+        seq_len = self._seq_len(q_pos, k_pos)  # (length-dependent types only: none with axes)
+        qp, q_tab = self._tables(ctx, q_pos, q.shape[-2], seq_len)
+        # without a cache the keys are the queries: one table
+        kp, k_tab = (qp, q_tab) if k_pos is q_pos else self._tables(ctx, k_pos, k.shape[-2], seq_len)
+        return self._rotate_one(q, qp, q_tab), self._rotate_one(k, kp, k_tab)
 
-    def rotate_value(self, v: Tensor, k_pos: Tensor) -> Tensor:
-        k_pos = self.axis_positions(k_pos, v.shape[-2]) if self.axes > 1 else k_pos
-        return self._rotate_one(v, k_pos, self._cos_sin(k_pos, self.frequencies(self._seq_len(k_pos))))
+    def rotate_value(self, v: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
+        kp, tab = self._tables(ctx, k_pos, v.shape[-2], self._seq_len(k_pos))
+        return self._rotate_one(v, kp, tab)
 
     def qk_scores(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """With ``rope_extension``: the merged score maps, float32 ``(B, H, Lq, Lk)`` (unrotated ``q``, ``k``)."""

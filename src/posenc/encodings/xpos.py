@@ -14,6 +14,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..context import table
 from ..registry import register
 from .rotary import RoPE
 
@@ -49,6 +50,7 @@ class XPos(RoPE):
     year = 2022
     causal_only = True
     default_layout = "interleaved"
+    _table_fields = (*RoPE._table_fields, "scale_base", "gamma")  # what fixes the tables (RoPE.table_key)
 
     def __init__(
         self,
@@ -87,6 +89,7 @@ class XPos(RoPE):
             d = self.rotary_dim
             zeta = (torch.arange(0, d, 2, dtype=torch.float32) / d + self.gamma) / (1 + self.gamma)
             self.zeta = zeta.to(self.inv_freq.device)
+            self._mark_built()
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", scale_base={self.scale_base}, gamma={self.gamma}"
@@ -120,10 +123,16 @@ class XPos(RoPE):
                 "attend in shorter calls, use a wider dtype, or raise scale_base"
             )
 
-    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        ref = self.reference(q_pos)
-        self._check_growth(q_pos, k_pos, ref, q.dtype)
-        q = self._rotate_one(q, q_pos, self._cos_sin(q_pos, self.inv_freq, self.decay(q_pos - ref)))
-        # keys far behind the reference decay to 0 (never inf): ζ^((r - j)/s)
-        k = self._rotate_one(k, k_pos, self._cos_sin(k_pos, self.inv_freq, self.decay(ref - k_pos)))
-        return q, k
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> tuple[Tensor, Tensor]:
+        def make():
+            ref = self.reference(q_pos)
+            self._check_growth(q_pos, k_pos, ref, q.dtype)
+            q_tab = self._cos_sin(q_pos, self.inv_freq, self.decay(q_pos - ref))
+            # keys far behind the reference decay to 0 (never inf): ζ^((r - j)/s)
+            return q_tab, self._cos_sin(k_pos, self.inv_freq, self.decay(ref - k_pos))
+
+        # once per model call for the layers with equal options (RoPE.table_key); the
+        # growth check depends on the activation dtype, which is part of the key
+        owner, name = self.table_key()
+        q_tab, k_tab = table(ctx, owner, f"{name}:{q.dtype}", (q_pos, k_pos), make)
+        return self._rotate_one(q, q_pos, q_tab), self._rotate_one(k, k_pos, k_tab)
