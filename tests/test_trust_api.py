@@ -28,7 +28,7 @@ NAN, INF = float("nan"), float("inf")
             {"rope_scaling": {"rope_type": "yarn", "factor": NAN, "original_max_position_embeddings": 8}},
             r"rope_scaling\['factor'\]=nan is not a finite number",
         ),
-        ("nope", {"attn_scale": NAN}, "attn_scale=nan is not a finite number"),
+        ("nope-temperature", {"attn_scale": NAN}, "attn_scale=nan is not a finite number"),
         ("xpos", {"gamma": INF}, "gamma=inf is not a finite number"),
         ("xl", {"base": NAN}, "base=nan is not a finite number"),
         ("multiplicative", {"strength": INF}, "strength=inf is not a finite number"),

@@ -100,6 +100,10 @@ class PositionEncoding(nn.Module):
             (T5's bucket table, as the paper does).
         shared_modules: submodules that every layer's instance takes from the first
             layer's when the instance itself is not shared (DeBERTa's relative table).
+        variants: registered names of subclasses with other stages that ``build(name, ...)``
+            makes instead when an option only they take is given (``nope`` with
+            ``attn_scale``: ``nope-temperature``, :func:`posenc.registry.resolve`); an option
+            never changes the stages of a class.
 
     Declarations (class defaults; an instance may set them from its options). They say
     what an encoding needs from the layer, the model and the cache, so that neither
@@ -131,6 +135,7 @@ class PositionEncoding(nn.Module):
     causal_only: ClassVar[bool] = False
     share_across_layers: ClassVar[bool] = False
     shared_modules: ClassVar[tuple[str, ...]] = ()
+    variants: ClassVar[tuple[str, ...]] = ()
     stages: Stage = Stage.NONE
     input_at: int | str = 0
     input_context: int = 0

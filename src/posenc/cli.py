@@ -39,7 +39,7 @@ def encoding_rows() -> list[dict[str, str]]:
             {
                 "name": name,
                 "family": cls.family,
-                "stages": (", ".join(cls.stages.names()) or "none")
+                "stages": (", ".join(enc.stages.names()) or "none")
                 + (" (scores with option `rope_extension`)" if "rope_extension" in options_of(cls) else ""),
                 "relative": "yes" if enc.relative else "no",
                 "extrapolates": "yes" if enc.extrapolates else "no",

@@ -10,7 +10,7 @@ import inspect
 
 from .base import PositionEncoding
 
-__all__ = ["register", "build", "available", "get_class", "options_of"]
+__all__ = ["register", "build", "available", "get_class", "options_of", "own_options", "resolve"]
 
 _REGISTRY: dict[str, type[PositionEncoding]] = {}
 
@@ -40,22 +40,54 @@ def get_class(name: str) -> type[PositionEncoding]:
     return _REGISTRY[name]
 
 
+def own_options(cls: type[PositionEncoding]) -> list[str]:
+    """Keyword options ``cls.__init__`` takes beyond heads, head_dim, max_len, causal (a
+    ``**options`` passed on to the parent class: the parent's)."""
+    out = []
+    for p in inspect.signature(cls.__init__).parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            parent = next(c for c in cls.__mro__[1:] if issubclass(c, PositionEncoding))
+            out += [o for o in own_options(parent) if o not in out]
+        elif p.name not in ("self", "heads", "head_dim", "max_len", "causal"):
+            out.append(p.name)
+    return out
+
+
 def options_of(cls: type[PositionEncoding]) -> list[str]:
-    """Keyword options an encoding accepts beyond heads, head_dim, max_len, causal."""
-    params = inspect.signature(cls.__init__).parameters
-    return [p for p in params if p not in ("self", "heads", "head_dim", "max_len", "causal")]
+    """Keyword options an encoding name accepts: the class's own and its variants' (the
+    registered classes :func:`build` makes instead when their own options are given)."""
+    out = own_options(cls)
+    for v in cls.variants:
+        out += [o for o in own_options(get_class(v)) if o not in out]
+    return out
+
+
+def resolve(name: str, options: dict) -> type[PositionEncoding]:
+    """The class :func:`build` makes for ``name`` with ``options``: a variant of it (another
+    registered class, with other stages) when an option only the variant takes is given,
+    e.g. ``nope`` with ``attn_scale``: ``nope-temperature``; else the class itself (a
+    variant's option given as None means "not this variant")."""
+    cls = get_class(name)
+    mine, given = set(own_options(cls)), {k for k, v in options.items() if v is not None}
+    for v in cls.variants:
+        vcls = get_class(v)
+        if (set(own_options(vcls)) - mine) & given:
+            return vcls
+    return cls
 
 
 def build(
     name: str, *, heads: int, head_dim: int, max_len: int | None = None, causal: bool = True, **options
 ) -> PositionEncoding:
-    """Build a registered encoding.
+    """Build a registered encoding (or the variant its options name: :func:`resolve`).
 
     Raises:
         ValueError: unknown name or option (the message lists the valid ones), or an
             option value out of range.
     """
-    cls = get_class(name)
+    cls = resolve(name, options)
+    mine = set(own_options(cls))
+    options = {k: v for k, v in options.items() if k in mine or v is not None}  # (None: the variant is off)
     valid = options_of(cls)
     unknown = sorted(set(options) - set(valid))
     if unknown:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ..registry import available, get_class
+from ..registry import available, get_class, resolve
 
 __all__ = ["Spec", "resolve", "split_specs"]
 
@@ -94,7 +94,7 @@ def resolve(specs: list[str], *, want=None) -> tuple[list[Spec], list[str]]:
         seen.add(spec.label)
         get_class(spec.name)  # ValueError: unknown encoding, listing the valid names
         if want is not None:
-            reason = want(get_class(spec.name))
+            reason = want(resolve(spec.name, spec.options))  # (a variant named by an option)
             if reason:
                 notes.append(f"skipped {spec.label!r}: {reason}")
                 continue

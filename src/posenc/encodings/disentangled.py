@@ -63,10 +63,8 @@ class DeBERTa(PositionEncoding):
         hidden_size: width ``D`` of the table; ``H·Dh`` by default. Must equal the layer
             width with ``share_att_key``.
         layer_norm_eps: eps of that LayerNorm (HF default 1e-7).
-        absolute_from_layer: DeBERTa's enhanced mask decoder, approximated: a learned
-            absolute position table (``max_len`` rows of width ``hidden_size``) added to
-            the hidden states just before this block of a model, so only the blocks from
-            there on see absolute positions. None: no such table (relative only).
+        absolute_from_layer: makes a :class:`DebertaEMD` (``deberta-emd``), DeBERTa's
+            enhanced mask decoder (see there); None: relative only.
         clamp_relative_positions: clamp ``δ`` to ``±(max_relative_positions - 1)`` before
             log-bucketing, as Microsoft's code does (``da_utils.make_log_bucket_position`` since
             its 2023 DeBERTaV3 release; its 2021 v2 release did not); HF does not, so there a key more than ``max_relative_positions - 1`` positions
@@ -82,6 +80,7 @@ class DeBERTa(PositionEncoding):
     year = 2021
     stages = Stage.TERMS
     shared_modules = ("rel_embeddings", "rel_norm", "absolute")
+    variants = ("deberta-emd",)
 
     def __init__(
         self,
@@ -100,7 +99,6 @@ class DeBERTa(PositionEncoding):
         layer_norm_eps: float = 1e-7,
         init_std: float = 0.02,
         clamp_relative_positions: bool = True,
-        absolute_from_layer: int | None = None,
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
         types = (
@@ -136,17 +134,8 @@ class DeBERTa(PositionEncoding):
                 self.pos_key_proj = nn.Linear(D, inner, bias=version == 2)
             if self.p2c:
                 self.pos_query_proj = nn.Linear(D, inner)
-        self.absolute = None
-        if absolute_from_layer is not None:
-            if not isinstance(absolute_from_layer, int) or absolute_from_layer < 0:
-                raise ValueError(f"absolute_from_layer must be a block index >= 0 or None, got {absolute_from_layer!r}")
-            if max_len is None:
-                raise ValueError("absolute_from_layer needs max_len (the size of the absolute position table)")
-            self.absolute = nn.Embedding(max_len, D)
-            nn.init.normal_(self.absolute.weight, std=init_std)
-            self.stages = Stage.TERMS | Stage.INPUT
-            self.input_at = absolute_from_layer
-        self.absolute_from_layer = absolute_from_layer
+        self.absolute = None  # DebertaEMD's absolute table
+        self.absolute_from_layer = None
 
     @property
     def relative(self) -> bool:
@@ -282,3 +271,30 @@ class DeBERTa(PositionEncoding):
 def _layer_projections(ctx, qk_proj):
     """The layer's ``(W_Q, W_K)``: given directly, or from the call's context."""
     return qk_proj if qk_proj is not None or ctx is None else ctx.qk_proj
+
+
+@register
+class DebertaEMD(DeBERTa):
+    """DeBERTa with its enhanced mask decoder, approximated: a learned absolute position table
+    (``max_len`` rows of width ``hidden_size``) added to the hidden states just before block
+    ``absolute_from_layer`` of a model (the input stage, ``input_at``), so only the blocks from
+    there on see absolute positions. ``posenc.build("deberta", absolute_from_layer=n)`` makes
+    one; every other option is DeBERTa's.
+    """
+
+    name = "deberta-emd"
+    stages = Stage.TERMS | Stage.INPUT
+    variants = ()
+
+    def __init__(self, *, heads, head_dim, max_len=None, causal=True, absolute_from_layer: int = 0, **options):
+        super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
+        if not isinstance(absolute_from_layer, int) or isinstance(absolute_from_layer, bool) or absolute_from_layer < 0:
+            raise ValueError(f"absolute_from_layer must be a block index >= 0, got {absolute_from_layer!r}")
+        if max_len is None:
+            raise ValueError("absolute_from_layer needs max_len (the size of the absolute position table)")
+        self.absolute = nn.Embedding(max_len, self.hidden_size)
+        nn.init.normal_(self.absolute.weight, std=options.get("init_std", 0.02))
+        self.input_at = self.absolute_from_layer = absolute_from_layer
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", absolute_from_layer={self.absolute_from_layer}"

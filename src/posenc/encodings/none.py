@@ -11,7 +11,8 @@ temperature that grows with the log of its position::
 
     q_i ← q_i · (1 + attn_scale · log(1 + floor((p_i + 1) / floor_scale)))
 
-so attention stays sharp over long contexts. ``attn_scale=0`` (the default) is plain NoPE.
+so attention stays sharp over long contexts: the registered variant ``nope-temperature``,
+which ``posenc.build("nope", attn_scale=...)`` makes.
 Checked against HF ``Llama4TextAttention`` in ``tests/test_layers_parity.py``.
 """
 
@@ -26,22 +27,39 @@ from ..registry import register
 
 @register
 class NoPE(PositionEncoding):
-    """No position encoding.
-
-    Args:
-        attn_scale: strength of Llama 4's query temperature (HF ``attn_scale``, 0.1 in
-            Llama 4); 0 turns it off.
-        floor_scale: tokens per temperature step (HF ``floor_scale``, 8192 in Llama 4).
-    """
+    """No position encoding. With ``attn_scale``/``floor_scale``, :func:`posenc.build` makes a
+    :class:`NoPETemperature` (``nope-temperature``) instead."""
 
     name = "nope"
     family = "none"
     paper = "Kazemnejad et al., The Impact of Positional Encoding on Length Generalization in Transformers"
     year = 2023
     stages = Stage.NONE
+    variants = ("nope-temperature",)
+
+    @property
+    def relative(self) -> bool:
+        return True
+
+
+@register
+class NoPETemperature(NoPE):
+    """NoPE with Llama 4's query temperature (its NoPE layers; the q/k stage scales the queries).
+
+    Args:
+        attn_scale: strength of the temperature (HF ``attn_scale``, 0.1 in Llama 4); 0 gives
+            the identity.
+        floor_scale: tokens per temperature step (HF ``floor_scale``, 8192 in Llama 4).
+    """
+
+    name = "nope-temperature"
+    paper = "Meta, Llama 4 (iRoPE NoPE layers), after Nakanishi, Scalable-Softmax Is Superior for Attention"
+    year = 2025
+    stages = Stage.QK  # the temperature acts on the queries
+    variants = ()
 
     def __init__(
-        self, *, heads, head_dim, max_len=None, causal=True, attn_scale: float = 0.0, floor_scale: float = 8192
+        self, *, heads, head_dim, max_len=None, causal=True, attn_scale: float = 0.1, floor_scale: float = 8192
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
         if not isinstance(attn_scale, (int, float)) or isinstance(attn_scale, bool) or attn_scale < 0:
@@ -49,16 +67,13 @@ class NoPE(PositionEncoding):
         if not isinstance(floor_scale, (int, float)) or isinstance(floor_scale, bool) or floor_scale <= 0:
             raise ValueError(f"floor_scale must be a number > 0, got {floor_scale!r}")
         self.attn_scale, self.floor_scale = float(attn_scale), float(floor_scale)
-        if self.attn_scale:
-            self.stages = Stage.QK  # the temperature acts on the queries
 
     @property
     def relative(self) -> bool:
         return self.attn_scale == 0.0
 
     def extra_repr(self) -> str:
-        extra = f", attn_scale={self.attn_scale}, floor_scale={self.floor_scale}" if self.attn_scale else ""
-        return super().extra_repr() + extra
+        return super().extra_repr() + f", attn_scale={self.attn_scale}, floor_scale={self.floor_scale}"
 
     def temperature(self, pos: Tensor) -> Tensor:
         """Query scale ``1 + attn_scale·log1p(floor((p + 1)/floor_scale))``, float32, shape of ``pos``."""
@@ -66,8 +81,6 @@ class NoPE(PositionEncoding):
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         """Scale the queries (``(B, H, Lq, Dh)``) by their temperature; keys unchanged."""
-        if not self.attn_scale:
-            return q, k
         if q_pos.shape[-1] != q.shape[2]:
             raise ValueError(f"q_pos has length {q_pos.shape[-1]}, queries have length {q.shape[2]}")
         t = self.temperature(q_pos).view(q_pos.shape[0], 1, -1, 1)  # (B|1, 1, Lq, 1)

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ..base import PositionEncoding, Stage
 from ..cache import InputHistory, run_input_stage
 from ..layer_encodings import layer_encodings
-from ..registry import build, get_class
+from ..registry import build, resolve
 from .attention import PosencMask
 
 __all__ = ["PosencStack", "RotaryOff", "PositionsOff", "Dims"]
@@ -104,7 +104,7 @@ def build_encoding(spec: dict, dims: Dims) -> PositionEncoding:
             ``vocab_size``; the embedding module sees no positions).
     """
     name, options = spec["encoding"], dict(spec.get("options") or {})
-    cls = get_class(name)
+    cls = resolve(name, options)  # (a variant named by an option has its own stages)
     heads, head_dim = dims.heads, dims.head_dim
     if cls.stages & Stage.INPUT and heads * head_dim != dims.hidden:
         heads, head_dim = 1, dims.hidden
