@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ..registry import available, get_class, resolve
+from ..registry import available, get_class
+from ..registry import resolve as variant_class
 
 __all__ = ["Spec", "resolve", "split_specs"]
 
@@ -94,7 +95,7 @@ def resolve(specs: list[str], *, want=None) -> tuple[list[Spec], list[str]]:
         seen.add(spec.label)
         get_class(spec.name)  # ValueError: unknown encoding, listing the valid names
         if want is not None:
-            reason = want(resolve(spec.name, spec.options))  # (a variant named by an option)
+            reason = want(variant_class(spec.name, spec.options))  # (a variant named by an option)
             if reason:
                 notes.append(f"skipped {spec.label!r}: {reason}")
                 continue
