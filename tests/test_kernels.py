@@ -336,11 +336,17 @@ DISTANCE_ENCODINGS = {
     "xl": {},
     "deberta": {"position_buckets": 8, "max_relative_positions": 12},
     "deberta-shared": {"position_buckets": 8, "max_relative_positions": 12, "share_att_key": True},
+    "deberta-emd": {"position_buckets": 8, "max_relative_positions": 12, "share_att_key": False},
 }
 
 
+def _encoding_name(key: str) -> str:
+    """A key is a registered name, or one with a suffix naming its options (``deberta-shared``)."""
+    return key if key in posenc.available() else key.split("-")[0]
+
+
 def _distance_attn(key: str, causal: bool, dtype=torch.float32):
-    name = key.split("-")[0]
+    name = _encoding_name(key)
     opts = dict(DISTANCE_ENCODINGS[key])
     if opts.get("share_att_key"):
         opts["hidden_size"] = 16
@@ -374,7 +380,7 @@ def test_blockwise_backend_covers_every_distance_encoding():
         for n in posenc.available()
         if "blockwise" in posenc.supported_backends(posenc.build(n, heads=2, head_dim=8, max_len=16))
     }
-    assert have == {k.split("-")[0] for k in DISTANCE_ENCODINGS}
+    assert have == {_encoding_name(k) for k in DISTANCE_ENCODINGS}
 
 
 @pytest.mark.parametrize("key", list(DISTANCE_ENCODINGS))

@@ -59,7 +59,7 @@ def forward(model, tokens, memo, **kw):
 TOKENS = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("encoding", ["rope", "xpos"])
+@pytest.mark.parametrize("encoding", ["rope", "xpos", "mrope"])
 def test_rotary_tables_once_per_forward(encoding):
     """Per-layer RoPE (xPos) instances with equal options make their cos/sin once per call:
     the other layers read the memo, and the logits are those computed without it."""

@@ -58,6 +58,8 @@ class MRoPE(RoPE):
     family = "rotary"
     paper = "Wang et al., Qwen2-VL: Enhancing Vision-Language Model's Perception of the World at Any Resolution"
     year = 2024
+    # per-layer instances with equal options share their tables within a call (RoPE.table_key)
+    _table_fields = (*RoPE._table_fields, "mrope_section", "mrope_interleaved")
 
     def __init__(
         self,
