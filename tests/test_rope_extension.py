@@ -238,7 +238,7 @@ def test_contract(ext):
     pos = torch.stack([torch.arange(CL), torch.arange(CL) + 3])
     assert_backend_equals_eager(attn, x, pos, "chunked", n=N_C, n_grad=N_C_GRAD, msg=str(ext))
     for b in ("sdpa", "dense", "flex"):
-        with pytest.raises(ValueError, match="cannot run encoding 'rope'"):
+        with pytest.raises(ValueError, match="cannot run encoding 'rope-extension'"):
             attn(x, backend=b)
     # ... with a cache, and a fully padded row gives 0, not NaN, on both backends
     kpm = torch.ones(2, CL, dtype=torch.bool)
@@ -301,8 +301,13 @@ def test_contract_model(ext):
             r"scale_base must be a number > 1 or None \(no log-n scaling\), got 1",
         ),
         ({"type": "rerope", "window": 4}, {"causal": False}, "causal"),
-        ({"type": "rerope", "window": 4}, {"axes": 2}, "plain 1-D RoPE: got axes=2"),
-        ({"type": "rerope", "window": 4}, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "'linear'"),
+        # a variant of its own (rope-extension) that takes neither axes nor rope_scaling
+        ({"type": "rerope", "window": 4}, {"axes": 2}, r"unknown option\(s\) \['axes'\] for encoding 'rope-extension'"),
+        (
+            {"type": "rerope", "window": 4},
+            {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+            r"\['rope_scaling'\] for encoding 'rope-extension' \(what 'rope' builds with these options\)",
+        ),
     ],
 )
 def test_bad_extension_raises(ext, kw, match):
@@ -314,5 +319,6 @@ def test_bad_extension_raises(ext, kw, match):
 def test_qk_scores_of_plain_rope_raises():
     rope = posenc.build("rope", heads=HEADS, head_dim=HEAD_DIM)
     q = torch.randn(1, HEADS, 3, HEAD_DIM)
-    with pytest.raises(RuntimeError, match="rope_extension"):
+    assert not rope.stages & posenc.Stage.SCORES  # the SCORES stage is rope-extension's, a class of its own
+    with pytest.raises(NotImplementedError):
         rope.qk_scores(q, q, torch.arange(3)[None], torch.arange(3)[None])

@@ -39,8 +39,7 @@ def encoding_rows() -> list[dict[str, str]]:
             {
                 "name": name,
                 "family": cls.family,
-                "stages": (", ".join(enc.stages.names()) or "none")
-                + (" (scores with option `rope_extension`)" if "rope_extension" in options_of(cls) else ""),
+                "stages": ", ".join(enc.stages.names()) or "none",
                 "relative": "yes" if enc.relative else "no",
                 "extrapolates": "yes" if enc.extrapolates else "no",
                 # coordinates per position: 1 for a sequence; grids via the `axes` option or fixed

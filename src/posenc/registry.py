@@ -57,9 +57,14 @@ def options_of(cls: type[PositionEncoding]) -> list[str]:
     """Keyword options an encoding name accepts: the class's own and its variants' (the
     registered classes :func:`build` makes instead when their own options are given)."""
     out = own_options(cls)
-    for v in cls.variants:
+    for v in _variants(cls):
         out += [o for o in own_options(get_class(v)) if o not in out]
     return out
+
+
+def _variants(cls: type[PositionEncoding]) -> tuple[str, ...]:
+    """The variants a class declares itself (a subclass, e.g. xPos of RoPE, has its own)."""
+    return cls.__dict__.get("variants", ())
 
 
 def resolve(name: str, options: dict) -> type[PositionEncoding]:
@@ -69,7 +74,7 @@ def resolve(name: str, options: dict) -> type[PositionEncoding]:
     variant's option given as None means "not this variant")."""
     cls = get_class(name)
     mine, given = set(own_options(cls)), {k for k, v in options.items() if v is not None}
-    for v in cls.variants:
+    for v in _variants(cls):
         vcls = get_class(v)
         if (set(own_options(vcls)) - mine) & given:
             return vcls
@@ -91,7 +96,8 @@ def build(
     valid = options_of(cls)
     unknown = sorted(set(options) - set(valid))
     if unknown:
+        what = repr(name) if cls.name == name else f"{cls.name!r} (what {name!r} builds with these options)"
         raise ValueError(
-            f"unknown option(s) {unknown} for encoding {name!r}; valid options: {', '.join(valid) or '(none)'}"
+            f"unknown option(s) {unknown} for encoding {what}; valid options: {', '.join(valid) or '(none)'}"
         )
     return cls(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)

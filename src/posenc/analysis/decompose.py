@@ -92,11 +92,15 @@ def decompose_terms(model, tokens: Tensor, *, layer: int = 0) -> tuple[dict[str,
     else:  # no position in the input: its parts are zero (a non-linear q/k stage, PoPE, maps 0 elsewhere)
         qp, kp = torch.zeros_like(qc), torch.zeros_like(kc)
     s = enc.scale
+
+    def qk(a, b):  # the q·k term: bilinear in the two (an encoding's own SCORES stage: rope-extension)
+        return enc.qk_scores(a, b, pos, pos) if enc.stages & Stage.SCORES else a @ b.transpose(-1, -2)
+
     terms = {
-        "content·content": (qc @ kc.transpose(-1, -2)).float() * s,
-        "content·position": (qc @ kp.transpose(-1, -2)).float() * s,
-        "position·content": (qp @ kc.transpose(-1, -2)).float() * s,
-        "position·position": (qp @ kp.transpose(-1, -2)).float() * s,
+        "content·content": qk(qc, kc).float() * s,
+        "content·position": qk(qc, kp).float() * s,
+        "position·content": qk(qp, kc).float() * s,
+        "position·position": qk(qp, kp).float() * s,
     }
     if enc.stages & Stage.TERMS:
         q, k = qc + qp, kc + kp

@@ -43,7 +43,6 @@ from .. import functional as PF
 from ..base import PositionEncoding, Stage
 from ..context import table
 from ..registry import register
-from .rope_extension import check_extension, extended_qk_scores
 from .rope_scaling import ROPE_REGISTRY, ROPE_TYPES, check_scaling, rope_parameters, rotary_width
 
 __all__ = ["RoPE", "ROPE_TYPES", "rope_parameters", "permute_for_layout"]
@@ -95,13 +94,10 @@ class RoPE(PositionEncoding):
             pair ``k`` of head ``h`` turning by ``Σ_a pos_a·freqs[a, h, k]``; initialised as
             the axial bands rotated by a random angle per head (``axes >= 2``). The paper
             uses ``base=10`` (mixed) and ``base=100`` (axial) on 14×14 ViT grids.
-        rope_extension: an inference-time change of the attention pattern for lengths past
-            training (:mod:`.rope_extension`): ReRoPE ``{"type": "rerope", "window": w}``,
-            Leaky ReRoPE ``{"type": "leaky-rerope", "window": w, "factor": k}``, Self-Extend
-            ``{"type": "self-extend", "window": W, "group_size": G}``, each with an optional
-            ``"scale_base"`` (log-n query scaling; ReRoPE's default is ``max_len``, as in
-            bojone/rerope; ``None`` turns it off). The encoding then declares the ``SCORES``
-            stage (two score maps merged by distance) and runs on ``chunked``/``eager`` only.
+
+    With the option ``rope_extension`` (ReRoPE, Leaky ReRoPE, Self-Extend), ``posenc.build``
+    makes a :class:`~posenc.encodings.rope_extended.RoPEExtension` (``rope-extension``), whose
+    stage is ``SCORES``.
     """
 
     name = "rope"
@@ -110,6 +106,7 @@ class RoPE(PositionEncoding):
     year = 2021
     stages = Stage.QK
     default_layout = "half"
+    variants = ("rope-extension",)
 
     def __init__(
         self,
@@ -125,7 +122,6 @@ class RoPE(PositionEncoding):
         rope_scaling: dict | None = None,
         axes: int = 1,
         rope_mixed: bool = False,
-        rope_extension: dict | None = None,
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
         self.set_axes(axes)
@@ -167,15 +163,6 @@ class RoPE(PositionEncoding):
         self.init_buffers()
         if self.rope_mixed:  # learned (A, H, Dr/2), from the axial frequencies turned per head
             self.freqs = nn.Parameter(PF.mixed_frequencies(self.inv_freq, self.axes, heads))
-        self.rope_extension = check_extension(rope_extension, causal=causal, max_len=max_len)
-        if self.rope_extension is not None:
-            kind = self.rope_extension["type"]
-            if self.axes > 1 or self.rope_type != "default":
-                raise ValueError(
-                    f"rope_extension {kind!r} works on plain 1-D RoPE: got axes={self.axes}, "
-                    f"rope_scaling type {self.rope_type!r} (use one of rope_scaling and rope_extension)"
-                )
-            self.stages = Stage.SCORES  # q·k from the two maps; no rotation of q and k
 
     def _params(self, seq_len: int | None = None) -> tuple[Tensor, float]:
         return rope_parameters(
@@ -277,9 +264,7 @@ class RoPE(PositionEncoding):
 
     @property
     def relative(self) -> bool:
-        # Self-Extend's groups floor(i/G) and the log-n scaling read absolute positions
-        ext = self.rope_extension
-        return ext is None or (ext["type"] != "self-extend" and ext["scale_base"] is None)
+        return True
 
     @property
     def rotates_value(self) -> bool:
@@ -288,7 +273,6 @@ class RoPE(PositionEncoding):
     def extra_repr(self) -> str:
         s = super().extra_repr() + f", base={self.base}, layout={self.layout!r}, rotary_dim={self.rotary_dim}"
         s += f", axes={self.axes}" + (", rope_mixed=True" if self.rope_mixed else "") if self.axes > 1 else ""
-        s += f", rope_extension={self.rope_extension}" if self.rope_extension is not None else ""
         return s + (f", rope_scaling={self.rope_scaling}" if self.rope_type != "default" else "")
 
     # ------------------------------------------------------------------ rotation
@@ -353,8 +337,6 @@ class RoPE(PositionEncoding):
         return max(int(p.max()) for p in positions if p.numel()) + 1
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> tuple[Tensor, Tensor]:
-        if self.rope_extension is not None:  # the rotations happen inside qk_scores
-            return q, k
         seq_len = self._seq_len(q_pos, k_pos)  # (length-dependent types only: none with axes)
         qp, q_tab = self._tables(ctx, q_pos, q.shape[-2], seq_len)
         # without a cache the keys are the queries: one table
@@ -364,9 +346,3 @@ class RoPE(PositionEncoding):
     def rotate_value(self, v: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
         kp, tab = self._tables(ctx, k_pos, v.shape[-2], self._seq_len(k_pos))
         return self._rotate_one(v, kp, tab)
-
-    def qk_scores(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """With ``rope_extension``: the merged score maps, float32 ``(B, H, Lq, Lk)`` (unrotated ``q``, ``k``)."""
-        if self.rope_extension is None:
-            raise RuntimeError("qk_scores is the SCORES stage of rope with a rope_extension; this one rotates q and k")
-        return extended_qk_scores(self, q, k, q_pos, k_pos)

@@ -1,0 +1,89 @@
+"""``rope-extension``: RoPE whose ``q·k`` term is ReRoPE's, Leaky ReRoPE's or Self-Extend's
+(Su, "ReRoPE: Rectified Rotary Position Embeddings", 2023; Jin et al., "LLM Maybe LongLM:
+Self-Extend LLM Context Window Without Tuning", ICML 2024).
+
+The methods themselves (the two score maps merged by distance, the references they are
+checked against) are in :mod:`.rope_extension`. They change what the encoding *is*: the
+q/k stage becomes the identity (the KV cache holds raw keys) and the whole ``q·k`` term
+comes from :meth:`RoPEExtension.qk_scores`, the ``SCORES`` stage, which only the
+backends that materialise scores run (``chunked``, ``eager``). So they are a registered
+class of their own, with fixed stages, which ``posenc.build("rope", rope_extension=...)``
+makes (:func:`posenc.registry.resolve`).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..base import Stage
+from ..registry import register
+from .rope_extension import check_extension, extended_qk_scores
+from .rotary import RoPE
+
+__all__ = ["RoPEExtension"]
+
+
+@register
+class RoPEExtension(RoPE):
+    """RoPE under an inference-time extension of its attention pattern.
+
+    Args:
+        rope_extension: ReRoPE ``{"type": "rerope", "window": w}``, Leaky ReRoPE
+            ``{"type": "leaky-rerope", "window": w, "factor": k}``, Self-Extend
+            ``{"type": "self-extend", "window": W, "group_size": G}``, each with an optional
+            ``"scale_base"`` (log-n query scaling; ReRoPE's default is ``max_len``, as in
+            bojone/rerope; ``None`` turns it off). Default: ReRoPE with a window of
+            ``max_len // 4`` (512 without ``max_len``).
+        base, layout, partial_rotary_factor, rotary_value: RoPE's. Plain 1-D RoPE only: the
+            extensions are defined without ``axes`` or ``rope_scaling``.
+    """
+
+    name = "rope-extension"
+    paper = "Su, ReRoPE (2023); Jin et al., LLM Maybe LongLM: Self-Extend LLM Context Window Without Tuning"
+    year = 2024
+    stages = Stage.SCORES  # q·k from the two maps; no rotation of q and k
+    causal_only = True  # both references are decoders
+    variants = ()
+
+    def __init__(
+        self,
+        *,
+        heads,
+        head_dim,
+        max_len=None,
+        causal=True,
+        base: float = 10000.0,
+        layout: str | None = None,
+        partial_rotary_factor: float = 1.0,
+        rotary_value: bool = False,
+        rope_extension: dict | None = None,
+    ):
+        super().__init__(
+            heads=heads,
+            head_dim=head_dim,
+            max_len=max_len,
+            causal=causal,
+            base=base,
+            layout=layout,
+            partial_rotary_factor=partial_rotary_factor,
+            rotary_value=rotary_value,
+        )
+        if rope_extension is None:
+            rope_extension = {"type": "rerope", "window": max(1, max_len // 4) if max_len else 512}
+        self.rope_extension = check_extension(rope_extension, causal=causal, max_len=max_len)
+
+    @property
+    def relative(self) -> bool:
+        # Self-Extend's groups floor(i/G) and the log-n scaling read absolute positions
+        ext = self.rope_extension
+        return ext["type"] != "self-extend" and ext["scale_base"] is None
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", rope_extension={self.rope_extension}"
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> tuple[Tensor, Tensor]:
+        return q, k  # the rotations happen inside qk_scores
+
+    def qk_scores(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
+        """The merged score maps, float32 ``(B, H, Lq, Lk)`` (unrotated ``q``, ``k``)."""
+        return extended_qk_scores(self, q, k, q_pos, k_pos)
