@@ -184,8 +184,9 @@ class Inkling(PositionEncoding):
         tau = self.tau(_as_rows(q_pos))[:, None, :, None]  # (B|1, 1, Lq, 1)
         return (q.float() * tau).to(q.dtype), k
 
-    def _rows_table(self, q_pos: Tensor, ctx) -> Tensor:
-        """``τ_i·(r_i)_h·P`` float32 ``(B, H, Lq, E)``: row ``i``'s bias at every distance."""
+    def _rows_table(self, q_pos: Tensor, ctx, span: int | None = None) -> Tensor:
+        """``τ_i·(r_i)_h·P[:, :span]`` float32 ``(B, H, Lq, span)``: row ``i``'s bias at the first
+        ``span`` distances (all ``E`` by default)."""
         if ctx is None or ctx.x is None:
             raise ValueError(
                 "encoding 'inkling' reads ctx.x (the layer input rows of the queries) for its bias; call it "
@@ -196,16 +197,20 @@ class Inkling(PositionEncoding):
         if Lq != q_pos.shape[-1]:
             raise ValueError(f"ctx.x has {Lq} rows for {q_pos.shape[-1]} query positions; they must match")
         r = self.r_proj(x.to(self.r_proj.weight.dtype)).view(B, Lq, self.heads, self.d_rel).float()
-        rel = (r @ self.rel_proj.float()).transpose(1, 2)  # (B, H, Lq, E)
+        P = self.rel_proj if span is None else self.rel_proj[:, :span]
+        rel = (r @ P.float()).transpose(1, 2)  # (B, H, Lq, span)
         if self.log_scaling:
             rel = rel * self.tau(_as_rows(q_pos))[:, None, :, None]
         return rel
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
         """``(B, H, Lq, Lk)`` float32: ``τ_i·(r_i)_h·P[:, i - j]`` for ``0 <= i - j < E``, else 0."""
-        rel = self._rows_table(q_pos, ctx)
-        B, H, Lq, E = rel.shape
         d = _as_rows(q_pos)[:, :, None] - _as_rows(k_pos)[:, None, :]  # (B|1, Lq, Lk): i - j
+        # only the distances this call has: a short call does not project onto all E columns
+        # (one host sync; at L = 64 with E = 1024 the full table was 6x the whole layer's time)
+        span = max(1, min(self.rel_extent, int(d.max()) + 1)) if d.numel() else 1
+        rel = self._rows_table(q_pos, ctx, span)
+        B, H, Lq, E = rel.shape
         outside = (d < 0) | (d >= E)
         idx = d.clamp(0, E - 1)[:, None].expand(B, H, Lq, d.shape[-1])
         return rel.gather(-1, idx).masked_fill(outside[:, None], 0.0)
