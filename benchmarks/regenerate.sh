@@ -25,7 +25,7 @@ WHAT=${1:-targets}
 THREADS=${THREADS:-2}
 REPEATS=${REPEATS:-3}
 NOTES=${NOTES:-}
-TARGETS=alibi,kerple,fire,t5,shaw,xl,deberta,cope,rope
+TARGETS=alibi,kerple,fire,t5,shaw,xl,deberta,cope,rope,fox,inkling,pope
 common=(--threads "$THREADS" --repeats "$REPEATS" --warmup 1 --notes "$NOTES" --quiet)
 case "$WHAT" in
 targets)
