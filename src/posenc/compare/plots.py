@@ -1,19 +1,21 @@
 """The figures of a comparison: extrapolation (mean over seeds with its interval as a band),
-loss by position, and the passkey heatmaps (length × depth per encoding).
+loss by position, and, for a task scored at several variants (passkey's key depths,
+flip-flop's p(ignore)), heatmaps of length × variant per encoding (``<task>.png``).
 
 Failed (NaN) and diverged models are not drawn in the line plots (their numbers would
-squash every other curve); the legend names them, and the passkey panel's title marks them."""
+squash every other curve); the legend names them, and the heatmap panel's title marks them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from ..data.tasks import depth_axis, sequence_length
 from ..output import length_axis, panel_grid, pyplot, readable_log_axis, save_figure
 from .diagnostics import finite
 from .reading import metric_name, summarize
 
-__all__ = ["draw_figures", "run_subtitle", "per_position_absent"]
+__all__ = ["draw_figures", "run_subtitle", "per_position_absent", "has_depths"]
 
 
 def run_subtitle(cfg: dict[str, Any]) -> str:
@@ -33,13 +35,18 @@ def run_subtitle(cfg: dict[str, Any]) -> str:
 
 def draw_figures(out: Path, results: dict[str, Any]) -> list[str]:
     """Draw every figure of the run into ``out``; returns their file names."""
-    cfg, runs = results["config"], results["runs"]
+    runs = results["runs"]
     encs = list(dict.fromkeys(r["encoding"] for r in runs))
     color = {e: f"C{i % 10}" for i, e in enumerate(encs)}  # the same in every figure
     names = [_extrapolation(out, results, color), _per_position(out, results, color)]
-    if cfg.get("task") == "passkey":
-        names.append(_passkey(out, results))
+    if has_depths(results):
+        names.append(_depths(out, results))
     return names
+
+
+def has_depths(results: dict[str, Any]) -> bool:
+    """Whether any evaluation of ``results`` was scored at several variants (``"depths"``)."""
+    return any(e.get("depths") for r in results["runs"] for e in r["eval"])
 
 
 def _extrapolation(out: Path, results: dict[str, Any], color) -> str:
@@ -70,7 +77,8 @@ def _extrapolation(out: Path, results: dict[str, Any], color) -> str:
             readable_log_axis(ax, plotted)
         ax.set_ylabel("validation perplexity (bytes)")
     else:
-        ax.set_ylabel("exact-match accuracy" + (" (mean over depths)" if cfg.get("task") == "passkey" else ""))
+        mean = f" (mean over {depth_axis(cfg.get('task')).plural})" if has_depths(results) else ""
+        ax.set_ylabel("exact-match accuracy" + mean)
         ax.set_ylim(-0.02, 1.02)
     unit = " (problem size n)" if cfg.get("task") and cfg["task"] != "passkey" else " (tokens)"
     ax.set_xlabel("evaluation length" + unit)
@@ -118,7 +126,7 @@ def _per_position(out: Path, results: dict[str, Any], color) -> str:
     base = curves.get("nope")
     panels = 2 if base is not None and len(curves) > 1 else 1
     fig, axes = plt.subplots(panels, 1, figsize=(7.5, 4.2 * panels), sharex=True, squeeze=False)
-    seq_train = 2 * cfg["train_len"] if cfg.get("task") and cfg["task"] != "passkey" else cfg["train_len"]
+    seq_train = sequence_length(cfg.get("task"), cfg["train_len"])  # in the tokens of the x axis
     ax = axes[0, 0]
     for name, (x, y) in curves.items():
         ax.plot(x, y, marker=".", color=color[name], label=name)
@@ -145,9 +153,12 @@ def _per_position(out: Path, results: dict[str, Any], color) -> str:
     return "per_position.png"
 
 
-def _passkey(out: Path, results: dict[str, Any]) -> str:
-    """One heatmap per encoding: exact-match accuracy by evaluation length (rows) and key depth
-    (columns), the mean over seeds written in each cell."""
+def _depths(out: Path, results: dict[str, Any]) -> str:
+    """One heatmap per encoding: exact-match accuracy by evaluation length (rows) and variant
+    (columns: key depth, p(ignore); named by :func:`posenc.data.tasks.depth_axis`), the mean
+    over seeds written in each cell; ``<task>.png``."""
+    task = results["config"].get("task")
+    axis = depth_axis(task)
     s = summarize(results)
     depths = sorted({d for by_len in s.depths.values() for cell in by_len.values() for d in cell})
     fig, axes_of = panel_grid(len(s.encodings), 1, 4, size=(2.9, 2.6))
@@ -163,15 +174,15 @@ def _passkey(out: Path, results: dict[str, Any]) -> str:
                 ax.text(
                     j, i, text, ha="center", va="center", fontsize=7, color="white" if v != v or v < 0.6 else "black"
                 )
-        ax.set_xticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+        ax.set_xticks(range(len(depths)), [axis.tick.format(d) for d in depths])
         ax.set_yticks(range(len(s.lengths)), [str(n) for n in s.lengths])
         ax.set_title(enc + (f" ({s.flagged[enc]})" if enc in s.flagged else ""))
-        ax.set_xlabel("key depth")
+        ax.set_xlabel(axis.label)
         ax.set_ylabel("length")
     if image is not None:
         fig.colorbar(image, ax=[a for k in range(len(s.encodings)) for a in axes_of(k)], shrink=0.8,
                      label="exact match")  # fmt: skip
-    save_figure(fig, out / "passkey.png", title="Passkey retrieval: exact match (%) by length and key depth",
-                subtitle=run_subtitle(results["config"]), footer="depth 0 %: the key opens the text; 100 %: right "
-                "before the question")  # fmt: skip
-    return "passkey.png"
+    name = f"{task or 'depths'}.png"
+    save_figure(fig, out / name, title=f"{axis.title}: exact match (%) by length and {axis.label}",
+                subtitle=run_subtitle(results["config"]), footer=axis.note or None)  # fmt: skip
+    return name

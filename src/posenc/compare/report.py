@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..data.tasks import depth_axis
 from ..output import Column, Table, clean, write_csv, write_json, write_text
 from .checks import parse_named
 from .diagnostics import mfu, run_health
@@ -13,7 +14,15 @@ from .plots import draw_figures, per_position_absent, run_subtitle
 from .reading import SPREAD_LIMIT, caveats, metric_name, summarize, train_spread
 from .report_md import report_markdown, table_rows
 
-__all__ = ["write_outputs", "results_table", "merge_results", "metric_name", "run_subtitle", "per_position_absent"]
+__all__ = [
+    "write_outputs",
+    "results_table",
+    "csv_rows",
+    "merge_results",
+    "metric_name",
+    "run_subtitle",
+    "per_position_absent",
+]
 
 
 def results_table(results: dict[str, Any]) -> Table:
@@ -44,20 +53,28 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = []
+def _depth_column(results: dict[str, Any], depth: float) -> str:
+    """``accuracy_<column>_<100 · depth>``: ``accuracy_depth_50`` (passkey), ``accuracy_p_ignore_98`` (flip-flop)."""
+    return f"accuracy_{depth_axis(results['config'].get('task')).column}_{round(100 * depth)}"
+
+
+def csv_rows(results: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """results.csv: one row per encoding, seed and length, and its columns. A task scored at
+    several variants (``"depths"``) adds one accuracy column per variant, in ascending order
+    (:func:`_depth_column`); an entry not scored there (n/a) leaves them empty."""
+    rows, depths = [], set()
     for r in results["runs"]:
         for e in r["eval"]:
             row = {**{k: r.get(k) for k in _RUN_COLS}, **{k: v for k, v in e.items() if k != "depths"}}
             for d in e.get("depths") or []:
-                row[f"accuracy_depth_{round(100 * d['depth'])}"] = d["accuracy"]
+                row[_depth_column(results, d["depth"])] = d["accuracy"]
+                depths.add(d["depth"])
             rows.append(row)
-    return rows
+    return rows, [*_CSV_COLS, *(_depth_column(results, d) for d in sorted(depths))]
 
 
 _RUN_COLS = ("encoding", "seed", "params", "train_seconds", "train_tokens_per_s")
 _CSV_COLS = (*_RUN_COLS, "length", "applicable", "loss", "ppl", "bpb", "accuracy", "token_accuracy", "tokens")
-_DEPTH_COLS = tuple(f"accuracy_depth_{d}" for d in (0, 25, 50, 75, 100))
 
 
 def write_outputs(out: Path, results: dict[str, Any]) -> Table:
@@ -68,8 +85,7 @@ def write_outputs(out: Path, results: dict[str, Any]) -> Table:
     results = clean({**results, "runs": runs, "summary": summary(results)})
     write_json(out / "config.json", results["config"])
     write_json(out / "results.json", results)
-    passkey = results["config"].get("task") == "passkey"
-    write_csv(out / "results.csv", _csv_rows(results), _CSV_COLS + (_DEPTH_COLS if passkey else ()))
+    write_csv(out / "results.csv", *csv_rows(results))
     table = results_table(results)
     write_text(out / "table.md", table.markdown())
     figures = draw_figures(out, results)

@@ -25,7 +25,16 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["Batch", "SyntheticTask", "TASKS", "TASK_NAMES", "step_generator"]
+__all__ = [
+    "Batch",
+    "DepthAxis",
+    "SyntheticTask",
+    "TASKS",
+    "TASK_NAMES",
+    "depth_axis",
+    "sequence_length",
+    "step_generator",
+]
 
 SEP = 0
 
@@ -51,6 +60,60 @@ def step_generator(seed: int, step: int) -> torch.Generator:
 TASKS = ("copy", "reverse", "sort", "associative-recall")  # SyntheticTask's
 # every task posenc compare offers (posenc.data.grid, .passkey, .paper_tasks)
 TASK_NAMES = (*TASKS, "grid", "passkey", "count", "flip-flop")
+
+
+def sequence_length(task: str | None, n: int) -> int:
+    """Model input tokens of a training sequence of size ``n`` of ``task`` (None: text, where
+    ``n`` counts tokens already): the task's own ``seq_len``, so figures mark the training
+    length where its sequences end. For ``count`` that is the longest program (``4 n + 2``;
+    training rows vary in length and are padded to their batch's longest).
+
+    Raises:
+        ValueError: ``task`` is not one of :data:`TASK_NAMES`, or ``n`` is not a positive int.
+    """
+    from .grid import GridTask
+    from .paper_tasks import paper_task
+    from .passkey import PasskeyTask
+
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"sequence_length: n must be a positive int, got {n!r}")
+    if task is not None and task not in TASK_NAMES:
+        raise ValueError(f"sequence_length: unknown task {task!r}; tasks: {', '.join(TASK_NAMES)}")
+    empty = torch.empty(0, dtype=torch.uint8)  # no filler: seq_len needs none
+    # text (None) counts tokens as passkey does (TextData.seq_len; a TextData needs a corpus)
+    makers = {None: lambda: PasskeyTask(empty, empty), "passkey": lambda: PasskeyTask(empty, empty),
+              "grid": GridTask, "count": lambda: paper_task("count"), "flip-flop": lambda: paper_task("flip-flop"),
+              **{t: (lambda t=t: SyntheticTask(t)) for t in TASKS}}  # fmt: skip
+    return makers[task]().seq_len(n)
+
+
+class DepthAxis(NamedTuple):
+    """How a task names its evaluation variants (a source's ``depths``, scored one by one:
+    the passkey's key depths, flip-flop's p(ignore)): ``label`` and ``plural`` for figures,
+    ``column`` for results.csv (``accuracy_<column>_<round(100 · depth)>``), ``tick`` the
+    format of one value, ``title`` and ``note`` for the figure."""
+
+    label: str
+    plural: str
+    column: str
+    tick: str
+    title: str
+    note: str
+
+
+_DEPTH_AXES = {
+    "passkey": DepthAxis("key depth", "depths", "depth", "{:.0%}", "Passkey retrieval",
+                         "depth 0 %: the key opens the text; 100 %: right before the question"),
+    "flip-flop": DepthAxis("p(ignore)", "p(ignore) values", "p_ignore", "{:g}", "Flip-flop",
+                           "p(ignore) 0.8: the training density; 0.98: sparse; 0.1: dense (Liu et al. 2023)"),
+}  # fmt: skip
+
+
+def depth_axis(task: str | None) -> DepthAxis:
+    """The naming of ``task``'s evaluation variants (:class:`DepthAxis`); a task without
+    its own gets neutral names ("variant")."""
+    default = DepthAxis("variant", "variants", "depth", "{:g}", f"task {task}", "")
+    return _DEPTH_AXES.get(task, default)
 
 
 @dataclass
