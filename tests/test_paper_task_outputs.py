@@ -140,3 +140,19 @@ def test_flip_flop_run_writes_its_densities(tmp_path, monkeypatch):
     assert {ax.get_xlabel() for ax in heat} == {"p(ignore)"} and len(heat) == 2  # one panel per encoding
     assert [t.get_text() for t in heat[0].get_xticklabels()] == ["0.1", "0.8", "0.98"]
     assert _train_line(seen["per_position.png"]) == {11.0}  # 6 instructions: 11 input tokens
+
+
+def test_a_run_lists_its_depth_heatmap_and_old_checkpoints_get_the_sequence_length():
+    """The run folder's manifest lists the heatmap of every task scored at several depths or
+    densities (flip-flop's was written but not listed), and an old compare checkpoint without
+    `train_len` gets the task's sequence length (grid, passkey, count, flip-flop raised)."""
+    import posenc
+    from posenc.analysis.models import train_len_of
+    from posenc.compare.rundir import outputs_of
+
+    assert "flip-flop.png" in outputs_of({"task": "flip-flop"}) and "passkey.png" in outputs_of({"task": "passkey"})
+    assert not any(o.endswith("count.png") for o in outputs_of({"task": "count"}))
+    lm = posenc.TransformerLM(16, 8, 1, 2, "rope")
+    for task in ("count", "flip-flop", "grid", "copy"):
+        cfg = {"compare_config": {"task": task, "train_len": 6}}
+        assert train_len_of(lm, cfg) == sequence_length(task, 6)

@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from ..data import Batch, SyntheticTask
+from ..data import Batch
+from ..data.tasks import sequence_length
 from ..model import TransformerLM
 from ..train import Trainer
 from .specs import Spec
@@ -91,7 +92,7 @@ def train_len_of(model: TransformerLM, extra: dict) -> int:
     cfg = extra.get("compare_config")
     if isinstance(cfg, dict) and isinstance(cfg.get("train_len"), int):
         n = cfg["train_len"]
-        return SyntheticTask(cfg["task"]).seq_len(n) if cfg.get("task") else n
+        return sequence_length(cfg["task"], n) if cfg.get("task") else n
     if model.max_len:
         return model.max_len
     raise ValueError("the checkpoint records no training length (train_len) and the model has no max_len")

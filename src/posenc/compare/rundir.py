@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..data.tasks import DEPTH_TASKS
 from ..output.folder import LOCK, OutputFolder, OutputFolderError
 from .config import CompareConfig
 from .manifest import MANIFEST, Manifest
@@ -41,10 +42,12 @@ OUTPUTS = ("config.json", "results.json", "results.csv", "table.md", "report.md"
 
 
 def outputs_of(config: dict[str, Any] | CompareConfig) -> list[str]:
-    """The top-level files a run of ``config`` writes: :data:`OUTPUTS`, the passkey heatmap
-    of a passkey run, the ``extend.*`` files of an ``--extend`` run."""
+    """The top-level files a run of ``config`` writes: :data:`OUTPUTS`, the heatmap of a task
+    scored at several depths or densities (``<task>.png``: passkey, flip-flop), the
+    ``extend.*`` files of an ``--extend`` run."""
     d = config.to_dict() if isinstance(config, CompareConfig) else config
-    return [*OUTPUTS, *(["passkey.png"] if d.get("task") == "passkey" else []),
+    task = d.get("task")
+    return [*OUTPUTS, *([f"{task}.png"] if task in DEPTH_TASKS else []),
             *(["extend.md", "extend.csv", "extend.png"] if d.get("extend") else [])]  # fmt: skip
 
 

@@ -107,6 +107,7 @@ _DEPTH_AXES = {
     "flip-flop": DepthAxis("p(ignore)", "p(ignore) values", "p_ignore", "{:g}", "Flip-flop",
                            "p(ignore) 0.8: the training density; 0.98: sparse; 0.1: dense (Liu et al. 2023)"),
 }  # fmt: skip
+DEPTH_TASKS = tuple(_DEPTH_AXES)  # the tasks scored at several depths / densities (a heatmap each)
 
 
 def depth_axis(task: str | None) -> DepthAxis:
