@@ -135,7 +135,10 @@ def test_flip_flop_run_writes_its_densities(tmp_path, monkeypatch):
         by = {f"accuracy_p_ignore_{round(100 * d['depth'])}": d["accuracy"] for d in e["depths"]}
         assert {c: float(row[c]) for c in cols} == pytest.approx(by)
     assert (tmp_path / "flip-flop.png").read_bytes()[:4] == b"\x89PNG"
-    assert "flip-flop.png" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "flip-flop.png" in report
+    # report.md has the per-density table, as it has passkey's per-depth one
+    assert "## Flip-flop by p(ignore)" in report and "| encoding | length | 0.1 | 0.8 | 0.98 |" in report
     heat = [ax for ax in seen["flip-flop.png"] if ax.get_xlabel()]
     assert {ax.get_xlabel() for ax in heat} == {"p(ignore)"} and len(heat) == 2  # one panel per encoding
     assert [t.get_text() for t in heat[0].get_xticklabels()] == ["0.1", "0.8", "0.98"]

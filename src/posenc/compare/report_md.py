@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..data.tasks import depth_axis
 from .diagnostics import finite, mfu, run_health, still_improving
 from .reading import SPREAD_LIMIT, Summary, caveats, findings, passkey_reach, summarize, train_spread
 from .stats import Interval
@@ -172,11 +173,13 @@ def report_markdown(results: dict[str, Any], figures: list[str]) -> str:
         lines.append(f"| `{r['encoding']}` | {r.get('seed', 0)} | {curve or '-'} | "
                      f"{'-' if drop is None else f'{-drop:+.1%}'} | "
                      f"{'-' if slope is None else f'{slope:+.1%}'} | {state} |")  # fmt: skip
-    if cfg.get("task") == "passkey":
-        lines += ["", "## Passkey retrieval by depth", "", "Exact match of the 5-digit key; depth 0 % = the key "
-                  "opens the text, 100 % = right before the question.", ""]  # fmt: skip
-        depths = sorted({d for e in s.depths.values() for n in e.values() for d in n})
-        lines += ["| encoding | length | " + " | ".join(f"{d:.0%}" for d in depths) + " |",
+    depths = sorted({d for e in s.depths.values() for n in e.values() for d in n})
+    if depths:  # a task scored at several depths / densities (passkey's key depths, flip-flop's p(ignore))
+        axis = depth_axis(cfg.get("task"))
+        what = "Exact match of the 5-digit key" if cfg.get("task") == "passkey" else "Accuracy"
+        lines += ["", f"## {axis.title} by {axis.label.removeprefix('key ')}",
+                  "", f"{what}; {axis.note}.", ""]  # fmt: skip
+        lines += ["| encoding | length | " + " | ".join(axis.tick.format(d) for d in depths) + " |",
                   "|---|---:|" + "---:|" * len(depths)]  # fmt: skip
         for enc in s.encodings:
             for n in s.lengths:
