@@ -14,7 +14,8 @@ from tests.test_compare import TINY, run_cli
 from posenc.compare import plots
 from posenc.compare.report import csv_rows
 from posenc.data import TASK_NAMES, CountTask, load_source
-from posenc.data.tasks import depth_axis, sequence_length
+from posenc.data.lengths import sequence_length
+from posenc.data.tasks import depth_axis
 
 # input tokens of a sequence of size n, written out from each generator's format
 EXPECTED = {

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..data import Batch
-from ..data.tasks import sequence_length
+from ..data.lengths import sequence_length
 from ..model import TransformerLM
 from ..train import Trainer
 from .specs import Spec

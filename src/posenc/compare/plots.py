@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..data.tasks import depth_axis, sequence_length
+from ..data.lengths import sequence_length
+from ..data.tasks import depth_axis
 from ..output import length_axis, panel_grid, pyplot, readable_log_axis, save_figure
 from .diagnostics import finite
 from .reading import metric_name, summarize

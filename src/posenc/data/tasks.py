@@ -32,7 +32,6 @@ __all__ = [
     "TASKS",
     "TASK_NAMES",
     "depth_axis",
-    "sequence_length",
     "step_generator",
 ]
 
@@ -60,31 +59,6 @@ def step_generator(seed: int, step: int) -> torch.Generator:
 TASKS = ("copy", "reverse", "sort", "associative-recall")  # SyntheticTask's
 # every task posenc compare offers (posenc.data.grid, .passkey, .paper_tasks)
 TASK_NAMES = (*TASKS, "grid", "passkey", "count", "flip-flop")
-
-
-def sequence_length(task: str | None, n: int) -> int:
-    """Model input tokens of a training sequence of size ``n`` of ``task`` (None: text, where
-    ``n`` counts tokens already): the task's own ``seq_len``, so figures mark the training
-    length where its sequences end. For ``count`` that is the longest program (``4 n + 2``;
-    training rows vary in length and are padded to their batch's longest).
-
-    Raises:
-        ValueError: ``task`` is not one of :data:`TASK_NAMES`, or ``n`` is not a positive int.
-    """
-    from .grid import GridTask
-    from .paper_tasks import paper_task
-    from .passkey import PasskeyTask
-
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"sequence_length: n must be a positive int, got {n!r}")
-    if task is not None and task not in TASK_NAMES:
-        raise ValueError(f"sequence_length: unknown task {task!r}; tasks: {', '.join(TASK_NAMES)}")
-    empty = torch.empty(0, dtype=torch.uint8)  # no filler: seq_len needs none
-    # text (None) counts tokens as passkey does (TextData.seq_len; a TextData needs a corpus)
-    makers = {None: lambda: PasskeyTask(empty, empty), "passkey": lambda: PasskeyTask(empty, empty),
-              "grid": GridTask, "count": lambda: paper_task("count"), "flip-flop": lambda: paper_task("flip-flop"),
-              **{t: (lambda t=t: SyntheticTask(t)) for t in TASKS}}  # fmt: skip
-    return makers[task]().seq_len(n)
 
 
 class DepthAxis(NamedTuple):
