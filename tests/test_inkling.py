@@ -252,3 +252,23 @@ def test_bias_without_the_layer_input_raises():
         enc.bias(pos, pos, ctx=Context(pos[None], pos[None], x=torch.randn(1, 5, H * DH)))
     with pytest.raises(ValueError, match="q_pos holds 3 positions for 4 queries"):
         enc.rotate(torch.randn(1, H, 4, DH), torch.randn(1, H, 4, DH), pos[:3], pos)
+
+
+def test_convolutions_stay_inside_documents_and_skip_padding():
+    """With the short convolutions on, packed documents get the logits they get alone (the
+    convolution restarts at each document, HF's seq_idx), and left padding enters the
+    convolution as 0 (HF's conv_mask): the real tokens' logits equal the unpadded run's."""
+    from tests.conftest import lm_n
+
+    lm = inkling_lm()
+    n = lm_n(dim=D, depth=2, length=12) + 4 * K
+    a, b = torch.randint(0, 32, (1, 5)), torch.randint(0, 32, (1, 7))
+    with torch.no_grad():
+        packed = lm(torch.cat((a, b), 1), document_ids=torch.tensor([[0] * 5 + [1] * 7]))
+        assert_close(packed[:, :5], lm(a), n=n)
+        assert_close(packed[:, 5:], lm(b), n=n)
+        pad = torch.randint(0, 32, (1, 3))  # garbage before the sequence
+        kpm = torch.tensor([[False] * 3 + [True] * 7])
+        pos = torch.tensor([[0, 0, 0, *range(7)]])
+        padded = lm(torch.cat((pad, b), 1), pos=pos, key_padding_mask=kpm)
+        assert_close(padded[:, 3:], lm(b), n=n)

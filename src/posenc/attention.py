@@ -24,8 +24,9 @@ from torch import Tensor, nn
 
 from .backends import BlockOptions, attend, canonical_backend, require_backend, select_backend
 from .base import PositionEncoding, Stage, as_positions, check_lengths
-from .cache import InputHistory, KVCache, SinkWindow, WindowKVCache, cat_positions, run_input_stage
+from .cache import InputHistory, KVCache, cat_positions, run_input_stage
 from .context import Context, Tables
+from .layer_cache import layer_cache
 from .mask import AttentionMask
 from .registry import build
 from .validate import check_args
@@ -165,24 +166,9 @@ class Attention(nn.Module):
         layer with a ``window``/``chunk`` gets a rolling :class:`~posenc.cache.WindowKVCache`
         (``O(W)`` memory, no length limit), ``policy=SinkWindow(...)`` StreamingLLM's cache."""
         w = self.q_proj.weight
-        dtype, device, enc = dtype or w.dtype, device or w.device, self.encoding
-        kw = {"dtype": dtype, "device": device}
-        if policy is not None:
-            if not isinstance(policy, SinkWindow):
-                raise TypeError(f"policy must be a posenc.SinkWindow or None, got {type(policy).__name__}")
-            if self.window is not None or self.chunk is not None or not self.causal:
-                raise ValueError("a SinkWindow cache is for causal layers without their own window or chunk")
-            if enc.stages & Stage.INPUT or enc.axes != 1:
-                raise ValueError(
-                    f"encoding {enc.name!r} cannot have its positions re-assigned in the cache "
-                    "(an input stage or several axes); SinkWindow needs q/k, score or bias stages"
-                )
-            keep = {"keep_first": policy.sinks, "keep_last": policy.window - 1, "policy": policy}
-            return WindowKVCache(batch_size, self.heads, self.head_dim, **keep, **kw)
-        span = [n for n in (self.window, self.chunk) if n is not None]
-        if span and self.causal and enc.axes == 1:
-            return WindowKVCache(batch_size, self.heads, self.head_dim, keep_last=min(span) - 1, **kw)
-        return KVCache(batch_size, max_len, self.heads, self.head_dim, axes=enc.axes, **kw)
+        shape = (batch_size, max_len, self.heads, self.head_dim)
+        kw = {"dtype": dtype or w.dtype, "device": device or w.device, "policy": policy}
+        return layer_cache(self.encoding, *shape, window=self.window, chunk=self.chunk, causal=self.causal, **kw)
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -254,6 +240,8 @@ class Attention(nn.Module):
         memory: Tensor | None = None,
         memory_pos: Tensor | None = None,
         tables: Tables | None = None,
+        key_padding_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Projection:
         """Projections, what the encoding reads from the input, the q/k stage: the inputs of a
         backend (see :class:`Projection`).
@@ -262,7 +250,9 @@ class Attention(nn.Module):
         encoding's per-key state) are appended and every cached one comes back; with
         ``memory`` ``(B, M, D)`` at ``memory_pos`` ``(B|1, M)`` (Transformer-XL), keys and
         values are computed from ``cat(memory, x)``, queries from ``x`` only. ``tables``: the
-        model call's :class:`~posenc.context.Tables` memo, shared by its layers.
+        model call's :class:`~posenc.context.Tables` memo, shared by its layers;
+        ``key_padding_mask`` (over every key of the call, its last columns these rows) and
+        ``document_ids`` go to the encoding's ``read_input``.
         """
         enc = self.encoding
         B, L, _ = x.shape
@@ -279,7 +269,8 @@ class Attention(nn.Module):
         v = self.v_proj(rows).view(B, Lk, self.heads, self.head_dim).transpose(1, 2)  # (B, H, Lk, Dh)
         state: dict[str, Tensor] = {}
         if enc.reads_input:
-            read = enc.read_input(rows, k, v, None if cache is None else cache.carry)
+            keep = None if key_padding_mask is None else key_padding_mask[:, -Lk:]
+            read = enc.read_input(rows, k, v, None if cache is None else cache.carry, keep=keep, documents=document_ids)
             k, v, state = read.k, read.v, read.state
             if cache is not None:
                 cache.carry = read.carry
@@ -369,7 +360,8 @@ class Attention(nn.Module):
 
     def _attend(self, x, pos, cache, key_padding_mask, backend, memory, memory_pos, document_ids, tables) -> Tensor:
         B, L, _ = x.shape
-        p = self.project(x, pos, cache=cache, memory=memory, memory_pos=memory_pos, tables=tables)
+        kw = {"key_padding_mask": key_padding_mask, "document_ids": document_ids, "tables": tables}
+        p = self.project(x, pos, cache=cache, memory=memory, memory_pos=memory_pos, **kw)
         Lk = p.k.shape[2]
         if cache is not None and key_padding_mask is not None:
             key_padding_mask = cache.select_keys(key_padding_mask)

@@ -49,25 +49,32 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 BASE_ARGS = ("heads", "head_dim", "max_len", "causal")  # checked by PositionEncoding.__init__ itself
 STAGE_METHODS = ("embed", "rotate", "rotate_value", "bias", "score_terms", "qk_scores", "value_term")
-# the methods the layer and the backends call with ``ctx=`` (a posenc.Context)
-CONTEXT_METHODS = (*STAGE_METHODS[1:], "score_mod", "distance_terms")
+# the keywords the layer and the backends pass that a method may be written without: ``ctx=``
+# (a posenc.Context) to the stages; which input rows are real tokens, and of which document,
+# to read_input
+CALL_KEYWORDS = {**{m: ("ctx",) for m in (*STAGE_METHODS[1:], "score_mod", "distance_terms")},
+                 "read_input": ("keep", "documents")}  # fmt: skip
 POSITION_ARGS = ("pos", "q_pos", "k_pos")  # the stage methods' position arguments
 
 
-def _takes_ctx(fn: Callable) -> bool:
+def _missing(fn: Callable, names: tuple[str, ...]) -> tuple[str, ...]:
     params = inspect.signature(fn).parameters
-    return "ctx" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return ()
+    return tuple(n for n in names if n not in params)
 
 
-def _ignoring_ctx(fn: Callable) -> Callable:
-    """A stage method written without ``ctx`` (an encoding that reads nothing of the call but
-    its arguments), callable with it."""
+def _ignoring(fn: Callable, names: tuple[str, ...]) -> Callable:
+    """A method written without the keywords ``names`` (an encoding that reads nothing of the
+    call but its arguments), callable with them."""
 
     @functools.wraps(fn)
-    def stage(self, *args, ctx=None, **kwargs):
+    def method(self, *args, **kwargs):
+        for n in names:
+            kwargs.pop(n, None)
         return fn(self, *args, **kwargs)
 
-    return stage
+    return method
 
 
 class Stage(enum.Flag):
@@ -156,10 +163,10 @@ class PositionEncoding(nn.Module):
             fn = cls.__dict__.get(name)
             if fn is not None and not getattr(fn, "checks_positions", False):
                 setattr(cls, name, position_checked(fn, POSITION_ARGS))
-        for name in CONTEXT_METHODS:
+        for name, keywords in CALL_KEYWORDS.items():
             fn = cls.__dict__.get(name)
-            if fn is not None and not _takes_ctx(fn):
-                setattr(cls, name, _ignoring_ctx(fn))
+            if fn is not None and (missing := _missing(fn, keywords)):
+                setattr(cls, name, _ignoring(fn, missing))
 
     def __init__(self, *, heads: int, head_dim: int, max_len: int | None = None, causal: bool = True) -> None:
         super().__init__()
@@ -282,13 +289,15 @@ class PositionEncoding(nn.Module):
         """
         return x
 
-    def read_input(self, x: Tensor, k: Tensor, v: Tensor, carry=None) -> InputRead:
+    def read_input(self, x: Tensor, k: Tensor, v: Tensor, carry=None, *, keep=None, documents=None) -> InputRead:
         """What the encoding computes from the layer input for the tokens a call adds.
 
         ``x`` ``(B, L, D)``: the layer input rows of those tokens (with Transformer-XL memory,
         the memory's rows first); ``k``, ``v`` ``(B, H, L, Dh)``: their projections, before
         the q/k stage; ``carry``: what the previous call of the same KV cache returned (None
-        without a cache, on its first call, or when there is none). Returns an
+        without a cache, on its first call, or when there is none); ``keep``: ``(B, L)`` bool,
+        True = a real token (False: padding), or None; ``documents``: ``(B|1, L)`` int, packed
+        sequences (no cache), or None: a stage that mixes neighbouring rows must not cross them. Returns an
         :class:`~posenc.context.InputRead`: the keys and values the layer uses, per-token
         state the score side reads as ``ctx.q_state``/``ctx.k_state`` (the cache keeps it
         beside the keys), and the next carry. The default reads nothing; an encoding whose

@@ -59,9 +59,9 @@ class Inkling(PositionEncoding):
     ``(d_rel, E)``, and with ``K > 0`` ``k_conv``/``v_conv`` ``(H·Dh, K)`` (HF's
     ``conv1d.weight`` ``(H·Dh, 1, K)`` squeezed).
 
-    The convolutions read the keys of one stream in order: with packed documents or a
-    key padding mask they read across document boundaries and padding (HF zeroes padded
-    inputs through ``conv_mask``; posenc's layer does not pass it to :meth:`read_input`).
+    The layer hands :meth:`read_input` the key padding (``keep``) and packed ``documents``:
+    padding enters the convolutions as 0 (HF's ``conv_mask``) and no row reads another
+    document's rows (HF's ``seq_idx``).
 
     Raises:
         ValueError: an option out of range; :meth:`bias` / :meth:`score_mod` called without
@@ -152,25 +152,34 @@ class Inkling(PositionEncoding):
         return 1.0 + self.log_scaling_alpha * torch.log(n.clamp(min=1.0))
 
     # ------------------------------------------------------------------ k/v convolutions
-    def read_input(self, x: Tensor, k: Tensor, v: Tensor, carry=None) -> InputRead:
+    def read_input(self, x: Tensor, k: Tensor, v: Tensor, carry=None, *, keep=None, documents=None) -> InputRead:
         """Depthwise causal convolutions plus residual on ``k`` and ``v`` ``(B, H, L, Dh)``
-        (float32). ``carry``: the last ``K - 1`` raw rows of k and v of the previous call,
-        ``(B, H·Dh, K - 1)`` each (None: zeros); returns the next one."""
+        (float32). ``carry``: the last ``K - 1`` convolution inputs of k and v of the previous
+        call, ``(B, H·Dh, K - 1)`` each (None: zeros); returns the next one. As HF's
+        ``InklingShortConvolution``: padding rows (``keep`` False) enter the convolution as 0
+        (the residual keeps them), and with packed ``documents`` no row reads another
+        document's rows (HF's ``seq_idx``)."""
         if self.sconv_kernel == 0:
             return InputRead(k, v, {}, carry)
         prev = (None, None) if carry is None else carry
+        same = None if documents is None else _same_document(documents, self.sconv_kernel)
         (k, k_next), (v, v_next) = (
-            self._conv(t, w, p) for t, w, p in ((k, self.k_conv, prev[0]), (v, self.v_conv, prev[1]))
+            self._conv(t, w, p, keep, same) for t, w, p in ((k, self.k_conv, prev[0]), (v, self.v_conv, prev[1]))
         )
         return InputRead(k, v, {}, (k_next, v_next))
 
-    def _conv(self, t: Tensor, weight: Tensor, prev: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _conv(self, t: Tensor, weight: Tensor, prev, keep, same) -> tuple[Tensor, Tensor]:
         B, H, L, Dh = t.shape
         x = t.float().transpose(1, 2).reshape(B, L, H * Dh).transpose(1, 2)  # (B, C, L), channels h·Dh + d
+        inp = x if keep is None else x * keep[:, None, :].to(x.dtype)  # padding enters as 0
         if prev is None:
             prev = x.new_zeros(B, H * Dh, self.sconv_kernel - 1)
-        full = torch.cat((prev.to(x), x), dim=2)  # (B, C, K - 1 + L)
-        out = F.conv1d(full, weight.float().unsqueeze(1), groups=H * Dh) + x  # (B, C, L)
+        full = torch.cat((prev.to(x), inp), dim=2)  # (B, C, K - 1 + L)
+        if same is None:
+            out = F.conv1d(full, weight.float().unsqueeze(1), groups=H * Dh) + x  # (B, C, L)
+        else:  # window tap m of row t reads row t - (K - 1) + m only within t's document
+            win = full.unfold(2, self.sconv_kernel, 1) * same[:, None].to(x.dtype)  # (B, C, L, K)
+            out = (win * weight.float()[:, None, :]).sum(-1) + x
         out = out.transpose(1, 2).reshape(B, L, H, Dh).transpose(1, 2).to(t.dtype)
         return out, full[:, :, full.shape[2] - (self.sconv_kernel - 1) :].detach()
 
@@ -226,3 +235,13 @@ class Inkling(PositionEncoding):
             return score + torch.where((d >= 0) & (d < E), value, 0.0)
 
         return mod
+
+
+def _same_document(documents: Tensor, K: int) -> Tensor:
+    """``(B|1, L, K)`` bool: tap ``m`` of row ``t`` (row ``t - (K - 1) + m``) is in ``t``'s document."""
+    L = documents.shape[-1]
+    t = torch.arange(L, device=documents.device)
+    src = t[:, None] - (K - 1) + torch.arange(K, device=documents.device)  # (L, K)
+    ok = src >= 0
+    docs = documents[:, src.clamp(min=0)]  # (B|1, L, K)
+    return ok & (docs == documents[:, :, None])
