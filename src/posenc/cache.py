@@ -150,16 +150,20 @@ class KVCache(nn.Module):
             self.inputs.reset()
 
     def update_state(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
-        """After :meth:`update`: append the new keys' per-key ``state`` ``{name: (B, *, L, ...)}``
-        and return it for every key :meth:`update` returned."""
+        """After :meth:`update`: write the new keys' per-key ``state`` ``{name: (B, *, L, ...)}``
+        by index, as the keys (one ``max_len`` buffer per name, made on first use), and return
+        it for every key :meth:`update` returned (the new rows keep their graph)."""
         if not state:
             return {}
-        start = self.length - next(iter(state.values())).shape[2]
-        self.state = {
-            n: torch.cat((self.state[n][:, :, :start], t.detach()), 2) if start else t.detach()
-            for n, t in state.items()
-        }
-        out = {n: torch.cat((self.state[n][:, :, :start], t), 2) if start else t for n, t in state.items()}
+        end = self.length
+        start = end - next(iter(state.values())).shape[2]
+        out = {}
+        for n, t in state.items():
+            buf = self.state.get(n)
+            if buf is None or buf.shape[:2] != t.shape[:2] or buf.shape[3:] != t.shape[3:] or buf.dtype != t.dtype:
+                buf = self.state[n] = t.new_zeros(*t.shape[:2], self.max_len, *t.shape[3:])
+            buf[:, :, start:end] = t.detach()
+            out[n] = buf[:, :, :end] if not t.requires_grad else torch.cat((buf[:, :, :start], t), 2)
         return out
 
     def update(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-import torch
 from torch import Tensor
 
 __all__ = ["Context", "InputRead", "Tables"]
@@ -115,9 +114,6 @@ class Context:
             qk=None,
         )
 
-    def with_positions(self, q_pos: Tensor, k_pos: Tensor) -> Context:
-        return replace(self, q_pos=q_pos, k_pos=k_pos)
-
     def need(self, what: str, encoding: str) -> Any:
         """``getattr(self, what)`` or a ``ValueError`` saying that ``encoding`` needs it."""
         value = getattr(self, what)
@@ -132,10 +128,3 @@ class Context:
 def positions_context(q_pos: Tensor, k_pos: Tensor, ctx: Context | None) -> Context:
     """``ctx``, or a bare context of these positions for a direct stage call."""
     return Context(q_pos, k_pos) if ctx is None else ctx
-
-
-def cat_state(a: dict[str, Tensor], b: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Per-token states joined along the token axis (dim 2)."""
-    if not a:
-        return dict(b)
-    return {n: torch.cat((a[n].to(t.dtype), t), dim=2) for n, t in b.items()}
