@@ -15,6 +15,7 @@ API reference (what :class:`posenc.Attention` calls, and what other code may cal
         # options: a BlockOptions (query block sizes, recompute budget)
         # sinks: (H,) learned sink logits (gpt-oss, posenc.sinks) or None
     posenc.supported_backends(enc) -> list[str]     # every one of them equals "eager"
+        # an encoding with a softcap (enc.set_scores): flex (no vector stage), chunked, eager
     posenc.select_backend(enc, device_type, q_len=None, k_len=None, *, causal=None) -> str
         # what backend="auto" runs
 
@@ -287,6 +288,8 @@ def supported_backends(enc: PositionEncoding) -> list[str]:
     """Backends able to run ``enc`` (every one of them equals ``eager``)."""
     st = enc.stages
     vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES)) or enc.rotates_value
+    if enc.softcap is not None:  # only a score_mod or the materialised scores can cap
+        return (["flex"] if not vector else []) + ["chunked", "eager"]
     out = []
     if not st & Stage.BIAS and not vector:
         out.append("sdpa")
@@ -365,7 +368,7 @@ def select_backend(
     ok = supported_backends(enc)
     if "sdpa" in ok:
         return "sdpa"
-    if "flex" in ok and enc.has_score_mod and device_type == "cuda":
+    if "flex" in ok and (enc.has_score_mod or not enc.stages & Stage.BIAS) and device_type == "cuda":
         return "flex"
     least = BLOCKWISE_MIN_SCORES_BIDIR if causal is False else BLOCKWISE_MIN_SCORES
     short = q_len is not None and k_len is not None and q_len * k_len < least

@@ -21,8 +21,6 @@ imports :mod:`posenc.encodings`; this module imports nothing above it.
 from __future__ import annotations
 
 import enum
-import functools
-import inspect
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -34,7 +32,7 @@ from .functional import (
     as_positions,  # re-exported: the layer and model call them from here
     check_lengths,
 )
-from .validate import checked_init, position_checked
+from .validate import checked_init, ignoring_keywords, missing_keywords, position_checked, score_setting
 
 __all__ = [
     "Stage",
@@ -55,26 +53,6 @@ STAGE_METHODS = ("embed", "rotate", "rotate_value", "bias", "score_terms", "qk_s
 CALL_KEYWORDS = {**{m: ("ctx",) for m in (*STAGE_METHODS[1:], "score_mod", "distance_terms")},
                  "read_input": ("keep", "documents")}  # fmt: skip
 POSITION_ARGS = ("pos", "q_pos", "k_pos")  # the stage methods' position arguments
-
-
-def _missing(fn: Callable, names: tuple[str, ...]) -> tuple[str, ...]:
-    params = inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return ()
-    return tuple(n for n in names if n not in params)
-
-
-def _ignoring(fn: Callable, names: tuple[str, ...]) -> Callable:
-    """A method written without the keywords ``names`` (an encoding that reads nothing of the
-    call but its arguments), callable with them."""
-
-    @functools.wraps(fn)
-    def method(self, *args, **kwargs):
-        for n in names:
-            kwargs.pop(n, None)
-        return fn(self, *args, **kwargs)
-
-    return method
 
 
 class Stage(enum.Flag):
@@ -133,6 +111,9 @@ class PositionEncoding(nn.Module):
             for image rows/columns or video time/rows/columns (set per instance by the
             encodings that take an ``axes`` option). With ``A > 1`` every stage receives
             positions ``(B|1, L, A)``; see :meth:`axis_positions`.
+        score_scale, softcap: the model's score scale in place of ``Dh^-1/2`` (Gemma 3's
+            ``query_pre_attn_scalar**-0.5``) and tanh logit soft-capping (Gemma 2), None = off;
+            set per instance by :meth:`set_scores` only.
     """
 
     name: ClassVar[str] = ""
@@ -149,6 +130,8 @@ class PositionEncoding(nn.Module):
     cache_raw_keys: bool = False
     memory_len: int = 0
     axes: int = 1
+    score_scale: float | None = None
+    softcap: float | None = None
 
     def __init_subclass__(cls, **kwargs) -> None:
         """Wrap the class's ``__init__`` to check its options against their annotations (a bool
@@ -165,8 +148,8 @@ class PositionEncoding(nn.Module):
                 setattr(cls, name, position_checked(fn, POSITION_ARGS))
         for name, keywords in CALL_KEYWORDS.items():
             fn = cls.__dict__.get(name)
-            if fn is not None and (missing := _missing(fn, keywords)):
-                setattr(cls, name, _ignoring(fn, missing))
+            if fn is not None and (missing := missing_keywords(fn, keywords)):
+                setattr(cls, name, ignoring_keywords(fn, missing))
 
     def __init__(self, *, heads: int, head_dim: int, max_len: int | None = None, causal: bool = True) -> None:
         super().__init__()
@@ -206,11 +189,31 @@ class PositionEncoding(nn.Module):
 
     @property
     def scale(self) -> float:
-        """Multiplier of ``q̃·k̃ + score_terms``; ``Dh^-1/2`` by default."""
-        return self.head_dim**-0.5
+        """Multiplier of ``q̃·k̃ + score_terms``: :attr:`dh_scale` by default. An encoding with a
+        scale of its own overrides this and builds it on :attr:`dh_scale`, keeping its own factor."""
+        return self.dh_scale
+
+    @property
+    def dh_scale(self) -> float:
+        """``Dh^-1/2``, or :attr:`score_scale` in its place when set."""
+        return self.head_dim**-0.5 if self.score_scale is None else self.score_scale
+
+    def set_scores(self, *, scale: float | None = None, softcap: float | None = None) -> PositionEncoding:
+        """Set :attr:`score_scale` (replaces the ``Dh^-1/2`` factor of :attr:`scale`) and
+        :attr:`softcap` (every score ``s`` becomes ``c·tanh(s/c)`` before mask and sinks:
+        :func:`posenc.scores`; backends that cannot express it drop out of
+        :func:`posenc.supported_backends`). Each a positive finite number or None (off).
+        Returns ``self``."""
+        self.score_scale = score_setting("scale", scale)
+        self.softcap = score_setting("softcap", softcap)
+        return self
 
     def extra_repr(self) -> str:
-        return f"heads={self.heads}, head_dim={self.head_dim}, max_len={self.max_len}, causal={self.causal}"
+        out = f"heads={self.heads}, head_dim={self.head_dim}, max_len={self.max_len}, causal={self.causal}"
+        for name in ("score_scale", "softcap"):
+            if getattr(self, name) is not None:
+                out += f", {name}={getattr(self, name)}"
+        return out
 
     # ------------------------------------------------------------------ buffers
     def init_buffers(self) -> None:

@@ -1,5 +1,8 @@
 """The ``flex`` backend: FlexAttention with the encoding's ``score_mod`` and the mask's ``mask_mod``.
 
+The ``score_mod`` is the bias stage's, composed with the encoding's soft-cap when it has one
+(:func:`flex_score_mod`; a pure rotary encoding with a cap gets the cap alone).
+
 Compiled on CUDA (the fused kernel, no ``L×L`` tensor); elsewhere the unfused reference
 (forward only). Registered in :data:`posenc.BACKENDS` by :mod:`posenc.backends`.
 """
@@ -11,11 +14,12 @@ import warnings
 import torch
 from torch import Tensor
 
+from .base import Stage
 from .kernels.flash import propagate_nonfinite
 from .mask import AttentionMask
 from .sinks import append_sink_key, sink_mods
 
-__all__ = ["flex"]
+__all__ = ["flex", "flex_score_mod"]
 
 
 _compiled_flex = None
@@ -33,6 +37,21 @@ def _flex_attention(device_type: str):
     return _compiled_flex
 
 
+def flex_score_mod(enc, q_pos: Tensor, k_pos: Tensor, ctx=None):
+    """The ``score_mod`` of ``enc`` (``q_pos``/``k_pos`` ``(B, L)``): its bias's (None without a
+    bias stage), composed with its soft-cap ``c·tanh(s/c)`` when ``enc.softcap`` is set."""
+    mod = enc.score_mod(q_pos, k_pos, ctx=ctx) if enc.stages & Stage.BIAS else None
+    cap = enc.softcap
+    if cap is None:
+        return mod
+
+    def capped(score, b, h, q_idx, kv_idx):
+        s = score if mod is None else mod(score, b, h, q_idx, kv_idx)
+        return torch.tanh(s / cap) * cap
+
+    return capped
+
+
 def flex(
     enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None
 ) -> Tensor:
@@ -40,7 +59,7 @@ def flex(
     from torch.nn.attention.flex_attention import create_block_mask
 
     (B, _, Lq, _), Lk = q.shape, k.shape[2]
-    score_mod = enc.score_mod(q_pos.expand(B, Lq), k_pos.expand(B, Lk), ctx=ctx)
+    score_mod = flex_score_mod(enc, q_pos.expand(B, Lq), k_pos.expand(B, Lk), ctx)
     mask_mod = mask.mask_mod()
     if sinks is not None:  # key Lk: the sink key
         score_mod, mask_mod = sink_mods(score_mod, mask_mod, sinks, Lk)

@@ -2,7 +2,7 @@
 
 ``posenc.scores(enc, q, k, q_pos, k_pos, *, qk_proj=None, parts=False)`` is the sum
 ``s = scale·(q̃·k̃ + score_terms) + bias`` that every backend equals (float32
-``(B, H, Lq, Lk)``); :func:`materialized` adds mask, softmax and values for the backends
+``(B, H, Lq, Lk)``), soft-capped to ``c·tanh(s/c)`` when the encoding's ``softcap`` is set; :func:`materialized` adds mask, softmax and values for the backends
 that hold the scores (``chunked``, ``eager`` in :mod:`posenc.backends`).
 """
 
@@ -18,7 +18,7 @@ from .context import Context
 from .mask import AttentionMask
 from .sinks import sink_softmax
 
-__all__ = ["QKProj", "materialized", "saved_score_bytes", "scores"]
+__all__ = ["QKProj", "materialized", "saved_score_bytes", "scores", "softcapped"]
 
 # (W_Q, W_K) of the layer, for encodings that project their own tables with them
 QKProj = tuple[nn.Module, nn.Module]
@@ -36,13 +36,14 @@ def scores(
     mask: Tensor | None = None,
     ctx: Context | None = None,
 ) -> Tensor | dict[str, Tensor]:
-    """Pre-softmax scores ``s = scale·(q̃·k̃ + score_terms) + bias``: float32 ``(B, H, Lq, Lk)``.
+    """Pre-softmax scores ``s = scale·(q̃·k̃ + score_terms) + bias``: float32 ``(B, H, Lq, Lk)``;
+    with ``enc.softcap = c`` set, ``c·tanh(s/c)`` (Gemma 2; mask and sinks come after).
 
     ``q``/``k`` are after the q/k stage; the encoding's ``score_terms`` and ``bias`` run if
     it declares them, and its ``qk_scores`` replaces ``q̃·k̃`` if it declares ``Stage.SCORES``.
     With ``parts=True`` the separate terms come back as a dict (``"qk"``, and
-    ``"terms"``/``"bias"`` where the encoding has them), each float32 ``(B, H, Lq, Lk)``;
-    they sum to the scores. ``ctx``: the call's :class:`~posenc.Context` (a bare one of these
+    ``"terms"``/``"bias"`` where the encoding has them, ``"softcap"``: capped minus uncapped
+    sum, with a cap), each float32 ``(B, H, Lq, Lk)``; they sum to the scores. ``ctx``: the call's :class:`~posenc.Context` (a bare one of these
     positions when None); ``mask``: the call's bool ``(B|1, 1, Lq, Lk)`` (True = attend) or
     None, and ``qk_proj`` the layer's ``(W_Q, W_K)``, both handed to the stages in the
     context, with the plain ``q·kᵀ`` as ``ctx.qk`` where the score sum has it.
@@ -59,6 +60,9 @@ def scores(
             out["terms"] = terms.float() * enc.scale
         if st & Stage.BIAS:
             out["bias"] = enc.bias(q_pos, k_pos, ctx=ctx).float().expand_as(out["qk"])
+        if enc.softcap is not None:  # what the cap takes off the sum, so the parts still sum
+            total = sum(out.values())
+            out["softcap"] = softcapped(total.clone(), enc.softcap) - total
         return out
     # in place from the matmul on: none of these intermediates is saved for backward,
     # and each L×L pass that allocates costs as much as the arithmetic on CPU
@@ -69,7 +73,12 @@ def scores(
     s = s.float().mul_(enc.scale)
     if st & Stage.BIAS:
         s.add_(enc.bias(q_pos, k_pos, ctx=ctx))
-    return s
+    return s if enc.softcap is None else softcapped(s, enc.softcap)
+
+
+def softcapped(s: Tensor, cap: float) -> Tensor:
+    """Gemma 2's logit soft-capping ``cap·tanh(s/cap)``, in place on ``s``."""
+    return s.div_(cap).tanh_().mul_(cap)
 
 
 def _qk(enc: PositionEncoding, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: Context) -> Tensor:

@@ -28,7 +28,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_args", "check_device_type", "check_finite", "checked_init", "hints_of", "position_checked"]
+__all__ = [
+    "check_args",
+    "check_device_type",
+    "check_finite",
+    "checked_init",
+    "hints_of",
+    "ignoring_keywords",
+    "missing_keywords",
+    "position_checked",
+    "score_setting",
+]
 
 # what a parameter accepts, from its annotation: a tuple of these names, or None (anything)
 _SIMPLE = {bool: "bool", int: "int", float: "float", str: "str", dict: "dict", list: "seq", tuple: "seq"}
@@ -202,3 +212,36 @@ def check_device_type(device_type: str) -> None:
             f"device_type must be a torch device type such as {', '.join(map(repr, DEVICE_TYPES))}, got {device_type!r}"
         )
     _known_devices.add(device_type)
+
+
+def missing_keywords(fn: Callable, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The keywords of ``names`` that ``fn`` does not take (none when it takes ``**kwargs``)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return ()
+    return tuple(n for n in names if n not in params)
+
+
+def ignoring_keywords(fn: Callable, names: tuple[str, ...]) -> Callable:
+    """A method written without the keywords ``names`` (an encoding that reads nothing of the
+    call but its arguments), callable with them."""
+
+    @functools.wraps(fn)
+    def method(self, *args, **kwargs):
+        for n in names:
+            kwargs.pop(n, None)
+        return fn(self, *args, **kwargs)
+
+    return method
+
+
+def score_setting(name: str, value: Any) -> float | None:
+    """``value`` as a float when it is a positive finite number, None for None; else
+    ``TypeError`` (not a number) or ``ValueError`` (not positive and finite), naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a positive finite number or None, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
+    return float(value)

@@ -145,7 +145,10 @@ class T5(PositionEncoding):
 
     @property
     def scale(self) -> float:
-        """``Dh^-1/2``, or 1 as in T5 itself with ``scale_logits=False``."""
+        """``Dh^-1/2``, or 1 as in T5 itself with ``scale_logits=False``; a ``score_scale``
+        replaces either."""
+        if self.score_scale is not None:
+            return self.score_scale
         return self.head_dim**-0.5 if self.scale_logits else 1.0
 
     def buckets(self, relative_position: Tensor) -> Tensor:

@@ -159,7 +159,10 @@ class DeBERTa(PositionEncoding):
 
     @property
     def scale(self) -> float:
-        """``(Dh·(1 + #terms))^-1/2``, applied to content and position terms alike."""
+        """``(Dh·(1 + #terms))^-1/2``, applied to content and position terms alike (with a
+        ``score_scale``, it replaces ``Dh^-1/2``: ``score_scale·(1 + #terms)^-1/2``)."""
+        if self.score_scale is not None:
+            return self.score_scale * (1 + self.num_terms) ** -0.5
         return (self.head_dim * (1 + self.num_terms)) ** -0.5
 
     def rel_index(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:

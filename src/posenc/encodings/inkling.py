@@ -141,7 +141,10 @@ class Inkling(PositionEncoding):
 
     @property
     def scale(self) -> float:
-        """``1/Dh``, Inkling's scale (its q and k are RMS-normalised; posenc's are not yet)."""
+        """``1/Dh``, Inkling's scale (its q and k are RMS-normalised; posenc's are not yet); a
+        ``score_scale`` replaces one ``Dh^-1/2`` factor: ``score_scale·Dh^-1/2``."""
+        if self.score_scale is not None:
+            return self.score_scale * self.head_dim**-0.5
         return 1.0 / self.head_dim
 
     def tau(self, q_pos: Tensor) -> Tensor:

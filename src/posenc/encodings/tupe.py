@@ -94,7 +94,10 @@ class TUPE(PositionEncoding):
 
     @property
     def scale(self) -> float:
-        """``(2·Dh)^-1/2``: content and positional terms share the softmax budget."""
+        """``(2·Dh)^-1/2``: content and positional terms share the softmax budget (with a
+        ``score_scale``, it replaces ``Dh^-1/2``: ``score_scale·2^-1/2``)."""
+        if self.score_scale is not None:
+            return self.score_scale * 2**-0.5
         return (2 * self.head_dim) ** -0.5
 
     def _pos_proj(self, pos: Tensor, proj: nn.Linear) -> Tensor:
