@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("posenc.compare.cli", "train small models per encoding; quality and length extrapolation"),
     "analyze": ("posenc.analysis.cli", "properties of encodings: decomposition, invariance, decay, ..."),
     "bench": ("posenc.bench.cli", "speed and memory of each encoding against references"),
+    "extend": ("posenc.extend.cli", "a trained checkpoint past its training length, per training-free method"),
 }
 
 

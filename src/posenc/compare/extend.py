@@ -46,23 +46,69 @@ from .diagnostics import finite, run_health
 from .evaluate import EvalSettings, evaluate
 from .train import checkpoint_path
 
-__all__ = ["EXTEND_METHODS", "method_options", "with_options", "run_extend", "extend_table", "write_extend"]
+__all__ = [
+    "EXTEND_METHODS",
+    "METHODS",
+    "SINKS",
+    "method_options",
+    "with_options",
+    "run_extend",
+    "extend_table",
+    "write_extend",
+]
 
-_NEEDS = {"ntk": "base", "linear": "rope_scaling", "dynamic": "rope_scaling", "yarn": "rope_scaling"}
+_NEEDS = {"ntk": "base", "linear": "rope_scaling", "dynamic": "rope_scaling", "yarn": "rope_scaling",
+          "longrope": "rope_scaling"}  # fmt: skip
 
 
-def method_options(method: str, *, train_tokens: int, longest_tokens: int, base: float, rotary_dim: int) -> dict:
+# every method ``posenc extend`` runs: compare's, plus LongRoPE (where the model has its
+# searched factors) and StreamingLLM's sink + window cache (a cache policy, not an option)
+METHODS = (*EXTEND_METHODS, "longrope", "sink-window")
+SINKS = 4  # StreamingLLM's attention sinks (Xiao et al. 2024, §3.2: four initial tokens)
+
+
+def method_options(
+    method: str,
+    *,
+    train_tokens: int,
+    longest_tokens: int,
+    base: float | None = None,
+    rotary_dim: int | None = None,
+    longrope: dict | None = None,
+) -> dict:
     """The encoding options that apply ``method`` to a RoPE model trained at ``train_tokens``
-    for lengths up to ``longest_tokens`` (see the module docstring)."""
-    if method not in EXTEND_METHODS:
-        raise ValueError(f"extension method must be one of {EXTEND_METHODS}, got {method!r}")
+    for lengths up to ``longest_tokens`` (see the module docstring). ``longrope``: the
+    model's ``short_factor``/``long_factor`` (LongRoPE searches them per model; none: not
+    applicable). ``sink-window``: ``{"sinks": 4, "window": train_tokens - 4}``, the cache of
+    StreamingLLM filled to the training length.
+
+    Raises:
+        ValueError: an unknown method, ``longrope`` without factors, or a rotary method
+            without ``base``/``rotary_dim``.
+    """
+    if method not in METHODS:
+        raise ValueError(f"extension method must be one of {METHODS}, got {method!r}")
+    if not isinstance(train_tokens, int) or isinstance(train_tokens, bool) or train_tokens < 2:
+        raise ValueError(f"train_tokens must be an int >= 2, got {train_tokens!r}")
     L, s = train_tokens, max(1.0, longest_tokens / train_tokens)
+    if method == "sink-window":
+        sinks = min(SINKS, L // 2)
+        return {"sinks": sinks, "window": L - sinks}
+    if method == "longrope":
+        if not longrope or not {"short_factor", "long_factor"} <= set(longrope):
+            raise ValueError("longrope needs the model's searched short_factor/long_factor; this model has none")
+        return {"rope_scaling": {"rope_type": "longrope", "factor": s, "original_max_position_embeddings": L,
+                                 "short_factor": list(longrope["short_factor"]),
+                                 "long_factor": list(longrope["long_factor"])}}  # fmt: skip
+    if method == "ntk" and (base is None or rotary_dim is None):
+        raise ValueError("ntk needs the model's RoPE base and rotary_dim")
     w = max(1, L // 2)
     far = max(2, math.ceil((longest_tokens - w) / (L - w))) if L > w else 2
+    if method == "ntk":
+        return {"base": base * s ** (rotary_dim / (rotary_dim - 2))}
     return {
         "none": {},
         "linear": {"rope_scaling": {"rope_type": "linear", "factor": s}},
-        "ntk": {"base": base * s ** (rotary_dim / (rotary_dim - 2))},
         "dynamic": {"rope_scaling": {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}},
         "yarn": {"rope_scaling": {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L}},
         "rerope": {"rope_extension": {"type": "rerope", "window": w, "scale_base": L}},
@@ -78,6 +124,8 @@ def applies(method: str, encoding: str) -> bool:
     opts = options_of(get_class(encoding))
     if method == "none":
         return "base" in opts  # a rotary model: its row is the baseline of the others
+    if method == "sink-window":
+        return True  # a cache policy: positions counted inside the cache, any encoding
     return _NEEDS.get(method, "rope_extension") in opts
 
 

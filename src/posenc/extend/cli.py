@@ -1,0 +1,169 @@
+"""``posenc extend MODEL``: how far a trained checkpoint goes past its training length, per training-free method.
+
+For each method of ``--methods`` at each length of ``--lengths``: perplexity on ``--text``
+(sliding window, YaRN protocol; non-overlapping windows too), passkey retrieval by length
+and depth, time per token and memory. Writes ``config.json``, ``results.json``,
+``results.csv``, ``table.md``, ``ppl.png``, ``passkey.png`` and ``report.md`` to ``--out``,
+with the guarantees of ``posenc compare``'s run folders (resumable, atomic writes, removes
+only what a run listed in its manifest). See docs/extend.md.
+
+Examples::
+
+    posenc extend ./my-llama --lengths 1x,2x,4x,8x --out runs/extend-llama
+    posenc extend ./my-llama --methods none,yarn,self-extend --lengths 4096,16384 --device cuda --dtype bfloat16
+    posenc extend runs/quick --encoding rope --lengths 1x,4x          # a compare run directory
+    posenc extend ./my-llama --out runs/extend-llama --resume          # continue an interrupted run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_arguments", "run"]
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .run import METHODS
+
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "examples:" + __doc__.split("Examples::", 1)[1]
+    parser.add_argument("model", metavar="MODEL", help="a local HF checkpoint directory, or a compare run directory")
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help=f"comma list of {', '.join(METHODS)} (default: all)")  # fmt: skip
+    parser.add_argument("--lengths", default="1x,2x,4x",
+                        help="tokens, or multiples of the training length: 1x,2x,4x (default) or 4096,8192")  # fmt: skip
+    parser.add_argument("--text", help="UTF-8 text file for perplexity (default: the held-out tenth of posenc's "
+                        "embedded corpus, Python's documentation)")  # fmt: skip
+    parser.add_argument("--windows", type=int, default=4,
+                        help="windows of each length the perplexity covers (default 4)")  # fmt: skip
+    parser.add_argument("--stride", type=int, help="sliding-window stride in tokens (default: min(256, L/2))")
+    parser.add_argument("--chunk", type=int, default=512, help="tokens per prefill forward call (default 512)")
+    parser.add_argument("--passkey-trials", type=int, default=5, help="trials per length and depth; 0: no passkey")
+    parser.add_argument("--within", type=float, default=10.0,
+                        help="the reading's tolerance: perplexity within this %% of the in-window value (default 10)")  # fmt: skip
+    parser.add_argument("--train-len", type=int, help="the model's training length in tokens (default: its config)")
+    parser.add_argument("--encoding", help="compare run directory: the encoding whose checkpoint to extend")
+    parser.add_argument("--seed", type=int, help="compare run directory: the seed of that checkpoint")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
+    parser.add_argument("--dtype", default="float32", choices=_DTYPES, help="weights and activations (default float32)")
+    parser.add_argument("--out", help="output folder (default: runs/<timestamp>-<random>)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out")
+    parser.add_argument("--overwrite", action="store_true", help="start over in --out (removes only what a run listed)")
+
+
+def _positive(args, name: str, low: int) -> None:
+    v = getattr(args, name)
+    if v is not None and v < low:
+        raise ValueError(f"--{name.replace('_', '-')} must be an int >= {low}, got {v}")
+
+
+def _methods(text: str) -> list[str]:
+    from .run import METHODS
+
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in METHODS]
+    if bad or not names:
+        raise ValueError(f"--methods: unknown method {bad[0] if bad else text!r}; allowed: {', '.join(METHODS)}")
+    return list(dict.fromkeys(names))
+
+
+def _settings(args, subject, lengths, device) -> dict[str, Any]:
+    from .passkey import Tokens
+
+    tokens = subject.tokenizer is not None and Tokens(subject.tokenizer).name or "bytes (UTF-8, ids 0-255)"
+    return {"model": str(Path(args.model).resolve()), "methods": _methods(args.methods), "lengths": lengths,
+            "train_len": subject.train_len, "text": args.text or "embedded corpus (held-out last 10 %)",
+            "tokens_source": tokens, "windows": args.windows, "stride": args.stride, "chunk": args.chunk,
+            "passkey_trials": args.passkey_trials, "encoding": args.encoding, "seed": args.seed,
+            "device": str(device), "dtype": args.dtype}  # fmt: skip
+
+
+def _text(args, subject):
+    from ..data import embedded_corpus, read_text
+    from .passkey import Tokens
+
+    data = read_text(args.text) if args.text else embedded_corpus()
+    if not args.text:
+        data = data[len(data) - len(data) // 10 :]
+    try:
+        tok = Tokens(subject.tokenizer, subject.vocab_size)
+    except ValueError as e:
+        raise ValueError(f"perplexity: {e}; save a tokenizer in MODEL") from None
+    return tok.of_bytes(data)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..compare.rundir import RunDir, default_out
+    from ..data import DataError
+    from ..output import write_json
+    from .model import load_subject
+    from .report import FILES, write_outputs
+    from .run import log_stderr, parse_lengths, resolve_lengths, run_cells
+
+    try:
+        spec = parse_lengths(args.lengths)
+        _methods(args.methods)
+        for name, low in (("windows", 1), ("stride", 1), ("chunk", 1), ("passkey_trials", 0), ("train_len", 8)):
+            _positive(args, name, low)
+        if not 0 < args.within < 1000:
+            raise ValueError(f"--within must be a percentage in (0, 1000), got {args.within}")
+        if args.out is not None and (not args.out.strip() or "\x00" in args.out):
+            raise ValueError(f"--out must name a folder, got {args.out!r}")
+        try:
+            device = torch.device(args.device)
+        except RuntimeError:
+            raise ValueError(f"--device: {args.device!r} is not a device (cpu, cuda, cuda:N)") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device}: no CUDA device here")
+        subject = load_subject(args.model, encoding=args.encoding, seed=args.seed, train_len=args.train_len,
+                               device=device, dtype=getattr(torch, args.dtype))  # fmt: skip
+        settings = _settings(args, subject, resolve_lengths(spec, subject.train_len), device)
+        text = _text(args, subject).to(device)
+        out = Path(args.out or default_out())
+        with RunDir(out, resume=args.resume, overwrite=args.overwrite, writes=FILES) as rd:
+            done: list[dict] = []
+            if args.resume:
+                old = json.loads((out / "config.json").read_text())
+                if old != json.loads(json.dumps(settings)):
+                    diff = [k for k in settings if old.get(k) != json.loads(json.dumps(settings[k]))]
+                    raise ValueError(f"--resume: {out / 'config.json'} was written with other settings ({', '.join(diff)}); "
+                                     "rerun with the same ones, or start over with --overwrite")  # fmt: skip
+                if (out / "results.json").is_file():
+                    done = json.loads((out / "results.json").read_text()).get("cells", [])
+            else:
+                write_json(out / "config.json", settings)
+            base = {
+                "tool": "posenc extend",
+                "model": subject.label,
+                "train_len": subject.train_len,
+                "settings": settings,
+            }
+
+            def save(cells):
+                write_json(out / "results.json", {**base, "cells": cells})
+
+            cells = run_cells(subject, settings, text, done, save, device=device, log=log_stderr)
+            results = {**base, "cells": cells}
+            save(cells)
+            command = "posenc " + " ".join(
+                shlex.quote(a) for a in getattr(args, "argv", None) or ["extend", args.model]
+            )
+            with rd.recording():
+                tabs = write_outputs(out, results, within=args.within, command=command)
+            rd.finish()
+    except (ValueError, DataError) as e:
+        print(f"posenc extend: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    for t in tabs:
+        t.print()
+    print(f"wrote {out}/report.md, results.json, results.csv, ppl.png, passkey.png")
+    return 0

@@ -1,0 +1,201 @@
+"""The files of ``posenc extend``: tables, ``results.csv``, plots and ``report.md``.
+
+The reading in ``report.md`` is computed from the numbers:
+
+* the in-window reference is the sliding-window perplexity of ``none`` at the training length
+  (or, without that cell, at the longest length within it); a method *holds* at a length
+  when its perplexity there, and at every shorter length, is within ``within`` % of it;
+* passkey *breaks* at the first length whose accuracy (mean over depths) falls below half
+  the method's accuracy at the longest length within the training window; when ``none``
+  retrieves under 20 % within the window, the reading says that passkey measures nothing
+  on this model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..output import Column, Table, length_axis, pyplot, readable_log_axis, save_figure, write_csv, write_text
+
+__all__ = ["tables", "write_outputs", "reading", "FILES"]
+
+FILES = ("config.json", "results.json", "results.csv", "table.md", "report.md", "ppl.png", "passkey.png")
+
+
+def _ppl(v) -> str:
+    return "NaN/inf" if v is None else (f"{v:.2f}" if v < 1000 else f"{v:.3g}")
+
+
+def _mean(pk: dict | None) -> float | None:
+    vals = [v for v in (pk or {}).values() if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _grid(results: dict) -> tuple[list[str], list[int], dict]:
+    cells = results["cells"]
+    methods = [m for m in results["settings"]["methods"] if any(c["method"] == m for c in cells)]
+    lengths = sorted({c["length"] for c in cells})
+    return methods, lengths, {(c["method"], c["length"]): c for c in cells}
+
+
+def tables(results: dict) -> list[Table]:
+    """Perplexity (sliding, non-overlapping in brackets) and passkey/time/memory, one row per method."""
+    methods, lengths, at = _grid(results)
+    train = results["train_len"]
+    heads = [f"L={n}" + (" (train)" if n == train else "") for n in lengths]
+    ppl_rows, pk_rows = [], []
+    for m in methods:
+        setting = next((c["setting"] for c in results["cells"] if c["method"] == m), "")
+        row, pk = [m, setting], [m]
+        for n in lengths:
+            c = at.get((m, n))
+            if c is None:
+                row.append(""), pk.append("")
+            elif not c.get("applicable"):
+                row.append("n/a"), pk.append("n/a")
+            else:
+                row.append(f"{_ppl(c.get('ppl'))} ({_ppl(c.get('ppl_windows'))})")
+                acc = _mean(c.get("passkey"))
+                pk.append(("-" if acc is None else f"{100 * acc:.0f}%") + f" · {c['ms_per_token']:.2f} ms")
+        ppl_rows.append(row), pk_rows.append(pk)
+    s = results["settings"]
+    stride = f"stride {s['stride']}" if s["stride"] else "stride min(256, L/2)"
+    t1 = Table([Column("method", code=True), Column("setting"), *(Column(h, "right") for h in heads)], ppl_rows,
+               title=f"perplexity by length: sliding window ({stride}), non-overlapping windows in brackets; "
+                     f"trained at L={train}")  # fmt: skip
+    t2 = Table([Column("method", code=True), *(Column(h, "right") for h in heads)], pk_rows,
+               title=f"passkey exact match (mean over depths, {s['passkey_trials']} trials per depth) · "
+                     "prefill time per token")  # fmt: skip
+    return [t1, t2]
+
+
+def reading(results: dict, within: float) -> list[str]:
+    """Sentences computed from the cells (see the module docstring)."""
+    methods, lengths, at = _grid(results)
+    train = results["train_len"]
+    inside = [n for n in lengths if n <= train]
+    ref_cell = at.get(("none", max(inside))) if inside else None
+    out = []
+    if ref_cell is None or ref_cell.get("ppl") is None:
+        out.append("No in-window perplexity of `none` (no length <= the training length, or it failed): "
+                   "no reference to hold the methods to.")  # fmt: skip
+    else:
+        ref = ref_cell["ppl"]
+        limit = ref * (1 + within / 100)
+        out.append(f"In-window reference: `none` at L={ref_cell['length']}, perplexity {ref:.3f}; "
+                   f"a method holds while its perplexity stays <= {limit:.3f} (+{within:g} %).")  # fmt: skip
+        held = {}
+        for m in methods:
+            best = None
+            for n in lengths:
+                c = at.get((m, n))
+                if c is None or not c.get("applicable"):
+                    continue
+                if c.get("ppl") is None or c["ppl"] > limit:
+                    break
+                best = n
+            held[m] = best
+        far = max((v for v in held.values() if v is not None), default=None)
+        if far is None:
+            out.append("No method holds even at the shortest length.")
+        else:
+            who = [m for m, v in held.items() if v == far]
+            out.append(f"Furthest within +{within:g} %: {', '.join(f'`{m}`' for m in who)} up to L={far} "
+                       f"({far / train:g}x the training length).")  # fmt: skip
+        for m in methods:
+            if held.get(m) is None and any(at.get((m, n), {}).get("applicable") for n in lengths):
+                out.append(f"`{m}` is above +{within:g} % already at its shortest length.")
+        last = lengths[-1]
+        ranked = sorted((at[(m, last)]["ppl"], m) for m in methods
+                         if at.get((m, last), {}).get("ppl") is not None)  # fmt: skip
+        if ranked:
+            out.append(f"At L={last}: " + " < ".join(f"`{m}` {v:.3f}" for v, m in ranked) + ".")
+    out += _passkey_reading(methods, lengths, at, inside)
+    return out
+
+
+def _passkey_reading(methods, lengths, at, inside) -> list[str]:
+    if not inside or not any(at.get((m, n), {}).get("passkey") for m in methods for n in lengths):
+        return []
+    base = _mean(at.get(("none", max(inside)), {}).get("passkey"))
+    if base is not None and base < 0.2:
+        return [f"Passkey: `none` retrieves {100 * base:.0f} % within its training window; this model does "
+                "not do the task, so the passkey columns say nothing about the methods."]  # fmt: skip
+    out = []
+    for m in methods:
+        own = _mean(at.get((m, max(inside)), {}).get("passkey"))
+        if own is None:
+            continue
+        broke = next((n for n in lengths if n > max(inside) and (_mean(at.get((m, n), {}).get("passkey")) or 0) < own / 2),
+                     None)  # fmt: skip
+        out.append(f"Passkey `{m}`: {100 * own:.0f} % within the window; "
+                   + (f"breaks (below half of that) at L={broke}." if broke else "does not break up to the longest length."))  # fmt: skip
+    return out
+
+
+def _plots(out: Path, results: dict, subtitle: str) -> None:
+    methods, lengths, at = _grid(results)
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    plotted = []
+    for i, m in enumerate(methods):
+        for key, ls in (("ppl", "-"), ("ppl_windows", ":")):
+            pts = [(n, at[(m, n)].get(key)) for n in lengths if at.get((m, n), {}).get(key) is not None]
+            if pts:
+                xs, ys = zip(*pts)
+                plotted += ys
+                ax.plot(xs, ys, ls=ls, marker="o", color=f"C{i}", label=m if key == "ppl" else None)
+    ax.axvline(results["train_len"], color="gray", ls="--", lw=1, label="training length")
+    length_axis(ax, lengths)
+    readable_log_axis(ax, plotted)
+    ax.set_xlabel("evaluation length (tokens)")
+    ax.set_ylabel("perplexity (solid: sliding window; dotted: non-overlapping)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(fig, out / "ppl.png", title="Perplexity past the training length", subtitle=subtitle)
+    with_pk = [m for m in methods if any(at.get((m, n), {}).get("passkey") for n in lengths)]
+    if not with_pk:
+        return
+    cols = min(4, len(with_pk))
+    rows = (len(with_pk) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.9 * rows), squeeze=False)
+    depths = list(next(at[(m, n)]["passkey"] for m in with_pk for n in lengths if at.get((m, n), {}).get("passkey")))
+    for ax, m in zip(axes.flat, with_pk):
+        grid = [[(at.get((m, n), {}).get("passkey") or {}).get(d) for n in lengths] for d in depths]
+        data = [[float("nan") if v is None else v for v in r] for r in grid]
+        im = ax.imshow(data, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7, rotation=45)
+        ax.set_yticks(range(len(depths)), depths, fontsize=7)
+        ax.set_title(m, fontsize=9)
+        for j, r in enumerate(grid):
+            for k, v in enumerate(r):
+                if v is not None:
+                    ax.text(k, j, f"{100 * v:.0f}", ha="center", va="center", fontsize=6, color="w" if v < 0.6 else "k")
+    for ax in list(axes.flat)[len(with_pk) :]:
+        ax.axis("off")
+    fig.colorbar(im, ax=axes, shrink=0.8, label="exact match")
+    fig.supxlabel("length (tokens)"), fig.supylabel("key depth")
+    save_figure(fig, out / "passkey.png", title="Passkey retrieval by length and depth", subtitle=subtitle)
+
+
+def write_outputs(out: Path, results: dict, *, within: float, command: str) -> list[Table]:
+    """``table.md``, ``results.csv``, ``ppl.png``, ``passkey.png``, ``report.md``."""
+    tabs = tables(results)
+    write_text(out / "table.md", "\n\n".join(t.markdown() for t in tabs) + "\n")
+    cols = ("method", "setting", "length", "applicable", "why", "ppl", "ppl_windows", "nll", "nll_windows", "tokens",
+            "stride", "windows", "passkey_mean", "ms_per_token", "kv_bytes", "cuda_peak_bytes", "rss_peak_bytes")  # fmt: skip
+    rows = [{**c, "passkey_mean": _mean(c.get("passkey"))} for c in results["cells"]]
+    rows += [{"method": c["method"], "length": c["length"], "setting": f"passkey depth {d}", "passkey_mean": v}
+             for c in results["cells"] for d, v in (c.get("passkey") or {}).items()]  # fmt: skip
+    write_csv(out / "results.csv", [{k: r.get(k) for k in cols} for r in rows], cols)
+    subtitle = f"{results['model']} · trained at {results['train_len']} tokens"
+    _plots(out, results, subtitle)
+    s = results["settings"]
+    lines = [f"# posenc extend: {results['model']}", "", f"Command: `{command}`", "",
+             f"Trained at {results['train_len']} tokens; text: {s['text']} ({s['tokens_source']}); "
+             f"{s['windows']} windows per length; chunked prefill of {s['chunk']} tokens; device {s['device']}.", "",
+             "## Reading", "", *(f"- {r}" for r in reading(results, within)), "",
+             "## Tables", "", *(t.markdown() + "\n" for t in tabs),
+             "![perplexity](ppl.png)", "", "![passkey](passkey.png)", ""]  # fmt: skip
+    write_text(out / "report.md", "\n".join(lines))
+    return tabs

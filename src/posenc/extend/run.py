@@ -1,0 +1,121 @@
+"""The cells of ``posenc extend``: one per (method, length), run in increasing length.
+
+``results.json`` is rewritten (atomically) after every cell, so an interrupted run resumes
+from the cells it has (``--resume``: the settings in ``config.json`` must be the same).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import torch
+
+from ..compare.extend import METHODS
+from .evaluate import peak_rss_bytes, perplexity
+from .model import Subject
+from .passkey import DEPTHS, Tokens, passkey_accuracy
+
+__all__ = ["parse_lengths", "run_cells", "describe", "default_stride", "METHODS"]
+
+
+def parse_lengths(text: str) -> list[tuple[str, float]]:
+    """``"2x,4x,4096"`` -> ``[("x", 2.0), ("x", 4.0), ("tokens", 4096)]``.
+
+    Raises:
+        ValueError: an entry that is neither an int >= 8 nor a multiple ``Nx`` with N > 0.
+    """
+    out = []
+    for part in (p.strip() for p in str(text).split(",")):
+        try:
+            if part.lower().endswith("x"):
+                f = float(part[:-1])
+                if not math.isfinite(f) or f <= 0:
+                    raise ValueError
+                out.append(("x", f))
+            else:
+                n = int(part)
+                if n < 8:
+                    raise ValueError
+                out.append(("tokens", n))
+        except ValueError:
+            raise ValueError(
+                f"--lengths: {part!r} is not a token count or a multiple of the training length "
+                "(allowed: ints >= 8, or Nx with N > 0, comma-separated, e.g. 1x,2x,4x or 4096,8192)"
+            ) from None
+    if not out:
+        raise ValueError("--lengths: no length given (e.g. 1x,2x,4x or 4096,8192)")
+    return out
+
+
+def resolve_lengths(spec: list[tuple[str, float]], train_len: int) -> list[int]:
+    """Token counts, sorted, without repeats (a multiple rounds to the nearest token, at least 8)."""
+    return sorted({max(8, int(round(v * train_len))) if k == "x" else int(v) for k, v in spec})
+
+
+def default_stride(length: int) -> int:
+    """The YaRN paper's stride, 256 tokens, but at most half the window."""
+    return max(1, min(256, length // 2))
+
+
+def describe(method: str, opts: dict) -> str:
+    """A short description of a method's setting."""
+    if method == "sink-window":
+        return f"sinks {opts['sinks']}, window {opts['window']}"
+    if not opts:
+        return "as trained"
+    if "base" in opts and len(opts) == 1:
+        return f"base {opts['base']:.4g}"
+    d = dict(opts.get("rope_scaling") or opts.get("rope_extension") or {})
+    d.pop("rope_type", None), d.pop("type", None)
+    d.pop("short_factor", None), d.pop("long_factor", None)
+    return ", ".join(f"{k.replace('original_max_position_embeddings', 'original')} {v:g}" for k, v in d.items())
+
+
+def run_cells(subject: Subject, settings: dict[str, Any], text: torch.Tensor, done: list[dict], save, *,
+              device, log=print) -> list[dict]:  # fmt: skip
+    """Every (method, length) cell of ``settings`` not in ``done``; ``save(cells)`` after each."""
+    cells = list(done)
+    have = {(c["method"], c["length"]) for c in cells}
+    lengths, longest = settings["lengths"], max(settings["lengths"])
+    tokens = None
+    if settings["passkey_trials"]:
+        try:
+            tokens = Tokens(subject.tokenizer, subject.vocab_size)
+        except ValueError as e:
+            log(f"passkey: not run ({e})")
+    for n in lengths:
+        for m in settings["methods"]:
+            if (m, n) in have:
+                continue
+            model, opts, why = subject.variant(m, longest)
+            cell: dict[str, Any] = {"method": m, "length": n, "options": opts, "setting": describe(m, opts)}
+            if model is None:
+                cells.append({**cell, "setting": "n/a", "applicable": False, "why": why})
+                log(f"{m} @ {n}: not applicable ({why})")
+                save(cells)
+                continue
+            sink = opts if m == "sink-window" else None
+            if torch.cuda.is_available() and device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            stride = settings["stride"] or default_stride(n)
+            ppl = perplexity(subject.kind, model, text, n, stride=stride, windows=settings["windows"],
+                             chunk=settings["chunk"], sink=sink)  # fmt: skip
+            pk = None
+            if tokens is not None:
+                pk = passkey_accuracy(subject.kind, model, tokens, n, trials=settings["passkey_trials"],
+                                      chunk=settings["chunk"], device=device, sink=sink, depths=DEPTHS)  # fmt: skip
+            cell.update(applicable=True, **ppl, passkey=pk, rss_peak_bytes=peak_rss_bytes())
+            if device.type == "cuda":
+                cell["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device)
+            cells.append(cell)
+            shown = "NaN/inf" if cell.get("ppl") is None else f"{cell['ppl']:.3f}"
+            log(f"{m} @ {n}: ppl {shown} (sliding, stride {stride}), {cell['ms_per_token']:.2f} ms/token")
+            save(cells)
+            del model
+    return cells
+
+
+def log_stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
