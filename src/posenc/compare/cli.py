@@ -47,7 +47,9 @@ _HELP = {
     "task": "synthetic task: copy, reverse, sort, associative-recall (lengths count items), "
     "grid (2-D: the symbol above each cell; lengths are grid sides), or passkey (retrieval of a key from "
     "filler text; lengths count tokens), count (CoPE's counting; lengths count statements) or flip-flop "
-    "(Liu et al. 2023; lengths count instructions, tested at p(ignore) 0.8, 0.98, 0.1); the preset then "
+    "(Liu et al. 2023; lengths count instructions, tested at p(ignore) 0.8, 0.98, 0.1), or Kazemnejad et "
+    "al. 2023's kaz-copy, kaz-copy-2x, kaz-reverse, kaz-reverse-2x, kaz-addition, kaz-poly, kaz-sort, "
+    "kaz-sort-multi, kaz-sum, kaz-parity, kaz-lego (lengths count their sizes); the preset then "
     "sets the task's lengths and budget",
     "val_fraction": "fraction of the corpus (its end) held out for validation",
     "dim": "model width D",

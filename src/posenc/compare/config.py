@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..data import TASK_NAMES
+from ..data import KAZEMNEJAD_TASKS, TASK_NAMES
 from .checks import check_encodings, check_fields, check_models, parse_named
 
 __all__ = ["CompareConfig", "PRESETS", "CORE_ENCODINGS", "EXTEND_METHODS", "from_dict"]
@@ -43,7 +43,7 @@ class CompareConfig:
     dataset_config: str | None = None
     dataset_split: str = "train"
     dataset_field: str = "text"
-    task: str | None = None  # copy | reverse | sort | associative-recall | grid | passkey | count | flip-flop
+    task: str | None = None  # copy | reverse | sort | associative-recall | grid | passkey | count | flip-flop | kaz-*
     val_fraction: float = 0.1
     # model: the same for every encoding
     dim: int = 64  # D
@@ -257,6 +257,18 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "eval_lens": [16, 32, 64],
                 "steps": 3000,
                 "encoding_options": {"t5": {"max_distance": 32}},
+            },
+            # Kazemnejad et al.'s suite (posenc.data.kazemnejad): their arithmetic tasks' split
+            # (sizes up to 8, tested to 16 = 2L: "tr8_ts16"), one column per size; T5's buckets
+            # reach 64 tokens (a size-8 sample is 19-92 tokens)
+            **{
+                t: {
+                    "train_len": 8,
+                    "eval_lens": [4, 8, 12, 16],
+                    "steps": 3000,
+                    "encoding_options": {"t5": {"max_distance": 64}},
+                }
+                for t in KAZEMNEJAD_TASKS
             },
         },  # fmt: skip
     },

@@ -14,6 +14,8 @@ download is needed:
 * :mod:`posenc.data.grid` — ``grid``: the symbol above each cell of a 2-D grid.
 * :mod:`posenc.data.paper_tasks` — ``count`` (CoPE's counting) and ``flip-flop`` (Liu et
   al. 2023), generated as the papers generate them.
+* :mod:`posenc.data.kazemnejad` — Kazemnejad et al. 2023's suite (``kaz-copy``,
+  ``kaz-addition``, ``kaz-lego``, ...) in their formats.
 
 :class:`TextData` splits a byte string deterministically into train and validation
 (the last ``val_fraction`` of the bytes) and serves batches that depend only on
@@ -32,6 +34,7 @@ import torch
 from torch import Tensor
 
 from .grid import GridTask, positions_for
+from .kazemnejad import KAZEMNEJAD_TASKS, KazemnejadTask
 from .paper_tasks import PAPER_TASKS, CountTask, FlipFlopTask, paper_task
 from .passkey import PasskeyTask
 from .tasks import TASK_NAMES, TASKS, Batch, SyntheticTask, step_generator
@@ -43,6 +46,8 @@ __all__ = [
     "FlipFlopTask",
     "PasskeyTask",
     "GridTask",
+    "KAZEMNEJAD_TASKS",
+    "KazemnejadTask",
     "TASKS",
     "TASK_NAMES",
     "SyntheticTask",
@@ -263,7 +268,7 @@ def load_source(
     seed: int = 0,
     longest: int = 1,
     packed: bool = False,
-) -> TextData | SyntheticTask | GridTask | PasskeyTask | CountTask | FlipFlopTask:
+) -> TextData | SyntheticTask | GridTask | PasskeyTask | CountTask | FlipFlopTask | KazemnejadTask:
     """The data source named by at most one of ``task``, ``text`` or ``dataset``; the
     embedded corpus when none is. ``task="passkey"`` draws its filler from the text the
     other arguments name (the embedded corpus by default).
@@ -283,6 +288,8 @@ def load_source(
         return GridTask(seed=seed)
     if task in PAPER_TASKS:
         return paper_task(task, seed=seed)
+    if task in KAZEMNEJAD_TASKS:
+        return KazemnejadTask(task, seed=seed)
     if task is not None and task != "passkey":
         return SyntheticTask(task, seed=seed)
     if text is not None:

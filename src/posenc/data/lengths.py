@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from .grid import GridTask
+from .kazemnejad import KAZEMNEJAD_TASKS, KazemnejadTask
 from .paper_tasks import paper_task
 from .passkey import PasskeyTask
 from .tasks import TASK_NAMES, TASKS, SyntheticTask
@@ -33,5 +34,6 @@ def sequence_length(task: str | None, n: int) -> int:
     # text (None) counts tokens as passkey does (TextData.seq_len; a TextData needs a corpus)
     makers = {None: lambda: PasskeyTask(empty, empty), "passkey": lambda: PasskeyTask(empty, empty),
               "grid": GridTask, "count": lambda: paper_task("count"), "flip-flop": lambda: paper_task("flip-flop"),
-              **{t: (lambda t=t: SyntheticTask(t)) for t in TASKS}}  # fmt: skip
+              **{t: (lambda t=t: SyntheticTask(t)) for t in TASKS},
+              **{t: (lambda t=t: KazemnejadTask(t)) for t in KAZEMNEJAD_TASKS}}  # fmt: skip
     return makers[task]().seq_len(n)

@@ -28,6 +28,7 @@ from torch import Tensor
 __all__ = [
     "Batch",
     "DepthAxis",
+    "KAZEMNEJAD_TASKS",
     "SyntheticTask",
     "TASKS",
     "TASK_NAMES",
@@ -57,8 +58,11 @@ def step_generator(seed: int, step: int) -> torch.Generator:
 
 
 TASKS = ("copy", "reverse", "sort", "associative-recall")  # SyntheticTask's
-# every task posenc compare offers (posenc.data.grid, .passkey, .paper_tasks)
-TASK_NAMES = (*TASKS, "grid", "passkey", "count", "flip-flop")
+# Kazemnejad et al. 2023's suite in their formats (posenc.data.kazemnejad)
+KAZEMNEJAD_TASKS = ("kaz-copy", "kaz-copy-2x", "kaz-reverse", "kaz-reverse-2x", "kaz-addition", "kaz-poly",
+                    "kaz-sort", "kaz-sort-multi", "kaz-sum", "kaz-parity", "kaz-lego")  # fmt: skip
+# every task posenc compare offers (posenc.data.grid, .passkey, .paper_tasks, .kazemnejad)
+TASK_NAMES = (*TASKS, "grid", "passkey", "count", "flip-flop", *KAZEMNEJAD_TASKS)
 
 
 class DepthAxis(NamedTuple):
