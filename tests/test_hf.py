@@ -164,6 +164,19 @@ def test_gpt2_learned_equals_stock_gpt2():
     assert_close(logits(ours, ids), logits(stock, ids), n=n)
 
 
+def test_gpt2_scores_scaled_by_inverse_layer_index_equal_stock_gpt2():
+    """HF's per-layer score scale (``scale_attn_by_inverse_layer_idx``) becomes each layer's
+    ``score_scale`` (``PositionEncoding.set_scores``)."""
+    cfg = gpt2_config(scale_attn_by_inverse_layer_idx=True)
+    stock = GPT2LMHeadModel(cfg).eval()
+    ours = ph.convert(stock, encoding=["learned", "nope"])
+    assert ours.transformer.posenc.encoding(1).score_scale == pytest.approx(8**-0.5 / 2)
+    ids = torch.randint(0, V, (2, 20))
+    D = cfg.n_embd
+    n = cfg.n_layer * (attention_n(dim=D, length=20) + 5 * D + 2 * D) + 2 * D
+    assert_close(logits(ours, ids), logits(stock, ids), n=n)
+
+
 def test_per_layer_encodings_equal_hf_layers_run_by_hand():
     """["rope", "nope"]: layer 0 rotates, layer 1 does not. The oracle runs HF's own decoder
     layers with HF's rotation for layer 0 and the identity for layer 1."""
@@ -354,10 +367,10 @@ def test_layer_patterns_and_layer_specs_convert_like_lists():
     assert ph.convert(stock, encoding="rope*3,alibi").config.posenc_layers == want
     assert ph.convert(stock, encoding=posenc.layers("rope*3,alibi")).config.posenc_layers == want
     assert [s["encoding"] for s in ph.convert(stock, encoding="rope,nope").config.posenc_layers] == ["rope", "nope"] * 2
-    with pytest.raises(ValueError, match="layer 0 .* has a window, chunks or sinks"):
-        ph.convert(stock, encoding="rope(window=8)*3,rope")
-    with pytest.raises(ValueError, match="has a window, chunks or sinks"):
-        ph.convert(stock, encoding="irope")
+    # a layer's window, chunks and sinks carry over (tests/test_hf_windows.py runs them)
+    specs = ph.convert(stock, encoding="rope(window=8)*3,rope(sinks=true)").config.posenc_layers
+    assert [s.get("window") for s in specs] == [8, 8, 8, None] and [s.get("sinks", False) for s in specs][-1]
+    assert [s.get("chunk") for s in ph.convert(stock, encoding="irope").config.posenc_layers] == [8192] * 3 + [None]
 
 
 # ============================================================================ errors
@@ -377,8 +390,8 @@ def test_errors_name_the_bad_value():
         ph.convert(llama, encoding=["rope", 3])
     with pytest.raises(ValueError, match="attention dropout; set config.attn_pdrop=0"):
         ph.convert(GPT2LMHeadModel(gpt2_config(attn_pdrop=0.1)), encoding="alibi")
-    with pytest.raises(ValueError, match="scales scores by"):
-        ph.convert(GPT2LMHeadModel(gpt2_config(scale_attn_by_inverse_layer_idx=True)), encoding="alibi")
+    with pytest.raises(ValueError, match="shares its 't5' encoding with an earlier layer but HF gives it another"):
+        ph.convert(GPT2LMHeadModel(gpt2_config(scale_attn_by_inverse_layer_idx=True)), encoding="t5")
     with pytest.raises(ValueError, match="one spec per layer \\(2\\), got 1"):
         ph.PosencLlamaConfig(**llama_config().to_dict() | {"posenc_layers": [{"encoding": "rope"}]})
     with pytest.raises(ValueError, match="'to' must be|to must be"):

@@ -43,12 +43,14 @@ _check_version()
 
 from .attention import NAME, PosencMask, attention_forward, mask_interface, register  # noqa: E402
 from .convert import SUPPORTED, convert, layer_specs  # noqa: E402
+from .families import FAMILIES, Family, family_of  # noqa: E402
 from .layout import rope_layout  # noqa: E402
 from .models import (  # noqa: E402
     PosencGPT2Config,
     PosencGPT2LMHeadModel,
     PosencLlamaConfig,
     PosencLlamaForCausalLM,
+    posenc_classes,
     register_auto,
 )
 from .rope_config import rope_options, rope_options_for  # noqa: E402
@@ -57,6 +59,8 @@ register()
 register_auto()
 
 __all__ = [
+    "FAMILIES",
+    "Family",
     "NAME",
     "PosencGPT2Config",
     "PosencGPT2LMHeadModel",
@@ -66,6 +70,8 @@ __all__ = [
     "SUPPORTED",
     "attention_forward",
     "convert",
+    "family_of",
+    "posenc_classes",
     "layer_specs",
     "mask_interface",
     "register",

@@ -58,12 +58,15 @@ NAME = "posenc"
 
 @dataclass(eq=False)
 class PosencMask:
-    """The mask of one forward call, as HF's mask machinery describes it.
+    """The mask of one forward call (of one layer type), as HF's mask machinery describes it.
 
     Shapes: ``padding`` ``(B, Lk)`` bool, True = a real token, or None when nothing is
-    padded. ``q_offset`` tokens are cached before the ``q_length`` new ones; the cache
-    holds ``kv_length`` key slots (a static cache holds more slots than tokens: the
-    unused ones lie in the causal future and are never seen).
+    padded. ``q_offset`` tokens came before the ``q_length`` new ones; the layer's cache
+    holds ``kv_length`` key slots, slot ``s`` holding token ``kv_offset + s`` (a sliding-window
+    cache drops the first ``kv_offset`` tokens; a static cache holds more slots than tokens:
+    the unused ones lie in the causal future and are never seen). ``window``: HF's sliding
+    window in posenc's terms (:class:`posenc.AttentionMask`: ``W`` keys up to the query
+    included, causal; ``|i - j| < W`` bidirectional); None: none.
     """
 
     batch_size: int
@@ -72,6 +75,8 @@ class PosencMask:
     q_offset: int
     padding: Tensor | None
     causal: bool = True
+    kv_offset: int = 0
+    window: int | None = None
     _memo: dict = field(default_factory=dict, repr=False)
 
     # HF's generate and create_causal_mask treat a prepared mask like a 4-D tensor
@@ -80,45 +85,74 @@ class PosencMask:
     def contiguous(self) -> PosencMask:
         return self
 
-    def positions(self, position_ids: Tensor | None, batch: int, kwargs: dict) -> tuple[Tensor, Tensor, Tensor | None]:
-        """``(q_pos (B|1, Lq), k_pos (B|1, Lk), documents (B, L) or None)``, computed once per call.
+    @property
+    def cached(self) -> int:
+        """Key slots before the first query (cached keys this layer still holds)."""
+        return self.q_offset - self.kv_offset
 
+    def positions(
+        self, position_ids: Tensor | None, batch: int, kwargs: dict, axes: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(q_pos (B|1, Lq[, A]), k_pos (B|1, Lk[, A]), documents (B, L) or None)``, computed once per call.
+
+        ``axes``: HF's multimodal ``(A, B, Lq)`` position ids (Qwen2-VL's ``(t, h, w)``, read off
+        the model's rotary embedding) for an encoding with ``A`` coordinates per position.
         Every layer gets the same ``position_ids`` tensor, so the result is memoised on it.
         """
+        key = (position_ids, axes)
         memo = self._memo.get("positions")
-        if memo is not None and memo[0] is position_ids:
+        if memo is not None and memo[0][0] is key[0] and memo[0][1] is key[1]:
             return memo[1]
-        Lq, c = self.q_length, self.q_offset
-        if position_ids is None:
-            q_pos = PF.default_positions(Lq, offset=c).unsqueeze(0)
+        Lq, c = self.q_length, self.cached
+        if axes is not None:
+            q_pos = PF.check_positions(axes.permute(1, 2, 0), Lq, name="position_ids", batch=batch, axes=axes.shape[0])
+        elif position_ids is None:
+            q_pos = PF.default_positions(Lq, offset=self.q_offset).unsqueeze(0)
         else:
             q_pos = PF.check_positions(position_ids, Lq, name="position_ids", batch=batch)
         q_pos = q_pos.to(self.padding.device if self.padding is not None else q_pos.device)
         k_pos = q_pos
-        if c:  # cached keys run contiguously up to the first new token
-            past = (q_pos[:, :1] - c + torch.arange(c, device=q_pos.device)).clamp(min=0)
+        steps = torch.arange(c, device=q_pos.device)
+        if c:  # cached keys run contiguously up to the first new token (on every axis)
+            past = (q_pos[:, :1] - c + (steps if q_pos.dim() == 2 else steps[:, None])).clamp(min=0)
             k_pos = torch.cat((past, q_pos), dim=1)
         if self.kv_length > k_pos.shape[1]:  # static cache: free slots, all in the causal future
-            extra = self.kv_length - k_pos.shape[1]
-            k_pos = torch.cat((k_pos, k_pos[:, -1:] + torch.arange(1, extra + 1, device=k_pos.device)), dim=1)
+            extra = torch.arange(1, self.kv_length - k_pos.shape[1] + 1, device=k_pos.device)
+            k_pos = torch.cat((k_pos, k_pos[:, -1:] + (extra if k_pos.dim() == 2 else extra[:, None])), dim=1)
         documents = None
         if c == 0 and self.kv_length == Lq and self.padding is None:
-            documents = _documents(q_pos, batch, kwargs)
+            # (multimodal positions repeat within an image: only the collator's cu_seq_lens count)
+            documents = _documents(q_pos if axes is None else None, batch, kwargs, Lq, q_pos.device)
         out = (q_pos, k_pos, documents)
-        self._memo["positions"] = (position_ids, out)
+        self._memo["positions"] = (key, out)
         return out
 
 
-def _documents(q_pos: Tensor, batch: int, kwargs: dict) -> Tensor | None:
+def _documents(q_pos: Tensor | None, batch: int, kwargs: dict, length: int, device) -> Tensor | None:
     """Document index of every token ``(B, L)`` int64, or None for one document per row."""
     cu = kwargs.get("cu_seq_lens_q")
     if cu is not None and batch == 1:
-        cu = torch.as_tensor(cu, device=q_pos.device).long()
+        cu = torch.as_tensor(cu, device=device).long()
         if cu.numel() <= 2:
             return None
         # token t lies in document d when cu[d] <= t < cu[d + 1]
-        return torch.bucketize(torch.arange(q_pos.shape[-1], device=q_pos.device), cu[1:-1], right=True)[None]
+        return torch.bucketize(torch.arange(length, device=device), cu[1:-1], right=True)[None]
+    if q_pos is None:
+        return None
     return find_packed_sequence_indices(q_pos.expand(batch, -1))
+
+
+def _mask_parts(fn, depth: int = 0) -> set[str]:
+    """Qualified names of the functions HF composed into the mask function ``fn``
+    (``and_masks``/``or_masks`` keep their parts in closure cells)."""
+    out = {getattr(fn, "__qualname__", "")}
+    if depth < 6:
+        for cell in getattr(fn, "__closure__", None) or ():
+            items = cell.cell_contents
+            for item in items if isinstance(items, (tuple, list)) else (items,):
+                if callable(item) and hasattr(item, "__qualname__"):
+                    out |= _mask_parts(item, depth + 1)
+    return out
 
 
 def mask_interface(
@@ -129,38 +163,58 @@ def mask_interface(
     kv_offset: int = 0,
     mask_function=causal_mask_function,
     attention_mask: Tensor | None = None,
+    local_size: int | None = None,
     **kwargs,
 ) -> PosencMask:
     """HF mask function for ``"posenc"``: a :class:`PosencMask` rather than a tensor.
 
+    Takes HF's causal and bidirectional masks, with or without its sliding window
+    (``create_sliding_window_causal_mask``: ``kv > q - W``, posenc's ``window=W``;
+    ``create_bidirectional_sliding_window_mask``: ``|q - kv| <= W`` inclusive, posenc's
+    ``window=W+1``, since posenc's bidirectional window is ``|i - j| < W``), padding, packed
+    documents, and the key offset of HF's sliding-window caches.
+
     Raises:
-        ValueError: a mask pattern other than causal (with padding or packed documents),
-            e.g. a sliding window or a model's extra ``or_mask_function``.
+        ValueError: another mask pattern (chunked attention, a model's own
+            ``or_mask_function``/``and_mask_function``).
     """
     if isinstance(attention_mask, PosencMask):  # already prepared (generate with a static cache)
         return attention_mask
-    if mask_function is bidirectional_mask_function:
-        raise ValueError("posenc's HF adapter runs causal language models; got a bidirectional mask")
+    parts = _mask_parts(mask_function)
     if mask_function is not causal_mask_function and kwargs.get("use_vmap"):
         # HF composes packed-document masks without vmap; a vmap'd mask means the model added
         # its own or/and mask function, which posenc cannot see into
         raise ValueError(
             "this model adds its own mask pattern (or_mask_function/and_mask_function), which posenc's HF adapter "
-            "does not run; supported: causal masks with padding and packed documents"
+            "does not run; supported: causal and bidirectional masks, sliding windows, padding, packed documents"
         )
-    if kwargs.get("local_size") is not None:
+    if any(p.startswith("chunked_overlay") for p in parts):
         raise ValueError(
-            f"posenc's HF adapter does not run sliding-window or chunked masks (local_size={kwargs['local_size']})"
+            f"posenc's HF adapter does not run HF's chunked masks (local_size={local_size}); give the layers "
+            "posenc chunks instead (encoding='irope' or LayerSpec(chunk=...))"
         )
-    if kv_offset:
-        raise ValueError(f"posenc's HF adapter needs kv_offset=0 (no sliding-window caches), got {kv_offset}")
+    causal = mask_function is not bidirectional_mask_function and not any(
+        p.startswith(("bidirectional_mask_function", "sliding_window_bidirectional")) for p in parts
+    )
+    window = None
+    if any(p.startswith("sliding_window_bidirectional_overlay") for p in parts):
+        window = int(local_size) + 1  # |i - j| <= W in HF is |i - j| < W + 1 in posenc
+    elif any(p.startswith("sliding_window_overlay") for p in parts):
+        window = int(local_size)  # kv > q - W: the same W keys as posenc's window
     padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
     if padding is not None:
         padding = padding[:, :kv_length].bool()
         if bool(padding.all()):
             padding = None
     return PosencMask(
-        batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=int(q_offset), padding=padding
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=int(q_offset),
+        padding=padding,
+        causal=causal,
+        kv_offset=int(kv_offset),
+        window=window,
     )
 
 
@@ -190,26 +244,39 @@ def attention_forward(
     Shapes: ``query`` ``(B, H, Lq, Dh)``; ``key``, ``value`` ``(B, Hkv, Lk, Dh)`` (grouped
     query attention repeats them to ``H``); returns ``((B, Lq, H, Dh), None)`` (no weights).
 
+    The layer's own window/chunk/sinks (``config.posenc_layers``) join HF's mask: the
+    narrower of the two windows; HF's learned sinks (gpt-oss's ``s_aux``) or the layer's.
+
     Raises:
-        ValueError: no posenc encoding on ``module``, attention dropout, or a prepared 4-D
-            tensor mask (posenc builds its masks from positions and padding).
+        ValueError: no posenc encoding on ``module``, attention dropout, a prepared 4-D
+            tensor mask (posenc builds its masks from positions and padding), or a score
+            scale / soft-cap other than the one the encoding was set up with.
     """
     enc = layer_encoding(module)
     if dropout:
         raise ValueError(
             f"posenc backends have no attention dropout; got dropout={dropout} (set it to 0 in the config)"
         )
+    own = module.__dict__.get("posenc_layer", {})
+    _check_scores(module, own, scaling, kwargs.get("softcap"))
     B, H, Lq, _ = query.shape
     Lk = key.shape[2]
     if attention_mask is None:  # no mask function ran: plain causal over the keys given
-        attention_mask = PosencMask(batch_size=B, q_length=Lq, kv_length=Lk, q_offset=Lk - Lq, padding=None)
+        causal = getattr(module, "is_causal", True)
+        attention_mask = PosencMask(B, Lq, Lk, q_offset=Lk - Lq if causal else 0, padding=None, causal=causal)
     elif not isinstance(attention_mask, PosencMask):
         raise ValueError(
             f"attn_implementation='posenc' builds its own masks; got a prepared {type(attention_mask).__name__} "
             "(pass a 2-D attention_mask of 1 = token, 0 = padding instead)"
         )
     mask = attention_mask
-    q_pos, k_pos, documents = mask.positions(kwargs.get("position_ids"), B, kwargs)
+    axes = None
+    if enc.axes > 1:  # multimodal positions, as the model handed them to its rotary embedding
+        source = module.__dict__.get("posenc_rotary")
+        got = getattr(source, "positions", None)
+        if got is not None and got.shape[0] == enc.axes and got.shape[-1] == Lq:
+            axes = got
+    q_pos, k_pos, documents = mask.positions(kwargs.get("position_ids"), B, kwargs, axes)
     ctx = Context(q_pos, k_pos, qk_proj=module.__dict__.get("posenc_qk_proj"))
     if enc.stages & Stage.QK:  # before grouped heads are repeated: one rotation per key head
         query, key = enc.rotate(query, key, q_pos, k_pos, ctx=ctx)
@@ -219,10 +286,38 @@ def attention_forward(
         key = key.repeat_interleave(H // key.shape[1], dim=1)
         value = value.repeat_interleave(H // value.shape[1], dim=1)
     key, value = key.to(query.dtype), value.to(query.dtype)
+    windows = [w for w in (mask.window, own.get("window")) if w is not None]
+    sinks = kwargs.get("s_aux")
+    if sinks is None:
+        sinks = module.__dict__.get("posenc_sinks")
     # packed rows (documents, no cache): each run of equal ids attends only within itself
-    amask = AttentionMask(causal=mask.causal, offset=mask.q_offset, key_padding=mask.padding, documents=documents)
-    out = attend(enc, query, key, value, q_pos, k_pos, amask, ctx=ctx)  # the layer's own attend step
+    amask = AttentionMask(
+        causal=mask.causal,
+        offset=mask.cached,
+        key_padding=mask.padding,
+        documents=documents,
+        window=min(windows) if windows else None,
+        chunk=own.get("chunk"),
+        key_start=mask.kv_offset,
+    )
+    out = attend(enc, query, key, value, q_pos, k_pos, amask, ctx=ctx, sinks=sinks)  # the layer's own attend step
     return out.transpose(1, 2).contiguous(), None
+
+
+def _check_scores(module: nn.Module, own: dict, scaling, softcap) -> None:
+    """The score scale and soft-cap HF passes must be those the encoding was set up with
+    (:meth:`posenc.hf.stack.PosencStack.wire` reads them off the module when it converts)."""
+    want_scale, want_cap = module.__dict__.get("posenc_scores", (None, None))
+    if scaling is not None and want_scale is not None and abs(scaling - want_scale) > 1e-12 * abs(want_scale):
+        raise ValueError(
+            f"layer {getattr(module, 'layer_idx', '?')} scales scores by {scaling}, but its posenc encoding was "
+            f"set up with {want_scale} (the module's scaling changed after conversion: convert again)"
+        )
+    if (softcap or None) != (want_cap or None):
+        raise ValueError(
+            f"layer {getattr(module, 'layer_idx', '?')} soft-caps scores at {softcap}, but its posenc encoding was "
+            f"set up with {want_cap} (convert again)"
+        )
 
 
 def register() -> None:

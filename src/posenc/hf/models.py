@@ -1,82 +1,49 @@
-"""Hugging Face model classes that run posenc encodings, registered with the ``Auto*`` classes.
+"""Hugging Face model classes that run posenc encodings, made from the stock classes, one per family.
 
-* ``PosencLlamaConfig`` / ``PosencLlamaForCausalLM`` (``model_type="posenc_llama"``):
-  Llama with one posenc encoding per layer.
-* ``PosencGPT2Config`` / ``PosencGPT2LMHeadModel`` (``model_type="posenc_gpt2"``):
-  GPT-2 with its learned ``wpe`` switched off and posenc encodings instead.
+For each family of :data:`posenc.hf.families.FAMILIES`, :func:`posenc_classes` makes
 
-The encodings are recorded in ``config.json`` as ``posenc_layers``, one
-``{"encoding": name, "options": {...}}`` per layer (``posenc_share``: share equal specs
-across layers; None follows each encoding), so ``save_pretrained`` /
-``AutoModelForCausalLM.from_pretrained`` round-trip. The models are the stock HF classes
-plus a :class:`~posenc.hf.stack.PosencStack` at ``<base>.posenc``; their attention
-implementation is ``"posenc"``.
+* ``Posenc<StockConfig>`` (``model_type = "posenc_" + stock model_type``): the stock config
+  plus ``posenc_layers`` (one ``{"encoding", "options"[, "window", "chunk", "sinks"]}`` per
+  layer) and ``posenc_share`` (share equal specs across layers; None follows each encoding);
+* ``Posenc<StockModel>``: the stock model class with the model's own encoding switched off and a
+  :class:`~posenc.hf.stack.PosencStack` at ``<base>.posenc``, attention implementation
+  ``"posenc"``;
+
+and registers them with ``AutoConfig`` and ``AutoModelForCausalLM`` (``AutoModelForMaskedLM``
+for encoders), so ``save_pretrained`` / ``from_pretrained`` round-trip. The older names
+(``PosencLlamaConfig``, ``PosencLlamaForCausalLM``, ``PosencGPT2Config``,
+``PosencGPT2LMHeadModel``) are the llama and gpt2 classes made here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-)
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
 from ..base import PositionEncoding
-from ..registry import get_class
 from .attention import NAME
-from .stack import Dims, PosencStack, PositionsOff, RotaryOff, build_encoding
+from .families import FAMILIES, Family, family_by_type
+from .remote import save_remote_code
+from .specs import check_layers, default_specs
+from .stack import PosencStack, PositionsOff, RotaryOff, build_encoding
 
-__all__ = ["PosencLlamaConfig", "PosencLlamaForCausalLM", "PosencGPT2Config", "PosencGPT2LMHeadModel", "Family"]
-
-
-def check_layers(layers, depth: int) -> list[dict]:
-    """Validate ``posenc_layers``: ``depth`` specs ``{"encoding": registered name, "options": dict}``."""
-    if not isinstance(layers, (list, tuple)) or len(layers) != depth:
-        n = len(layers) if isinstance(layers, (list, tuple)) else type(layers).__name__
-        raise ValueError(f"posenc_layers must list one spec per layer ({depth}), got {n}")
-    out = []
-    for i, spec in enumerate(layers):
-        if not isinstance(spec, dict) or not isinstance(spec.get("encoding"), str):
-            raise ValueError(f"posenc_layers[{i}] must be {{'encoding': name, 'options': {{...}}}}, got {spec!r}")
-        get_class(spec["encoding"])  # ValueError naming the registered encodings
-        options = spec.get("options") or {}
-        if not isinstance(options, dict):
-            raise ValueError(f"posenc_layers[{i}]['options'] must be a dict, got {options!r}")
-        out.append({"encoding": spec["encoding"], "options": dict(options)})
-    return out
+__all__ = [
+    "PosencLlamaConfig",
+    "PosencLlamaForCausalLM",
+    "PosencGPT2Config",
+    "PosencGPT2LMHeadModel",
+    "Family",
+    "posenc_classes",
+    "register_auto",
+]
 
 
-@dataclass(frozen=True)
-class Family:
-    """Where a model family keeps what posenc replaces."""
-
-    name: str
-    base: str  # attribute of the LM holding the base model
-    layers: str  # attribute of the base model: the decoder layers
-    attention: str  # attribute of a layer: its attention module
-    positions: str  # attribute of the base model: the model's own encoding, switched off
-    dropout: str  # config field: attention-probability dropout
-
-    def dims(self, config) -> Dims:
-        if self.name == "gpt2":
-            H = config.n_head
-            return Dims(H, H, config.n_embd // H, config.n_embd, config.n_positions)
-        H = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // H
-        kv = config.num_key_value_heads or H
-        return Dims(H, kv, head_dim, config.hidden_size, config.max_position_embeddings)
-
-
-LLAMA = Family("llama", "model", "layers", "self_attn", "rotary_emb", "attention_dropout")
-GPT2 = Family("gpt2", "transformer", "h", "attn", "wpe", "attn_pdrop")
+def _path(obj, dotted: str):
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 class _PosencModel:
@@ -93,30 +60,24 @@ class _PosencModel:
                 f"posenc backends have no attention dropout; set config.{fam.dropout}=0 "
                 f"(got {getattr(config, fam.dropout)})"
             )
-        layers = check_layers(config.posenc_layers, len(getattr(getattr(self, fam.base), fam.layers)))
-        base = getattr(self, fam.base)
+        base = _path(self, fam.base)
         blocks = list(getattr(base, fam.layers))
+        layers = check_layers(config.posenc_layers, len(blocks))
         attns = [getattr(b, fam.attention) for b in blocks]
-        for a in attns:
-            scaling = getattr(a, "scaling", dims.head_dim**-0.5)
-            if abs(scaling - dims.head_dim**-0.5) > 1e-12 * scaling:
-                raise ValueError(
-                    f"layer {a.layer_idx} scales scores by {scaling}; posenc encodings set the score scale "
-                    f"themselves (head_dim**-0.5 = {dims.head_dim**-0.5} unless the encoding says otherwise)"
-                )
-        setattr(base, fam.positions, RotaryOff(dims.head_dim) if fam.name == "llama" else PositionsOff())
-        base.posenc = PosencStack(layers, dims, config.posenc_share)
-        base.posenc.wire(blocks, attns, gpt2_fused=fam.name == "gpt2")
+        off = RotaryOff(int(dims.head_dim * fam.rotary_width)) if fam.off == "rotary" else PositionsOff()
+        setattr(base, fam.positions, off)
+        base.posenc = PosencStack(layers, dims, config.posenc_share, causal=fam.causal)
+        base.posenc.wire(blocks, attns, fam.qk, off if fam.off == "rotary" else None)
         self.set_attn_implementation(NAME)
 
     @property
     def posenc_stack(self) -> PosencStack:
-        return getattr(self, self.family.base).posenc
+        return _path(self, self.family.base).posenc
 
     def _init_weights(self, module: nn.Module) -> None:
-        stack = getattr(getattr(self, self.family.base, None), "posenc", None)
-        if stack is not None and id(module) in {id(m) for e in stack.encodings for m in e.modules()}:
-            return  # encodings initialise themselves (see _initialize_missing_keys)
+        stack = getattr(_path(self, self.family.base), "posenc", None)
+        if stack is not None and id(module) in {id(m) for m in stack.modules()}:
+            return  # encodings (and sink logits) initialise themselves (see _initialize_missing_keys)
         return super()._init_weights(module)
 
     def _initialize_missing_keys(self, *args, **kwargs) -> None:
@@ -129,6 +90,25 @@ class _PosencModel:
             _restore(enc, stack)
             enc.init_buffers()
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """HF's ``save_pretrained``, plus what a client needs without importing posenc: an
+        ``auto_map`` in ``config.json`` and the module it names (:mod:`posenc.hf.remote`)."""
+        self.config.auto_map = save_remote_code(save_directory, self.family, type(self.config), type(self))
+        # a class HF loaded with trust_remote_code got an _auto_class, which would make HF copy
+        # posenc's own source next to the weights (and name it in auto_map) instead
+        classes = (type(self), type(self.config))
+        before = [c.__dict__.get("_auto_class") for c in classes]
+        for c in classes:
+            c._auto_class = None
+        try:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            for c, b in zip(classes, before):
+                if b is None:
+                    del c._auto_class
+                else:
+                    c._auto_class = b
+
 
 @torch.no_grad()
 def _restore(enc: PositionEncoding, stack: PosencStack) -> None:
@@ -137,74 +117,77 @@ def _restore(enc: PositionEncoding, stack: PosencStack) -> None:
     if not missing:
         return
     index = next(i for i, e in enumerate(stack.encodings) if e is enc)
-    fresh = build_encoding(stack.specs[stack.layer_index.index(index)], stack.dims).state_dict()
+    spec = stack.specs[stack.layer_index.index(index)]
+    fresh = build_encoding(spec, stack.dims, stack.causal).state_dict()
     for name, p in enc.named_parameters():
         if name in missing:
             p.copy_(fresh[name].to(p.dtype))
 
 
-@strict
-class PosencLlamaConfig(LlamaConfig):
-    """:class:`transformers.LlamaConfig` plus ``posenc_layers`` and ``posenc_share``."""
-
-    model_type = "posenc_llama"
-    posenc_layers: list | None = None
-    posenc_share: bool | None = None
-
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        if self.posenc_layers is None:  # the model's own RoPE, run by posenc
-            self.posenc_layers = [{"encoding": "rope", "options": {}}] * self.num_hidden_layers
-        self.posenc_layers = check_layers(self.posenc_layers, self.num_hidden_layers)
+_CLASSES: dict[str, tuple[type, type]] = {}
 
 
-class PosencLlamaForCausalLM(_PosencModel, LlamaForCausalLM):
-    """``LlamaForCausalLM`` whose layers run the posenc encodings of ``config.posenc_layers``."""
+def posenc_classes(family: Family | str) -> tuple[type, type]:
+    """``(config class, model class)`` of a family (a :class:`Family` or a stock ``model_type``),
+    made once from the stock HF classes."""
+    fam = family if isinstance(family, Family) else family_by_type(family)
+    if fam.model_type in _CLASSES:
+        return _CLASSES[fam.model_type]
+    stock = fam.stock_class()
+    stock_config = stock.config_class
+    posenc_type = "posenc_" + fam.model_type
 
-    config_class = PosencLlamaConfig
-    family = LLAMA
+    @strict
+    class Config(stock_config):
+        model_type = posenc_type
+        posenc_layers: list | None = None
+        posenc_share: bool | None = None
 
-    def __init__(self, config: PosencLlamaConfig) -> None:
-        super().__init__(config)
+        def __post_init__(self, **kwargs):
+            super().__post_init__(**kwargs)
+            depth = self.num_hidden_layers
+            if self.posenc_layers is None:  # the model's own encoding, run by posenc
+                self.posenc_layers = default_specs(self, fam, depth)
+            self.posenc_layers = check_layers(self.posenc_layers, depth)
+
+    Config.__name__ = Config.__qualname__ = "Posenc" + stock_config.__name__.replace("TextConfig", "Config")
+    Config.__doc__ = f":class:`transformers.{stock_config.__name__}` plus ``posenc_layers`` and ``posenc_share``."
+    Config.__module__ = __name__
+
+    def __init__(self, config) -> None:
+        stock.__init__(self, config)
         self._posenc_attach()
 
-
-@strict
-class PosencGPT2Config(GPT2Config):
-    """:class:`transformers.GPT2Config` plus ``posenc_layers`` and ``posenc_share``."""
-
-    model_type = "posenc_gpt2"
-    posenc_layers: list | None = None
-    posenc_share: bool | None = None
-
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        if self.posenc_layers is None:  # GPT-2's learned positions, run by posenc
-            self.posenc_layers = [{"encoding": "learned", "options": {}}] + [{"encoding": "nope", "options": {}}] * (
-                self.n_layer - 1
-            )
-        self.posenc_layers = check_layers(self.posenc_layers, self.n_layer)
-
-
-class PosencGPT2LMHeadModel(_PosencModel, GPT2LMHeadModel):
-    """``GPT2LMHeadModel`` with ``wpe`` off and the posenc encodings of ``config.posenc_layers``."""
-
-    config_class = PosencGPT2Config
-    family = GPT2
-
-    def __init__(self, config: PosencGPT2Config) -> None:
-        super().__init__(config)
-        self._posenc_attach()
+    model = type(
+        "Posenc" + stock.__name__,
+        (_PosencModel, stock),
+        {
+            "config_class": Config,
+            "family": fam,
+            "__init__": __init__,
+            "__module__": __name__,
+            "__doc__": f"``{stock.__name__}`` whose layers run the posenc encodings of ``config.posenc_layers``.",
+        },
+    )
+    _CLASSES[fam.model_type] = (Config, model)
+    return Config, model
 
 
 def register_auto() -> None:
-    """Register both model types with ``AutoConfig`` / ``AutoModelForCausalLM`` (idempotent)."""
-    for cfg, model in ((PosencLlamaConfig, PosencLlamaForCausalLM), (PosencGPT2Config, PosencGPT2LMHeadModel)):
+    """Register every family's classes with ``AutoConfig`` and ``AutoModelForCausalLM`` /
+    ``AutoModelForMaskedLM`` (idempotent)."""
+    for fam in FAMILIES.values():
+        cfg, model = posenc_classes(fam)
+        auto = AutoModelForMaskedLM if fam.auto == "masked" else AutoModelForCausalLM
         try:
             AutoConfig.register(cfg.model_type, cfg)
         except ValueError:  # already registered (a second import)
             pass
         try:
-            AutoModelForCausalLM.register(cfg, model)
+            auto.register(cfg, model)
         except ValueError:
             pass
+
+
+PosencLlamaConfig, PosencLlamaForCausalLM = posenc_classes("llama")
+PosencGPT2Config, PosencGPT2LMHeadModel = posenc_classes("gpt2")

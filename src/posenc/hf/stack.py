@@ -48,18 +48,22 @@ class Dims:
 
 
 class RotaryOff(nn.Module):
-    """Stands in for a Llama rotary embedding: the identity rotation, ``cos = 1``, ``sin = 0``.
+    """Stands in for a model's rotary embedding: the identity rotation, ``cos = 1``, ``sin = 0``.
 
     ``q·1 + rotate_half(q)·0`` is ``q`` exactly, so posenc rotates (or not) in the attention
-    function instead.
+    function instead. Takes what the family's rotary module takes (Gemma 3 and ModernBERT add
+    a layer type). Multimodal position ids ``(A, B, L)`` (Qwen2-VL's ``t, h, w``, as the model
+    built them) are kept in :attr:`positions` for the attention function of this forward.
     """
 
     def __init__(self, head_dim: int) -> None:
         super().__init__()
         self.head_dim = head_dim
+        self.positions: Tensor | None = None
 
-    def forward(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        shape = (*position_ids.shape, self.head_dim)  # (B|1, L, Dh)
+    def forward(self, x: Tensor, position_ids: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        self.positions = position_ids if position_ids.dim() == 3 else None
+        shape = (*position_ids.shape[-2:], self.head_dim)  # (B|1, L, Dh)
         return x.new_ones(shape), x.new_zeros(shape)
 
 
@@ -86,6 +90,32 @@ class _FusedSlice:
         return x @ w.to(x.dtype) + b.to(x.dtype)
 
 
+class _RowSlice:
+    """Rows ``[start, stop)`` of a fused ``Linear`` (Phi-3's ``qkv_proj``, ModernBERT's ``Wqkv``)."""
+
+    def __init__(self, linear: nn.Linear, start: int, stop: int) -> None:
+        self.linear, self.start, self.stop = linear, start, stop
+        self.in_features = linear.weight.shape[1]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        w, b = self.linear.weight[self.start : self.stop], self.linear.bias
+        return nn.functional.linear(x, w.to(x.dtype), None if b is None else b[self.start : self.stop].to(x.dtype))
+
+
+def qk_projections(attn: nn.Module, how: tuple[str, str], dims: Dims) -> tuple:
+    """The layer's ``(W_Q, W_K)`` as callables, however the family stores them."""
+    kind, name = how
+    q_width, k_width = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    if kind == "conv1d":
+        return _FusedSlice(getattr(attn, name), 0, q_width), _FusedSlice(
+            getattr(attn, name), q_width, q_width + k_width
+        )
+    if kind == "fused":
+        fused = getattr(attn, name)
+        return _RowSlice(fused, 0, q_width), _RowSlice(fused, q_width, q_width + k_width)
+    return getattr(attn, kind), getattr(attn, name)
+
+
 def _find(kind, args: tuple, kwargs: dict):
     for a in (*args, *kwargs.values()):
         if isinstance(a, kind):
@@ -93,7 +123,7 @@ def _find(kind, args: tuple, kwargs: dict):
     return None
 
 
-def build_encoding(spec: dict, dims: Dims) -> PositionEncoding:
+def build_encoding(spec: dict, dims: Dims, causal: bool = True) -> PositionEncoding:
     """One encoding for a layer spec ``{"encoding": name, "options": {...}}``.
 
     Input-stage encodings act on the hidden states: they are built for width ``hidden``.
@@ -108,7 +138,7 @@ def build_encoding(spec: dict, dims: Dims) -> PositionEncoding:
     heads, head_dim = dims.heads, dims.head_dim
     if cls.stages & Stage.INPUT and heads * head_dim != dims.hidden:
         heads, head_dim = 1, dims.hidden
-    enc = build(name, heads=heads, head_dim=head_dim, max_len=dims.max_len, causal=True, **options)
+    enc = build(name, heads=heads, head_dim=head_dim, max_len=dims.max_len, causal=causal, **options)
     if enc.reads_input:
         raise ValueError(
             f"encoding {name!r} computes its position term from the layer's hidden state (read_input); "
@@ -132,12 +162,16 @@ class PosencStack(nn.Module):
             (``share_across_layers``), as :class:`posenc.TransformerLM` does.
     """
 
-    def __init__(self, layers: list[dict], dims: Dims, share: bool | None = None) -> None:
+    def __init__(self, layers: list[dict], dims: Dims, share: bool | None = None, causal: bool = True) -> None:
         super().__init__()
-        self.dims, self.specs = dims, [dict(s) for s in layers]
+        self.dims, self.specs, self.causal = dims, [dict(s) for s in layers], causal
         keys = [repr((spec["encoding"], sorted((spec.get("options") or {}).items()))) for spec in layers]
-        encs = layer_encodings(keys, lambda i: build_encoding(layers[i], dims), share)  # as TransformerLM builds them
+        encs = layer_encodings(keys, lambda i: build_encoding(layers[i], dims, causal), share)  # as TransformerLM does
         self.encodings = nn.ModuleList(encs)
+        # learned sink logits (gpt-oss) of the layers whose spec asks for them, zero-initialised as posenc.Attention's
+        self.sinks = nn.ParameterDict(
+            {str(i): nn.Parameter(torch.zeros(dims.heads)) for i, spec in enumerate(layers) if spec.get("sinks")}
+        )
         self.layer_index: list[int] = encs.index
         self._handles: list = []
         self._histories: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> {key: [history, seen]}
@@ -152,18 +186,39 @@ class PosencStack(nn.Module):
             h.remove()
         self._handles = []
 
-    def wire(self, layers: list[nn.Module], attentions: list[nn.Module], gpt2_fused: bool = False) -> None:
+    def wire(
+        self,
+        layers: list[nn.Module],
+        attentions: list[nn.Module],
+        qk: tuple[str, str] = ("q_proj", "k_proj"),
+        rotary: nn.Module | None = None,
+    ) -> None:
         """Attach each layer's encoding to its attention module and hook the input stages in.
 
+        Each encoding takes the score scale and soft-cap of its attention module (``scaling``,
+        ``attn_logit_softcapping``: Gemma's ``query_pre_attn_scalar``, Gemma 2's capping) through
+        :meth:`posenc.PositionEncoding.set_scores`. ``qk``: how the family stores ``W_Q``/``W_K``
+        (:func:`qk_projections`); ``rotary``: the model's rotary stand-in (multimodal positions).
+
         Raises:
-            ValueError: an ``input_at`` block index outside the model.
+            ValueError: an ``input_at`` block index outside the model; layers sharing one
+                encoding that HF scales differently; learned sinks on a layer that has HF's own.
         """
         self.unwire()
         d = self.dims
         before: dict[int, list[int]] = {}  # block -> indices of the encodings whose input stage runs there
+        scores: dict[int, tuple] = {}  # encoding index -> (scale, softcap) given to it
         for i, attn in enumerate(attentions):
             enc = self.encoding(i)
             attn.__dict__["posenc_encoding"] = enc  # a reference: the stack owns the module
+            spec = self.specs[i]
+            attn.__dict__["posenc_layer"] = {k: spec[k] for k in ("window", "chunk") if spec.get(k) is not None}
+            attn.__dict__["posenc_sinks"] = self.sinks[str(i)] if str(i) in self.sinks else None
+            if spec.get("sinks") and isinstance(getattr(attn, "sinks", None), nn.Parameter):
+                raise ValueError(f"layer {i} has HF's own learned sinks; its posenc spec cannot add sinks=True")
+            if rotary is not None:
+                attn.__dict__["posenc_rotary"] = rotary
+            self._set_scores(i, attn, enc, scores)
             if enc.stages & Stage.INPUT:
                 if enc.input_at == "layer":
                     hook = functools.partial(self._input_hook, [self.layer_index[i]], i)
@@ -180,15 +235,28 @@ class PosencStack(nn.Module):
                         runs.append(self.layer_index[i])
             # the layer's W_Q/W_K, read by an encoding that projects its own table with them
             # (DeBERTa's share_att_key, which refuses a W_K of grouped key heads)
-            if gpt2_fused:
-                D = d.hidden
-                qk = (_FusedSlice(attn.c_attn, 0, D), _FusedSlice(attn.c_attn, D, 2 * D))
-            else:
-                qk = (attn.q_proj, attn.k_proj)
-            attn.__dict__["posenc_qk_proj"] = qk
+            attn.__dict__["posenc_qk_proj"] = qk_projections(attn, qk, d)
         for at, which in before.items():
             hook = functools.partial(self._input_hook, which, at)
             self._handles.append(layers[at].register_forward_pre_hook(hook, with_kwargs=True))
+
+    def _set_scores(self, i: int, attn: nn.Module, enc: PositionEncoding, done: dict) -> None:
+        """Give ``enc`` layer ``i``'s score scale and soft-cap (None where they are posenc's own)."""
+        hf_scale = getattr(attn, "scaling", None)
+        scale = float(hf_scale) if hf_scale is not None else self.dims.head_dim**-0.5
+        cap = getattr(attn, "attn_logit_softcapping", None)
+        cap = float(cap) if cap else None
+        own = enc.head_dim**-0.5  # (an input-stage encoding may be built one head wide)
+        setting = (None if abs(scale - own) <= 1e-12 * own else scale, cap)
+        index = self.layer_index[i]
+        if index in done and done[index] != setting:
+            raise ValueError(
+                f"layer {i} shares its {enc.name!r} encoding with an earlier layer but HF gives it another "
+                f"score scale / soft-cap {setting} (vs {done[index]}): convert with share=False"
+            )
+        done[index] = setting
+        enc.set_scores(scale=setting[0], softcap=setting[1])
+        attn.__dict__["posenc_scores"] = (None if hf_scale is None else float(hf_scale), cap)
 
     def _input_hook(self, which: list[int], layer: int, module: nn.Module, args: tuple, kwargs: dict):
         """Forward pre-hook of block (or attention module) ``layer``: run the input stages of

