@@ -29,7 +29,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from .config import PRESETS, CompareConfig, from_dict, preset_config
+from .arguments import _eval_lens, _int_list, _items, parse_encoding_options, split_encodings
+from .config import PRESETS, CompareConfig, from_dict, preset_config, resolve_eval_lens
 from .rundir import RunDir, default_out, is_locked, outputs_of
 
 __all__ = ["add_arguments", "run"]
@@ -81,7 +82,8 @@ _HELP = {
     "packed": "train on packed documents: attention stops at document boundaries, positions restart "
     "per document, the first byte of a document is not scored (documents: paragraphs, ending at "
     "blank lines); evaluation windows stay contiguous",
-    "eval_lens": "comma-separated evaluation lengths",
+    "eval_lens": "comma-separated evaluation lengths; Nx is N times the training length (1x,2x,...,48x: "
+    "Press et al.'s Table 5)",
     "eval_tokens": "scored tokens per evaluation length (text)",
     "eval_samples": "problems per evaluation length (tasks)",
     "eval_batch_size": "sequences per evaluation batch",
@@ -93,54 +95,6 @@ _HELP = {
     "checkpoint_every": "write a checkpoint every N steps (and after each encoding)",
     "shard": "i/n: run encodings i, i+n, ... of the list (join the shards with --merge)",
 }
-
-
-def parse_encoding_options(s: str) -> dict[str, dict[str, Any]]:
-    """``"t5.max_distance=64,rope.base=500"`` -> ``{"t5": {"max_distance": 64}, "rope": {"base": 500}}``."""
-    out: dict[str, dict[str, Any]] = {}
-    for item in _items(s):
-        key, sep, raw = item.partition("=")
-        name, dot, opt = key.partition(".")
-        if not (sep and dot and name and opt):
-            raise argparse.ArgumentTypeError(f"expected ENCODING.OPTION=VALUE, got {item!r}")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw  # a bare string
-        out.setdefault(name, {})[opt] = value
-    return out
-
-
-def split_encodings(s: str) -> list[str]:
-    """``"rope,irope=rope*3,nope;alibi"`` -> ``["rope", "irope=rope*3,nope", "alibi"]``: a
-    ``NAME=PATTERN`` entry runs to the next ``;`` (or the end), other entries end at ``,``."""
-    out, rest = [], s
-    while rest.strip():
-        head, _, tail = rest.partition(";")
-        names = head.split(",")
-        for i, item in enumerate(names):
-            if "=" in item.split("(")[0]:  # NAME=PATTERN: the rest of this ';' part
-                out.append(",".join(names[i:]).strip())
-                break
-            if item.strip():
-                out.append(item.strip())
-        rest = tail
-    return out
-
-
-def _items(s: str) -> list[str]:
-    """``"a, b"`` -> ``["a", "b"]``; an empty item (``"0,,1"``, ``"0,"``) is an error, not skipped."""
-    items = [x.strip() for x in s.split(",")]
-    if not all(items):
-        raise argparse.ArgumentTypeError(f"expected comma-separated values with none empty, got {s!r}")
-    return items
-
-
-def _int_list(s: str) -> list[int]:
-    try:
-        return [int(x) for x in _items(s)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
 
 
 def _parser_for(type_str: str):
@@ -194,7 +148,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             act = g.add_argument(
                 flag, dest=f"cfg_{f.name}", metavar=f.name.upper(), default=None,
-                type=split_encodings if f.name == "encodings" else _parser_for(f.type),
+                type={"encodings": split_encodings, "eval_lens": _eval_lens}.get(f.name, _parser_for(f.type)),
                 help=_HELP[f.name],
             )  # fmt: skip
         act.preset_default = getattr(quick, f.name)
@@ -216,25 +170,13 @@ def build_config(args: argparse.Namespace) -> CompareConfig:
             ``grad_clip in 'run/config.json'`` for a field of the config file.
     """
     over = _overrides(args)
+    multiples = over.pop("eval_lens", None)
     try:
-        if args.config is not None and not args.config.strip():
-            raise ValueError(f"--config must name a config.json file, got {args.config!r}")
-        if args.config:
-            try:
-                d = read_config_file(args.config)
-            except ValueError as e:
-                raise ValueError(f"--config: {e}") from None
-            if args.cfg_preset:
-                d["preset"] = args.cfg_preset
-            opts, theirs = over.get("encoding_options"), d.get("encoding_options", {})
-            if opts and isinstance(theirs, dict) and all(isinstance(v, dict) for v in theirs.values()):
-                merged = {k: dict(v) for k, v in theirs.items()}  # per key over the file's options
-                for name, o in opts.items():
-                    merged.setdefault(name, {}).update(o)
-                over["encoding_options"] = merged
-            cfg = from_dict({**d, **over})
-        else:
-            cfg = preset_config(args.cfg_preset or "quick", **over)
+        cfg = _build(args, over)
+        if multiples is not None:  # Nx needs the training length the preset / file / flags settled on
+            over["eval_lens"] = multiples  # named --eval-lens if it is refused
+            over["eval_lens"] = resolve_eval_lens(multiples, cfg.train_len)
+            cfg = _build(args, over)
     except ValueError as e:
         raise ValueError(where_given(str(e), over, args.config)) from None
     idle = [f"--{k.replace('_', '-')}" for k in ("dataset_split", "dataset_field") if k in over and cfg.dataset is None]
@@ -242,6 +184,29 @@ def build_config(args: argparse.Namespace) -> CompareConfig:
         raise ValueError(
             f"{' and '.join(idle)} appl{'y' if len(idle) > 1 else 'ies'} to a --dataset only, and none is given"
         )
+    return cfg
+
+
+def _build(args: argparse.Namespace, over: dict[str, Any]) -> CompareConfig:
+    """The config of the preset or --config file with ``over`` on top (``build_config``'s step)."""
+    if args.config is not None and not args.config.strip():
+        raise ValueError(f"--config must name a config.json file, got {args.config!r}")
+    if args.config:
+        try:
+            d = read_config_file(args.config)
+        except ValueError as e:
+            raise ValueError(f"--config: {e}") from None
+        if args.cfg_preset:
+            d["preset"] = args.cfg_preset
+        opts, theirs = over.get("encoding_options"), d.get("encoding_options", {})
+        if opts and isinstance(theirs, dict) and all(isinstance(v, dict) for v in theirs.values()):
+            merged = {k: dict(v) for k, v in theirs.items()}  # per key over the file's options
+            for name, o in opts.items():
+                merged.setdefault(name, {}).update(o)
+            over["encoding_options"] = merged
+        cfg = from_dict({**d, **over})
+    else:
+        cfg = preset_config(args.cfg_preset or "quick", **over)
     return cfg
 
 

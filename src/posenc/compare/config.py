@@ -18,7 +18,7 @@ from typing import Any
 from ..data import KAZEMNEJAD_TASKS, TASK_NAMES
 from .checks import check_encodings, check_fields, check_models, parse_named
 
-__all__ = ["CompareConfig", "PRESETS", "CORE_ENCODINGS", "EXTEND_METHODS", "from_dict"]
+__all__ = ["CompareConfig", "PRESETS", "CORE_ENCODINGS", "EXTEND_METHODS", "from_dict", "resolve_eval_lens"]
 
 # The seven encodings of the core: what `posenc compare` trains by default.
 CORE_ENCODINGS = ["nope", "learned", "sinusoidal", "rope", "alibi", "t5", "shaw"]
@@ -203,6 +203,24 @@ def from_dict(d: dict[str, Any]) -> CompareConfig:
     if unknown:
         raise ValueError(f"unknown config field(s) {unknown}; valid: {sorted(names)}")
     return CompareConfig(**d)
+
+
+def resolve_eval_lens(lens: list[int | str], train_len: int) -> list[int]:
+    """Evaluation lengths with multiples of the training length resolved: ``"4x"`` is
+    ``4 * train_len`` (Press et al. 2022's Table 5 evaluates at 1x .. 48x the training length).
+
+    Raises:
+        ValueError: an item is neither an int nor ``"<N>x"`` with ``N >= 1``.
+    """
+    out = []
+    for x in lens:
+        if isinstance(x, str) and x.endswith("x") and x[:-1].isdigit() and int(x[:-1]) >= 1:
+            out.append(int(x[:-1]) * train_len)
+        elif isinstance(x, int) and not isinstance(x, bool):
+            out.append(x)
+        else:
+            raise ValueError(f"eval_lens items must be ints or multiples of train_len such as '4x' (N >= 1), got {x!r}")
+    return out
 
 
 def parse_shard(shard: str) -> tuple[int, int]:

@@ -3,6 +3,7 @@ or exact-match accuracy (tasks), and the loss by position."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,7 @@ from ..model import TransformerLM
 from ..train import autocast, masked_loss
 from .config import CompareConfig
 
-__all__ = ["EvalSettings", "evaluate", "model_axes", "not_applicable"]
+__all__ = ["EvalSettings", "batch_for", "evaluate", "model_axes", "not_applicable"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,10 @@ class EvalSettings:
     stride: int | None = None  # sliding stride; None: half the window
     buckets: int = 16  # buckets of the per-position loss
     autocast_dtype: torch.dtype | None = None
+    # the attention scores of one layer, (B, H, L, L) float32, stay under this: long
+    # evaluations (Press et al.'s 48x) run fewer sequences per batch instead of running out
+    # of memory; each sequence's numbers do not depend on the batch it is in
+    score_bytes: int = 1 << 30
 
     @classmethod
     def from_config(cls, cfg: CompareConfig) -> EvalSettings:
@@ -41,6 +46,13 @@ class EvalSettings:
 def model_axes(model: TransformerLM) -> int:
     """Coordinates per position ``model``'s encodings read (1 for a sequence)."""
     return max((enc.axes for enc in model.encodings), default=1)
+
+
+def batch_for(model: TransformerLM, seq_len: int, settings: EvalSettings) -> int:
+    """Sequences per evaluation batch at ``seq_len`` tokens: ``settings.batch_size``, fewer
+    when one layer's ``(B, H, L, L)`` float32 scores would pass ``settings.score_bytes``."""
+    per_seq = 4 * model.heads * seq_len * seq_len
+    return max(1, min(settings.batch_size, settings.score_bytes // per_seq))
 
 
 def not_applicable(model: TransformerLM, seq_len: int) -> str | None:
@@ -94,6 +106,7 @@ def evaluate(
         keys = ("loss", "ppl", "bpb") if text else ("loss", "accuracy", "token_accuracy")
         return {"length": length, "applicable": False, "reason": reason, **{k: None for k in keys}}
     depths = getattr(source, "depths", None)
+    s = dataclasses.replace(s, batch_size=batch_for(model, L, s))
     if text:
         stride = min(s.stride if s.stride is not None else max(1, length // 2), length) if s.sliding else None
         parts = [
