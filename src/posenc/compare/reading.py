@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .diagnostics import finite, run_health, still_improving
+from .paper_findings import paper_findings
 from .stats import Interval, interval, rank_with_ties, tied, wilson
 
 __all__ = ["Summary", "summarize", "findings", "caveats", "train_spread", "metric_name", "flagged_text"]
@@ -245,6 +246,7 @@ def findings(results: dict[str, Any]) -> list[dict[str, Any]]:
             out.append({"source": "Kazemnejad et al. 2023", "claim": "the ordering of length generalisation "
                         "on synthetic tasks", "verdict": "undecided", "evidence": "fewer than two of its encodings "
                         f"learned the task at the training length{note}"})  # fmt: skip
+    out += paper_findings(s, task)  # the claims of the task's own paper (posenc.compare.paper_findings)
     return out
 
 
