@@ -39,6 +39,11 @@ COMMON = dict(
 SLIDING_FULL = ["sliding_attention", "full_attention"]
 
 
+def _text(**kw) -> dict:
+    """The text decoder of a vision-language config (no grouped heads beyond COMMON's)."""
+    return COMMON | kw
+
+
 def _configs() -> dict:
     t = transformers
     return {
@@ -96,6 +101,41 @@ def _configs() -> dict:
                 layer_types=SLIDING_FULL,
             ),
         ),
+        "qwen2_vl": (  # M-RoPE over HF's 3-row (t, h, w) position ids; the vision tower keeps sdpa
+            t.Qwen2VLForConditionalGeneration,
+            t.Qwen2VLConfig(
+                text_config=_text(
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [1, 1, 2]}
+                ),
+                vision_config=dict(
+                    depth=1, embed_dim=16, hidden_size=32, num_heads=2, patch_size=2, temporal_patch_size=1
+                ),
+            ),
+        ),
+        "qwen3_vl": (  # interleaved M-RoPE (T, H, W, T, ...)
+            t.Qwen3VLForConditionalGeneration,
+            t.Qwen3VLConfig(
+                text_config=_text(
+                    head_dim=8,
+                    rope_parameters={
+                        "rope_type": "default",
+                        "rope_theta": 1e4,
+                        "mrope_section": [2, 1, 1],
+                        "mrope_interleaved": True,
+                    },
+                ),
+                vision_config=dict(
+                    depth=1,
+                    hidden_size=16,
+                    intermediate_size=32,
+                    num_heads=2,
+                    out_hidden_size=32,
+                    patch_size=2,
+                    temporal_patch_size=1,
+                    deepstack_visual_indexes=[],
+                ),
+            ),
+        ),
         "modernbert": (  # encoder: bidirectional local (±local_attention/2, inclusive) and global layers
             t.ModernBertForMaskedLM,
             t.ModernBertConfig(
@@ -119,7 +159,7 @@ def _configs() -> dict:
 
 
 FAMILIES = list(_configs())
-DECODERS = [f for f in FAMILIES if f != "modernbert"]
+VL = ("qwen2_vl", "qwen3_vl")
 
 
 def stock_model(family: str) -> torch.nn.Module:
@@ -172,6 +212,29 @@ def test_rope_reproduces_stock_logits(pair):
         kw["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
     got, want = logits(ours, ids, **kw), logits(stock, ids, **kw)
     assert_close(got[mask.bool()], want[mask.bool()], n=family_n(stock.config, L))
+
+
+def image_positions(batch: int) -> torch.Tensor:
+    """HF's ``(3, B, 12)`` M-RoPE position ids of 2 text tokens, a 2 x 3 image at ``t = 2``
+    (rows ``h``, columns ``w`` from 2), then 4 text tokens from 5 (as ``get_rope_index`` numbers them)."""
+    pos = torch.arange(12).repeat(3, 1)
+    pos[0, 2:8] = 2
+    pos[1, 2:8] = 2 + torch.tensor([0, 0, 0, 1, 1, 1])
+    pos[2, 2:8] = 2 + torch.tensor([0, 1, 2, 0, 1, 2])
+    pos[:, 8:] = torch.arange(5, 9)
+    return pos[:, None].expand(3, batch, 12)
+
+
+@pytest.mark.parametrize("family", VL)
+def test_vl_three_row_position_ids_reach_mrope(family):
+    """Qwen2-VL / Qwen3-VL: HF's (t, h, w) rows go to posenc's (interleaved) M-RoPE, not a 1-D rotation."""
+    stock = stock_model(family)
+    ours = ph.convert(stock).eval()  # the config's own scheme: mrope with its sections
+    assert ours.config.posenc_layers[0]["encoding"] == "mrope"
+    ids, pos = torch.randint(1, V, (2, 12)), image_positions(2)
+    want = logits(stock, ids, position_ids=pos)
+    assert_close(logits(ours, ids, position_ids=pos), want, n=family_n(stock.config, 12))
+    assert (logits(stock, ids) - want).abs().max() > 1e-3  # the image rows change the logits
 
 
 def _generate(model, ids, **kw):

@@ -270,13 +270,15 @@ def attention_forward(
             "(pass a 2-D attention_mask of 1 = token, 0 = padding instead)"
         )
     mask = attention_mask
-    axes = None
-    if enc.axes > 1:  # multimodal positions, as the model handed them to its rotary embedding
-        source = module.__dict__.get("posenc_rotary")
-        got = getattr(source, "positions", None)
-        if got is not None and got.shape[0] == enc.axes and got.shape[-1] == Lq:
+    # multimodal positions (A, B, Lq), as the model handed them to its rotary embedding (Qwen2-VL)
+    axes, position_ids = None, kwargs.get("position_ids")
+    got = getattr(module.__dict__.get("posenc_rotary"), "positions", None)
+    if got is not None and got.shape[-1] == Lq:
+        if enc.axes > 1 and got.shape[0] == enc.axes:
             axes = got
-    q_pos, k_pos, documents = mask.positions(kwargs.get("position_ids"), B, kwargs, axes)
+        elif position_ids is None:  # a 1-D encoding in a multimodal model: the temporal row (text: t = h = w)
+            position_ids = got[0]
+    q_pos, k_pos, documents = mask.positions(position_ids, B, kwargs, axes)
     ctx = Context(q_pos, k_pos, qk_proj=module.__dict__.get("posenc_qk_proj"))
     if enc.stages & Stage.QK:  # before grouped heads are repeated: one rotation per key head
         query, key = enc.rotate(query, key, q_pos, k_pos, ctx=ctx)

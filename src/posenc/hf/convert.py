@@ -21,7 +21,7 @@ from torch import nn
 
 from .families import FAMILIES, family_of
 from .models import _path, posenc_classes
-from .specs import layer_specs
+from .specs import default_specs, layer_specs
 from .stack import PosencStack
 
 __all__ = ["convert", "layer_specs", "SUPPORTED"]
@@ -32,7 +32,7 @@ SUPPORTED = {fam.stock_class(): (fam, *posenc_classes(fam)) for fam in FAMILIES.
 _DROP = ("model_type", "architectures", "transformers_version", "posenc_layers", "posenc_share", "auto_map")
 
 
-def convert(model: nn.Module, encoding="rope", *, share: bool | None = None, **options) -> nn.Module:
+def convert(model: nn.Module, encoding=None, *, share: bool | None = None, **options) -> nn.Module:
     """``model`` with its attention and position handling replaced by posenc encodings.
 
     Args:
@@ -40,7 +40,8 @@ def convert(model: nn.Module, encoding="rope", *, share: bool | None = None, **o
             Qwen3, Mistral, Phi-3, Gemma 2, Gemma 3, gpt-oss, ModernBERT; a subclass too, e.g.
             an already converted model).
         encoding: a registered name for every layer, a posenc.layers pattern or preset, or one entry per layer (see
-            :func:`layer_specs`).
+            :func:`layer_specs`). None: the model's own scheme (``rope``; ``mrope`` for Qwen2-VL/Qwen3-VL;
+            GPT-2's ``learned`` on layer 0 then ``nope``), which reproduces the stock model.
         share: one encoding instance for layers with equal specs; None follows each
             encoding (T5 shares its table, as in the paper).
         **options: encoding options for every layer (``num_buckets``, ``base``, ...). For
@@ -62,7 +63,10 @@ def convert(model: nn.Module, encoding="rope", *, share: bool | None = None, **o
     config_cls, model_cls = posenc_classes(family)
     base = _path(model, family.base)
     depth = len(getattr(base, family.layers))
-    specs = layer_specs(encoding, options, depth, model.config, family)
+    if encoding is None:
+        specs = layer_specs(default_specs(model.config, family, depth), options, depth, model.config, family)
+    else:
+        specs = layer_specs(encoding, options, depth, model.config, family)
     fields = {k: v for k, v in model.config.to_dict().items() if k not in _DROP}
     config = config_cls(**fields, posenc_layers=specs, posenc_share=share)
     params = list(model.parameters())

@@ -42,6 +42,8 @@ class Family:
             (Phi-3); False: the whole head whatever the factor says (Llama).
         rotary_width: the width of the model's ``cos``/``sin`` as a fraction of the head
             (gpt-oss: 0.5, one entry per rotated pair).
+        sub: the sub-config of the language model in a composite config (``"text_config"``:
+            Qwen2-VL, Qwen3-VL; the vision tower keeps its own attention), or None.
         default: the encoding that reproduces the stock model (``posenc_layers`` when a
             config names none): ``"rope"``, or ``"gpt2"`` (learned on layer 0, then nope).
     """
@@ -59,6 +61,7 @@ class Family:
     causal: bool = True
     partial_rotary: bool = False
     rotary_width: float = 1.0
+    sub: str | None = None
     default: str = "rope"
 
     @property
@@ -68,7 +71,12 @@ class Family:
     def stock_class(self) -> type:
         return getattr(transformers, self.lm)
 
+    def text_config(self, config):
+        """The config of the language model (``config`` itself unless the family has a ``sub``)."""
+        return getattr(config, self.sub) if self.sub else config
+
     def dims(self, config) -> Dims:
+        config = self.text_config(config)
         if self.model_type == "gpt2":
             H = config.n_head
             return Dims(H, H, config.n_embd // H, config.n_embd, config.n_positions)
@@ -102,6 +110,20 @@ FAMILIES: dict[str, Family] = {
         Family("gemma2", "Gemma2ForCausalLM"),
         Family("gemma3_text", "Gemma3ForCausalLM"),
         Family("gpt_oss", "GptOssForCausalLM", rotary_width=0.5),
+        Family(
+            "qwen2_vl",
+            "Qwen2VLForConditionalGeneration",
+            base="model.language_model",
+            sub="text_config",
+            default="mrope",
+        ),
+        Family(
+            "qwen3_vl",
+            "Qwen3VLForConditionalGeneration",
+            base="model.language_model",
+            sub="text_config",
+            default="mrope",
+        ),
         Family(
             "modernbert",
             "ModernBertForMaskedLM",

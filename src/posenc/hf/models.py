@@ -55,10 +55,12 @@ class _PosencModel:
     def _posenc_attach(self) -> None:
         config, fam = self.config, self.family
         dims = fam.dims(config)
-        if getattr(config, fam.dropout, 0.0):
+        text = fam.text_config(config)
+        if getattr(text, fam.dropout, 0.0):
+            where = f"{fam.sub}." if fam.sub else ""
             raise ValueError(
-                f"posenc backends have no attention dropout; set config.{fam.dropout}=0 "
-                f"(got {getattr(config, fam.dropout)})"
+                f"posenc backends have no attention dropout; set config.{where}{fam.dropout}=0 "
+                f"(got {getattr(text, fam.dropout)})"
             )
         base = _path(self, fam.base)
         blocks = list(getattr(base, fam.layers))
@@ -68,7 +70,7 @@ class _PosencModel:
         setattr(base, fam.positions, off)
         base.posenc = PosencStack(layers, dims, config.posenc_share, causal=fam.causal)
         base.posenc.wire(blocks, attns, fam.qk, off if fam.off == "rotary" else None)
-        self.set_attn_implementation(NAME)
+        self.set_attn_implementation({fam.sub: NAME} if fam.sub else NAME)  # (a vision tower keeps its own)
 
     @property
     def posenc_stack(self) -> PosencStack:
@@ -145,7 +147,7 @@ def posenc_classes(family: Family | str) -> tuple[type, type]:
 
         def __post_init__(self, **kwargs):
             super().__post_init__(**kwargs)
-            depth = self.num_hidden_layers
+            depth = fam.text_config(self).num_hidden_layers
             if self.posenc_layers is None:  # the model's own encoding, run by posenc
                 self.posenc_layers = default_specs(self, fam, depth)
             self.posenc_layers = check_layers(self.posenc_layers, depth)

@@ -97,6 +97,7 @@ def layer_specs(encoding, options: dict, depth: int, config, family) -> list[dic
     else:
         raise TypeError(f"encoding must be a name or a list of one per layer, got {type(encoding).__name__}")
     specs = []
+    config = family.text_config(config)
     layer_types = getattr(config, "layer_types", None) or [None] * depth
     for i, e in enumerate(entries):
         extra: dict = {}
@@ -125,4 +126,4 @@ def default_specs(config, family, depth: int) -> list[dict]:
     """The specs that reproduce the stock model: its RoPE from the config, or GPT-2's learned table."""
     if family.default == "gpt2":
         return [{"encoding": "learned", "options": {}}] + [{"encoding": "nope", "options": {}}] * (depth - 1)
-    return layer_specs("rope", {}, depth, config, family)
+    return layer_specs(family.default, {}, depth, config, family)
