@@ -28,12 +28,24 @@ EXPECTED = {
     "grid": lambda n: n * (n + 1),
     "count": lambda n: 4 * n + 2,  # n 4-word SETs, "print v" (the value the answer)
     "flip-flop": lambda n: 2 * n - 1,  # n pairs, the last bit the answer
+    # Kazemnejad et al.'s longest sample of size n, prompt + target + </s>, less the last token
+    "kaz-copy": lambda n: 2 * n + 3,  # Copy : x.. [SEP] x.. </s>
+    "kaz-reverse": lambda n: 2 * n + 3,
+    "kaz-copy-2x": lambda n: 3 * n + 4,  # Copy : x.. [SEP] x.. [NEXT] x.. </s>
+    "kaz-reverse-2x": lambda n: 3 * n + 4,
+    "kaz-addition": lambda n: 3 * n + 8,  # Compute a + b ? The answer is s . </s>: n, n, n + 1 digits
+    "kaz-poly": lambda n: 8 * n + 12,  # Evaluate at x = - 2 in, n terms "- 3 * x * * 3" and n - 1 "+", ? ...
+    "kaz-sort": lambda n: 4 * n + 12,  # Sort the following list [ n items, n - 1 commas ] . The sorted ...
+    "kaz-sort-multi": lambda n: 10 * n + 12,  # as kaz-sort with 4 digits an item
+    "kaz-sum": lambda n: 2 * n + 8,  # Compute : n digits, n - 1 "+" . [SEP] The answer is d . </s>
+    "kaz-parity": lambda n: 2 * n + 18,  # Is the number of 1 ' s even in the sequence [ ... ] ? ...
+    "kaz-lego": lambda n: 5 * n + 16,  # If, n clauses "v = - w" and n - 1 commas . Then , what ...
 }
 
 
 @pytest.mark.parametrize("task", [None, *TASK_NAMES])
 def test_sequence_length_is_the_tasks_sequence(task):
-    n = 24
+    n = 18 if task == "kaz-addition" else 24  # addition: numpy's int64 draws stop at 18 digits
     src = load_source(task=task, seed=0)
     length = sequence_length(task, n)
     assert length == EXPECTED[task](n) == src.seq_len(n)
