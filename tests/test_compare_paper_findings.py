@@ -34,7 +34,8 @@ def test_kazemnejad_mean_rank_as_published():
     f = _one(res, "Kazemnejad et al. 2023, Fig. 3")
     assert f["verdict"] == "agrees"
     assert f["evidence"] == ("mean rank past L=64 (1 = best): nope 1.50, t5 1.50, alibi 3.00, rope 4.00, "
-                             "learned 5.00; n/a past its length limit, ranked as 0 %: learned")  # fmt: skip
+                             "learned 5.00; mean reciprocal rank: nope 0.67, t5 0.67, alibi 0.33, rope 0.25, "
+                             "learned 0.20; n/a past its length limit, ranked as 0 %: learned")  # fmt: skip
 
 
 def test_kazemnejad_reversed_and_mixed():
