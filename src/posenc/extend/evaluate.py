@@ -14,10 +14,13 @@
 
 Every window runs as a chunked prefill: ``chunk`` tokens per forward call, appended to the
 model's cache, so attention scores take ``O(chunk · L)`` memory per head and the cache
-``O(L)`` per layer, never ``O(L²)``. ``sink-window`` (StreamingLLM) decodes token by token, as
-its authors evaluate it (``enable_pos_shift``): the cache keeps ``sinks`` first and the last
-``window - 1`` tokens, positions counted inside the cache, so its memory is ``O(sinks + window)``
-at any length.
+``O(L)`` per layer, never ``O(L²)``. ``sink-window`` (StreamingLLM, positions counted inside
+the cache as the authors' ``enable_pos_shift``) keeps ``sinks`` first tokens and evicts the
+oldest others: on a posenc ``TransformerLM`` exactly per token (``posenc.SinkWindow``); on an
+HF model in blocks of ``b = window // 4`` tokens (:func:`sink_block`; one token at a time cost
+~100 ms per token on a loaded CPU), so a query there sees the sinks and between
+``window - b + 1`` and ``window`` recent tokens, itself included: never more than the window.
+Its memory is ``O(sinks + window)`` at any length.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["token_scores", "perplexity", "cache_bytes", "peak_rss_bytes"]
+__all__ = ["token_scores", "perplexity", "cache_bytes", "peak_rss_bytes", "sink_block"]
 
 
 def peak_rss_bytes() -> int:
@@ -69,16 +72,27 @@ def _hf_stream(model, ids: Tensor, chunk: int, sink: dict | None):
         for s in range(0, n, chunk):
             yield model(input_ids=ids[None, s : s + chunk], cache=cache, use_cache=True).logits[0], cache
         return
-    keep_first, keep_last = sink["sinks"], sink["window"] - 1
-    for t in range(n):
-        c = cache.get_seq_length()
-        pos = torch.tensor([[c]], device=ids.device)  # positions inside the cache (pos_shift)
-        logits = model(input_ids=ids[None, t : t + 1], position_ids=pos, cache=cache, use_cache=True).logits[0]
-        if cache.get_seq_length() > keep_first + keep_last:
-            for layer in cache.layers:  # evict the oldest token after the sinks
+    keep_first, window = sink["sinks"], sink["window"]
+    block = sink_block(window)
+    s = 0
+    while s < n:
+        room = keep_first + window - cache.get_seq_length()
+        if room <= 0:  # full: evict the oldest tokens after the sinks, room for one block
+            keep_last = window - block  # no query sees more than sinks + window keys
+            for layer in cache.layers:
                 layer.keys = torch.cat((layer.keys[..., :keep_first, :], layer.keys[..., -keep_last:, :]), dim=-2)
                 layer.values = torch.cat((layer.values[..., :keep_first, :], layer.values[..., -keep_last:, :]), -2)
-        yield logits, cache
+            room = block
+        m = min(block, room, n - s)  # until the cache is first full, exactly the full forward
+        c = cache.get_seq_length()
+        pos = torch.arange(c, c + m, device=ids.device)[None]  # positions inside the cache (pos_shift)
+        yield model(input_ids=ids[None, s : s + m], position_ids=pos, cache=cache, use_cache=True).logits[0], cache
+        s += m
+
+
+def sink_block(window: int) -> int:
+    """Tokens per forward call of ``sink-window`` on an HF model: a quarter of the window."""
+    return max(1, window // 4)
 
 
 def _run_stream(model, ids: Tensor, chunk: int, sink: dict | None):
@@ -113,14 +127,19 @@ def perplexity(kind: str, model, text: Tensor, length: int, *, stride: int, wind
 
     Both passes cover the first ``windows · length`` tokens of the text (as many whole
     windows as it has): the sliding one scores each of them once (the first token aside),
-    the non-overlapping one ``length - 1`` per window. Returns
+    the non-overlapping one ``length - 1`` per window. ``sink-window`` has no window of
+    ``length``: its first column is one stream over those tokens (the authors' protocol),
+    each token seeing the sinks and the last ``window`` tokens. Returns
     ``{"ppl", "ppl_windows", "nll", "nll_windows", "tokens", "ms_per_token", "kv_bytes",
     "stride", "windows"}``; a non-finite loss gives ``None`` perplexity and ``nonfinite: True``.
     """
     n_win = max(1, min(windows, len(text) // length))
     span = text[: n_win * length]
     total, count, prev_end = 0.0, 0, 0
-    for begin in range(0, len(span) - 1, stride):
+    if sink is not None:  # StreamingLLM: one stream over the text, the cache bounded by its policy
+        nll, _, _ = token_scores(kind, model, span, chunk=chunk, sink=sink)
+        total, count, prev_end = float(nll.sum()), nll.numel(), len(span)
+    for begin in range(0, len(span) - 1 if sink is None else 0, stride):
         end = min(begin + length, len(span))
         nll, _, _ = token_scores(kind, model, span[begin:end], chunk=chunk, sink=sink)
         new = end - max(prev_end, begin + 1)  # targets this window scores first

@@ -1,0 +1,174 @@
+"""``posenc extend MODEL`` on a tiny HF checkpoint made here (issue 27): outputs, bad input, resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import posenc.hf as ph  # noqa: E402
+from posenc.cli import main  # noqa: E402
+from posenc.extend.passkey import Tokens, min_length, passkey_ids  # noqa: E402
+from posenc.extend.run import parse_lengths, resolve_lengths  # noqa: E402
+
+L = 32  # training length of the tiny checkpoints
+
+
+def llama(**kw) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=L, bos_token_id=None, eos_token_id=None,
+               pad_token_id=None)  # fmt: skip
+    return LlamaForCausalLM(LlamaConfig(**(cfg | kw))).eval()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "tiny-llama"
+    llama().save_pretrained(path)
+    return path
+
+
+def run(*args) -> int:
+    return main(["extend", *map(str, args)])
+
+
+FAST = ("--windows", "1", "--passkey-trials", "1", "--chunk", "16")
+
+
+def test_extend_writes_every_output(ckpt, tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = run(
+        ckpt, "--lengths", "1x,2x", "--methods", "none,rerope,self-extend,sink-window,longrope", "--out", out, *FAST
+    )
+    assert rc == 0
+    for name in ("config.json", "results.json", "results.csv", "table.md", "report.md", "ppl.png"):
+        assert (out / name).is_file(), name
+    res = json.loads((out / "results.json").read_text())
+    assert res["train_len"] == L and res["settings"]["lengths"] == [L, 2 * L]
+    cells = {(c["method"], c["length"]): c for c in res["cells"]}
+    assert len(cells) == 10
+    assert not cells[("longrope", L)]["applicable"] and "short_factor" in cells[("longrope", L)]["why"]
+    none = cells[("none", L)]
+    assert none["ppl"] > 1 and none["stride"] == L // 2 and none["kv_bytes"] == 2 * 2 * 2 * L * 8 * 4
+    # within the window ReRoPE / Self-Extend (window L/2) see only... the same model up to L/2:
+    # at L the rotary distances past L/2 differ, so only the in-window equality of the parity tests holds
+    assert cells[("sink-window", L)]["ppl_windows"] == pytest.approx(none["ppl_windows"], rel=1e-5)
+    report = (out / "report.md").read_text()
+    assert "In-window reference: `none` at L=32" in report and "Furthest within +10 %" in report
+    printed = capsys.readouterr().out
+    assert "perplexity by length" in printed and "self-extend" in printed
+
+
+def test_passkey_cells_and_heatmap(ckpt, tmp_path):
+    n = min_length(Tokens()) + 20  # the shortest prompt that holds some filler
+    out = tmp_path / "pk"
+    assert run(ckpt, "--lengths", str(n), "--methods", "none,self-extend", "--passkey-trials", "2", "--windows", "1",
+               "--out", out) == 0  # fmt: skip
+    cell = json.loads((out / "results.json").read_text())["cells"][0]
+    assert set(cell["passkey"]) == {"0", "0.25", "0.5", "0.75", "1"}
+    assert all(v in (0.0, 0.5, 1.0) for v in cell["passkey"].values())
+    assert (out / "passkey.png").is_file()
+
+
+def test_passkey_prompt_is_the_papers():
+    ids, where = passkey_ids(Tokens(), 400, 0.5, "68513")
+    text = bytes(ids.tolist()).decode()
+    assert len(ids) == 400 and text.startswith("There is an important info hidden inside a lot of irrelevant text.")
+    assert "The pass key is 68513. Remember it. 68513 is the pass key." in text
+    assert text.endswith("What is the pass key? The pass key is 68513")
+    assert bytes(ids[where].tolist()) == b" 68513"
+    assert passkey_ids(Tokens(), 40, 0.5, "68513") is None  # no room for filler
+
+
+def test_resume_keeps_the_cells_it_has(ckpt, tmp_path):
+    out = tmp_path / "run"
+    args = (ckpt, "--lengths", "1x", "--methods", "none,ntk", "--out", out, *FAST)
+    assert run(*args) == 0
+    first = json.loads((out / "results.json").read_text())
+    partial = {**first, "cells": first["cells"][:1]}  # as if interrupted after the first cell
+    (out / "results.json").write_text(json.dumps(partial))
+    assert run(*args, "--resume") == 0
+    again = json.loads((out / "results.json").read_text())
+    assert [c["method"] for c in again["cells"]] == ["none", "ntk"]
+    assert again["cells"][0] == first["cells"][0]  # the kept cell is not recomputed
+    assert run(ckpt, "--lengths", "2x", "--methods", "none,ntk", "--out", out, *FAST, "--resume") == 2
+
+
+def test_run_folder_guarantees(ckpt, tmp_path, capsys):
+    out = tmp_path / "theirs"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    args = (ckpt, "--lengths", "1x", "--methods", "none", "--out", out, *FAST)
+    assert run(*args) == 2  # not empty: neither --resume nor --overwrite
+    assert "is not empty (notes.txt); continue that run with --resume" in capsys.readouterr().err
+    (out / "report.md").write_text("their report")
+    assert run(*args, "--overwrite") == 2  # would replace a file no run listed as its own
+    assert "holds report.md, which this run would replace" in capsys.readouterr().err
+    assert (out / "report.md").read_text() == "their report"
+    (out / "report.md").unlink()
+    assert run(*args, "--overwrite") == 0 and run(*args, "--overwrite") == 0  # its own files: replaced
+    assert (out / "notes.txt").read_text() == "mine"  # never removed: no run wrote it
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--lengths", "3y"), "--lengths: '3y' is not a token count or a multiple"),
+        (("--lengths", "4"), "--lengths: '4' is not a token count"),
+        (("--lengths=-2x",), "--lengths: '-2x'"),
+        (("--methods", "none,warp"), "--methods: unknown method 'warp'; allowed: none, linear"),
+        (("--windows", "0"), "--windows must be an int >= 1, got 0"),
+        (("--passkey-trials", "-1"), "--passkey-trials must be an int >= 0"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(ckpt, tmp_path, capsys, args, message):
+    assert run(ckpt, "--out", tmp_path / "x", *args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("posenc extend: error: ") and message in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_bad_model_paths_exit_2(tmp_path, capsys):
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    cases = {
+        tmp_path / "missing": "does not exist (posenc extend reads local directories, never the hub)",
+        tmp_path / "file.txt": "is not a directory",
+        tmp_path / "empty": "has no config.json",
+        tmp_path / "odd": "model_type 'bert' is not one posenc.hf converts",
+        "meta-llama/Llama-2-7b-hf": "does not exist",
+    }
+    for path, message in cases.items():
+        assert run(path, "--out", tmp_path / "o") == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+
+
+def test_lengths_parse_and_resolve():
+    assert parse_lengths("2x, 4096,0.5x") == [("x", 2.0), ("tokens", 4096), ("x", 0.5)]
+    assert resolve_lengths(parse_lengths("1x,2x,64,0.1x"), 32) == [8, 32, 64]
+    with pytest.raises(ValueError, match=r"--lengths: 'nanx' is not a token count"):
+        parse_lengths("nanx")
+
+
+def test_converted_and_gpt2_models(tmp_path):
+    # a model saved after conversion (RoPE on 1 layer, NoPE on the other): the methods change the RoPE layer
+    conv = ph.convert(llama(), encoding=["rope", "nope"])
+    conv.save_pretrained(tmp_path / "conv")
+    assert run(tmp_path / "conv", "--lengths", "2x", "--methods", "none,yarn", "--out", tmp_path / "o1", *FAST) == 0
+    cells = json.loads((tmp_path / "o1" / "results.json").read_text())["cells"]
+    assert all(c["applicable"] for c in cells) and cells[0]["ppl"] != cells[1]["ppl"]
+    # stock GPT-2 (learned positions): no rotary method applies; sink-window does (positions in the cache)
+    GPT2LMHeadModel(GPT2Config(vocab_size=256, n_embd=32, n_layer=1, n_head=4, n_positions=L, attn_pdrop=0.0,
+                               bos_token_id=None, eos_token_id=None)).save_pretrained(tmp_path / "gpt2")  # fmt: skip
+    assert run(tmp_path / "gpt2", "--lengths", "1x", "--methods", "none,yarn,sink-window", "--out", tmp_path / "o2",
+               *FAST) == 0  # fmt: skip
+    got = {c["method"]: c for c in json.loads((tmp_path / "o2" / "results.json").read_text())["cells"]}
+    assert got["none"]["applicable"] and got["sink-window"]["applicable"] and not got["yarn"]["applicable"]
