@@ -237,6 +237,25 @@ def test_vl_three_row_position_ids_reach_mrope(family):
     assert (logits(stock, ids) - want).abs().max() > 1e-3  # the image rows change the logits
 
 
+@pytest.mark.parametrize("encoding", [None, "alibi"])
+@pytest.mark.parametrize("family", VL)
+def test_vl_decoding_step_after_an_image_equals_the_full_forward(family, encoding):
+    """Cached keys of image tokens keep their (t, h, w) positions (posenc.hf.history): a decoding
+    step after an image prompt equals the uncached forward over all tokens (and stock HF's step)."""
+    stock = stock_model(family)
+    ours = ph.convert(stock, encoding=encoding).eval()
+    ids = torch.randint(1, V, (2, 13))
+    pos = torch.cat([image_positions(2), torch.full((3, 2, 1), 9)], -1)
+    with torch.no_grad():
+        full = ours(ids, position_ids=pos).logits[:, -1]
+        cache = DynamicCache(config=ours.config)
+        ours(ids[:, :12], position_ids=pos[..., :12], cache=cache)
+        step = ours(ids[:, 12:], position_ids=pos[..., 12:], cache=cache).logits[:, -1]
+    assert_close(step, full, n=family_n(stock.config, 13))
+    if encoding is None:
+        assert_close(step, logits(stock, ids, position_ids=pos)[:, -1], n=family_n(stock.config, 13))
+
+
 def _generate(model, ids, **kw):
     out = model.generate(
         ids, max_new_tokens=14, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True, **kw

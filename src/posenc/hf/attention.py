@@ -91,17 +91,27 @@ class PosencMask:
         return self.q_offset - self.kv_offset
 
     def positions(
-        self, position_ids: Tensor | None, batch: int, kwargs: dict, axes: Tensor | None = None
+        self,
+        position_ids: Tensor | None,
+        batch: int,
+        kwargs: dict,
+        axes: Tensor | None = None,
+        past: Tensor | None = None,
+        multimodal: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """``(q_pos (B|1, Lq[, A]), k_pos (B|1, Lk[, A]), documents (B, L) or None)``, computed once per call.
 
         ``axes``: HF's multimodal ``(A, B, Lq)`` position ids (Qwen2-VL's ``(t, h, w)``, read off
-        the model's rotary embedding) for an encoding with ``A`` coordinates per position.
+        the model's rotary embedding) for an encoding with ``A`` coordinates per position;
+        ``past`` ``(B, c[, A])``: the positions of the ``c`` cached keys, when known
+        (:mod:`posenc.hf.history`), else they run contiguously up to the first new token.
+        ``multimodal``: the positions are a multimodal row (an image's patches repeat ``t``), so
+        packed documents come only from the collator's ``cu_seq_lens``, never from restarts.
         Every layer gets the same ``position_ids`` tensor, so the result is memoised on it.
         """
-        key = (position_ids, axes)
+        key = (position_ids, axes, past)
         memo = self._memo.get("positions")
-        if memo is not None and memo[0][0] is key[0] and memo[0][1] is key[1]:
+        if memo is not None and all(a is b for a, b in zip(memo[0], key)):
             return memo[1]
         Lq, c = self.q_length, self.cached
         if axes is not None:
@@ -113,16 +123,18 @@ class PosencMask:
         q_pos = q_pos.to(self.padding.device if self.padding is not None else q_pos.device)
         k_pos = q_pos
         steps = torch.arange(c, device=q_pos.device)
-        if c:  # cached keys run contiguously up to the first new token (on every axis)
-            past = (q_pos[:, :1] - c + (steps if q_pos.dim() == 2 else steps[:, None])).clamp(min=0)
-            k_pos = torch.cat((past, q_pos), dim=1)
+        if c:  # cached keys: as recorded, or contiguous up to the first new token (on every axis)
+            if past is None:
+                past = (q_pos[:, :1] - c + (steps if q_pos.dim() == 2 else steps[:, None])).clamp(min=0)
+            k_pos = torch.cat((past.to(q_pos), q_pos), dim=1)
         if self.kv_length > k_pos.shape[1]:  # static cache: free slots, all in the causal future
             extra = torch.arange(1, self.kv_length - k_pos.shape[1] + 1, device=k_pos.device)
             k_pos = torch.cat((k_pos, k_pos[:, -1:] + (extra if k_pos.dim() == 2 else extra[:, None])), dim=1)
         documents = None
         if c == 0 and self.kv_length == Lq and self.padding is None:
             # (multimodal positions repeat within an image: only the collator's cu_seq_lens count)
-            documents = _documents(q_pos if axes is None else None, batch, kwargs, Lq, q_pos.device)
+            restarts = q_pos if axes is None and not multimodal else None
+            documents = _documents(restarts, batch, kwargs, Lq, q_pos.device)
         out = (q_pos, k_pos, documents)
         self._memo["positions"] = (key, out)
         return out
@@ -271,14 +283,21 @@ def attention_forward(
         )
     mask = attention_mask
     # multimodal positions (A, B, Lq), as the model handed them to its rotary embedding (Qwen2-VL)
-    axes, position_ids = None, kwargs.get("position_ids")
-    got = getattr(module.__dict__.get("posenc_rotary"), "positions", None)
+    # and those of the cached tokens (posenc.hf.history), which need not run contiguously
+    axes, past, position_ids, multimodal = None, None, kwargs.get("position_ids"), False
+    rotary = module.__dict__.get("posenc_rotary")
+    got, held = getattr(rotary, "positions", None), getattr(rotary, "past", None)
     if got is not None and got.shape[-1] == Lq:
+        c = mask.cached
+        if held is not None and c and held.shape[-1] >= c:
+            held = held[..., held.shape[-1] - c :]
+        else:
+            held = None
         if enc.axes > 1 and got.shape[0] == enc.axes:
-            axes = got
+            axes, past = got, None if held is None else held.permute(1, 2, 0)
         elif position_ids is None:  # a 1-D encoding in a multimodal model: the temporal row (text: t = h = w)
-            position_ids = got[0]
-    q_pos, k_pos, documents = mask.positions(position_ids, B, kwargs, axes)
+            position_ids, past, multimodal = got[0], None if held is None else held[0], True
+    q_pos, k_pos, documents = mask.positions(position_ids, B, kwargs, axes, past, multimodal)
     ctx = Context(q_pos, k_pos, qk_proj=module.__dict__.get("posenc_qk_proj"))
     if enc.stages & Stage.QK:  # before grouped heads are repeated: one rotation per key head
         query, key = enc.rotate(query, key, q_pos, k_pos, ctx=ctx)

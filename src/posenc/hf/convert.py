@@ -87,7 +87,8 @@ def convert(model: nn.Module, encoding=None, *, share: bool | None = None, **opt
     blocks = list(getattr(new_base, family.layers))
     off = getattr(new_base, family.positions)
     attns = [getattr(b, family.attention) for b in blocks]
-    new_base.posenc.wire(blocks, attns, family.qk, off if family.off == "rotary" else None)
+    rotary = off if family.off == "rotary" else None
+    new_base.posenc.wire(blocks, attns, family.qk, rotary, new_base if family.default == "mrope" else None)
     _carry_buffers(model, new, device)
     if family.default == "gpt2" and specs[0]["encoding"] == "learned":
         table, wpe = new_base.posenc.encoding(0).table.weight, getattr(base, "wpe", None)

@@ -69,7 +69,8 @@ class _PosencModel:
         off = RotaryOff(int(dims.head_dim * fam.rotary_width)) if fam.off == "rotary" else PositionsOff()
         setattr(base, fam.positions, off)
         base.posenc = PosencStack(layers, dims, config.posenc_share, causal=fam.causal)
-        base.posenc.wire(blocks, attns, fam.qk, off if fam.off == "rotary" else None)
+        rotary = off if fam.off == "rotary" else None
+        base.posenc.wire(blocks, attns, fam.qk, rotary, base if fam.default == "mrope" else None)
         self.set_attn_implementation({fam.sub: NAME} if fam.sub else NAME)  # (a vision tower keeps its own)
 
     @property

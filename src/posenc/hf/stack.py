@@ -32,6 +32,7 @@ from ..cache import InputHistory, run_input_stage
 from ..layer_encodings import layer_encodings
 from ..registry import build, resolve
 from .attention import PosencMask
+from .history import PositionHistory
 
 __all__ = ["PosencStack", "RotaryOff", "PositionsOff", "Dims"]
 
@@ -60,6 +61,7 @@ class RotaryOff(nn.Module):
         super().__init__()
         self.head_dim = head_dim
         self.positions: Tensor | None = None
+        self.past: Tensor | None = None  # (A, B, c): positions of the cached tokens (posenc.hf.history)
 
     def forward(self, x: Tensor, position_ids: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         self.positions = position_ids if position_ids.dim() == 3 else None
@@ -192,13 +194,16 @@ class PosencStack(nn.Module):
         attentions: list[nn.Module],
         qk: tuple[str, str] = ("q_proj", "k_proj"),
         rotary: nn.Module | None = None,
+        base: nn.Module | None = None,
     ) -> None:
         """Attach each layer's encoding to its attention module and hook the input stages in.
 
         Each encoding takes the score scale and soft-cap of its attention module (``scaling``,
         ``attn_logit_softcapping``: Gemma's ``query_pre_attn_scalar``, Gemma 2's capping) through
         :meth:`posenc.PositionEncoding.set_scores`. ``qk``: how the family stores ``W_Q``/``W_K``
-        (:func:`qk_projections`); ``rotary``: the model's rotary stand-in (multimodal positions).
+        (:func:`qk_projections`); ``rotary``: the model's rotary stand-in (multimodal positions);
+        ``base``: the language model, hooked to keep the multimodal positions of cached tokens
+        (:class:`posenc.hf.history.PositionHistory`; given for M-RoPE families only).
 
         Raises:
             ValueError: an ``input_at`` block index outside the model; layers sharing one
@@ -239,6 +244,8 @@ class PosencStack(nn.Module):
         for at, which in before.items():
             hook = functools.partial(self._input_hook, which, at)
             self._handles.append(layers[at].register_forward_pre_hook(hook, with_kwargs=True))
+        if base is not None and rotary is not None:
+            self._handles += PositionHistory(rotary).attach(base)
 
     def _set_scores(self, i: int, attn: nn.Module, enc: PositionEncoding, done: dict) -> None:
         """Give ``enc`` layer ``i``'s score scale and soft-cap (None where they are posenc's own)."""
