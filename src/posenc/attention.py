@@ -22,13 +22,16 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .backends import BlockOptions, attend, canonical_backend, require_backend, select_backend
+from .attention_choice import MaskAndBackend
+from .attention_setup import check_kv_heads, layer_encoding
+from .backends import BlockOptions, attend, canonical_backend, require_backend
 from .base import PositionEncoding, Stage, as_positions, check_lengths
 from .cache import InputHistory, KVCache, cat_positions, run_input_stage
 from .context import Context, Tables
 from .layer_cache import layer_cache
 from .mask import AttentionMask
-from .registry import build
+from .qk_norm import check_qk_norm, qk_norms
+from .score_sum import expand_kv
 from .validate import check_args
 
 __all__ = ["Attention", "Projection"]
@@ -37,8 +40,8 @@ __all__ = ["Attention", "Projection"]
 class Projection(NamedTuple):
     """What :meth:`Attention.project` returns: the inputs of a backend.
 
-    ``q`` ``(B, H, Lq, Dh)``, ``k``/``v`` ``(B, H, Lk, Dh)`` after the q/k stage (with a cache:
-    every cached key), ``q_pos`` ``(B|1, Lq)``, ``k_pos`` ``(B|1, Lk)`` int64, ``ctx`` the
+    ``q`` ``(B, H, Lq, Dh)``, ``k``/``v`` ``(B, Hk, Lk, Dh)`` after the q/k stage (with a cache:
+    every cached key; ``Hk``: the layer's ``key_heads``, grouped k/v that the backends expand), ``q_pos`` ``(B|1, Lq)``, ``k_pos`` ``(B|1, Lk)`` int64, ``ctx`` the
     call's :class:`~posenc.Context` (what the score side may read). A backend takes
     ``BACKENDS[name](enc, *p[:5], mask, ctx=p.ctx)``.
     """
@@ -51,7 +54,7 @@ class Projection(NamedTuple):
     ctx: Context
 
 
-class Attention(nn.Module):
+class Attention(MaskAndBackend, nn.Module):
     """Multi-head attention with a pluggable position encoding.
 
     Args:
@@ -74,6 +77,14 @@ class Attention(nn.Module):
         chunk: attend only within aligned chunks of ``chunk`` tokens (Llama 4); None: no chunks.
         sinks: learn one sink logit per head (gpt-oss, :mod:`posenc.sinks`; ``.sinks``
             ``(H,)``, initialised to 0); every backend runs it.
+        kv_heads: key/value heads (grouped-query; 1: multi-query); None = ``heads``. The
+            projections, the encoding's key side and the KV cache use ``kv_heads``
+            (:mod:`posenc.attention_setup`); ``heads`` must be a multiple.
+        qk_norm: ``"rms"``, ``"gemma-rms"``, ``"l2"`` or None: per-head q/k normalisation
+            with HF's conventions (:mod:`posenc.qk_norm`), ``qk_norm_position`` ``"before"``
+            or ``"after"`` the q/k stage, ``qk_norm_eps``.
+        score_scale, softcap: the score scale in place of ``Dh^-1/2`` and tanh logit
+            soft-capping, set on the encoding (:meth:`PositionEncoding.set_scores`).
         **options: encoding options (``base``, ``num_buckets``, ...).
 
     Shape notation: ``x``: ``(B, L, D)`` -> ``(B, L, D)``; ``pos``: ``(L,)`` or ``(B, L)``
@@ -101,6 +112,12 @@ class Attention(nn.Module):
         window: int | None = None,
         chunk: int | None = None,
         sinks: bool = False,
+        kv_heads: int | None = None,
+        qk_norm: str | None = None,
+        qk_norm_position: str = "before",
+        qk_norm_eps: float = 1e-6,
+        score_scale: float | None = None,
+        softcap: float | None = None,
         **options,
     ) -> None:
         super().__init__()
@@ -124,30 +141,28 @@ class Attention(nn.Module):
         if not isinstance(sinks, bool):
             raise TypeError(f"sinks must be a bool, got {sinks!r}")
         self.sinks = nn.Parameter(torch.zeros(heads)) if sinks else None
-        if isinstance(encoding, PositionEncoding):
-            if options:
-                raise ValueError(f"options {sorted(options)} given with an already built encoding")
-            if (encoding.heads, encoding.head_dim) != (heads, head_dim):
-                raise ValueError(
-                    f"encoding built for heads={encoding.heads}, head_dim={encoding.head_dim}; "
-                    f"attention has heads={heads}, head_dim={head_dim}"
-                )
-            if encoding.causal != causal:
-                raise ValueError(f"encoding built with causal={encoding.causal}, attention has causal={causal}")
-            self.encoding = encoding
-        else:
-            self.encoding = build(encoding, heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
+        self.kv_heads = check_kv_heads(heads, kv_heads)
+        check_qk_norm(qk_norm, qk_norm_position, qk_norm_eps)
+        self.qk_norm, self.qk_norm_position = qk_norm, qk_norm_position
+        self.q_norm, self.k_norm = qk_norms(qk_norm, head_dim, qk_norm_eps)
+        scores = {"score_scale": score_scale, "softcap": softcap}
+        kw = {"heads": heads, "head_dim": head_dim, "causal": causal, "max_len": max_len, **scores}
+        self.encoding = layer_encoding(encoding, options=options, **kw)
+        # heads of the keys the encoding's key side, and so the cache, holds
+        self.key_heads = heads if self.encoding.per_head_keys else self.kv_heads
         if backend != "auto":
             require_backend(self.encoding, backend)
         inner = heads * head_dim
         self.q_proj = nn.Linear(dim, inner, bias=qkv_bias)
-        self.k_proj = nn.Linear(dim, inner, bias=qkv_bias)
-        self.v_proj = nn.Linear(dim, inner, bias=qkv_bias)
+        self.k_proj = nn.Linear(dim, self.kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(dim, self.kv_heads * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(inner, dim, bias=qkv_bias)
 
     def extra_repr(self) -> str:
-        extra = "".join(f", {k}={getattr(self, k)}" for k in ("window", "chunk") if getattr(self, k) is not None)
+        named = ("window", "chunk", "qk_norm")
+        extra = "".join(f", {k}={getattr(self, k)!r}" for k in named if getattr(self, k) is not None)
         extra += ", sinks=True" if self.sinks is not None else ""
+        extra += f", kv_heads={self.kv_heads}" if self.kv_heads != self.heads else ""
         return f"backend={self.backend!r}, causal={self.causal}{extra}"
 
     @property
@@ -166,7 +181,7 @@ class Attention(nn.Module):
         layer with a ``window``/``chunk`` gets a rolling :class:`~posenc.cache.WindowKVCache`
         (``O(W)`` memory, no length limit), ``policy=SinkWindow(...)`` StreamingLLM's cache."""
         w = self.q_proj.weight
-        shape = (batch_size, max_len, self.heads, self.head_dim)
+        shape = (batch_size, max_len, self.key_heads, self.head_dim)
         kw = {"dtype": dtype or w.dtype, "device": device or w.device, "policy": policy}
         return layer_cache(self.encoding, *shape, window=self.window, chunk=self.chunk, causal=self.causal, **kw)
 
@@ -265,8 +280,10 @@ class Attention(nn.Module):
             rows = torch.cat((memory.to(x.dtype), x), dim=1)  # (B, M + L, D)
             k_pos = cat_positions(memory_pos, pos)  # (B|1, M + L)
         Lk = rows.shape[1]
-        k = self.k_proj(rows).view(B, Lk, self.heads, self.head_dim).transpose(1, 2)  # (B, H, Lk, Dh)
-        v = self.v_proj(rows).view(B, Lk, self.heads, self.head_dim).transpose(1, 2)  # (B, H, Lk, Dh)
+        k = self.k_proj(rows).view(B, Lk, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, Hk, Lk, Dh)
+        v = self.v_proj(rows).view(B, Lk, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, Hk, Lk, Dh)
+        if self.key_heads != self.kv_heads:  # key-side stages with per-head parameters
+            k, v = expand_kv(k, v, self.key_heads)
         state: dict[str, Tensor] = {}
         if enc.reads_input:
             keep = None if key_padding_mask is None else key_padding_mask[:, -Lk:]
@@ -274,6 +291,8 @@ class Attention(nn.Module):
             k, v, state = read.k, read.v, read.state
             if cache is not None:
                 cache.carry = read.carry
+        if self.q_norm is not None and self.qk_norm_position == "before":
+            q, k = self.q_norm(q), self.k_norm(k)
         q_state = {n: t[:, :, Lk - L :] for n, t in state.items()}  # the queries are the last L rows
         ctx = Context(
             q_pos, k_pos, x=x, q_state=q_state, k_state=state, qk_proj=(self.q_proj, self.k_proj), tables=tables
@@ -281,43 +300,27 @@ class Attention(nn.Module):
         if enc.rotates_value:
             v = enc.rotate_value(v, k_pos, ctx=ctx)
         if cache is None:
-            q, k = enc.rotate(q, k, q_pos, k_pos, ctx=ctx)
+            q, k = self.qk_stage(q, k, q_pos, k_pos, ctx)
         elif enc.cache_raw_keys or cache.reassigns_positions:  # rotate every cached key again
             k, v, k_pos = cache.update(k, v, pos)
             state = cache.update_state(state)
             if cache.reassigns_positions:  # the queries follow the cached keys (SinkWindow)
                 q_pos = k_pos[:, k_pos.shape[1] - L :]
             ctx = replace(ctx, q_pos=q_pos, k_pos=k_pos, k_state=state)
-            q, k = enc.rotate(q, k, q_pos, k_pos, ctx=ctx)
+            q, k = self.qk_stage(q, k, q_pos, k_pos, ctx)
         else:
-            q, k = enc.rotate(q, k, q_pos, k_pos, ctx=ctx)
+            q, k = self.qk_stage(q, k, q_pos, k_pos, ctx)
             k, v, k_pos = cache.update(k, v, pos)
             state = cache.update_state(state)
             ctx = replace(ctx, k_pos=k_pos, k_state=state)
         return Projection(q, k.to(q.dtype), v.to(q.dtype), q_pos, k_pos, ctx)
 
-    def mask_for(
-        self, q_len: int, k_len: int, key_padding_mask: Tensor | None = None, document_ids: Tensor | None = None
-    ) -> AttentionMask:
-        """The :class:`~posenc.AttentionMask` of a call with ``q_len`` queries, the last of ``k_len`` keys.
-
-        Raises:
-            ValueError: ``document_ids`` with cached or memory keys (``k_len != q_len``), or
-                not an integer ``(B|1, q_len)`` tensor.
-        """
-        if document_ids is not None and k_len != q_len:
-            raise ValueError(
-                f"document_ids (packed sequences) need every key in this call: got {k_len - q_len} cached or memory "
-                "keys; pack documents without a cache or memory"
-            )
-        return AttentionMask(
-            causal=self.causal,
-            offset=k_len - q_len,
-            key_padding=key_padding_mask,
-            documents=document_ids,
-            window=self.window,
-            chunk=self.chunk,
-        )
+    def qk_stage(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: Context | None = None):
+        """The encoding's ``rotate``, then the q/k norm where it runs ``"after"`` it."""
+        q, k = self.encoding.rotate(q, k, q_pos, k_pos, ctx=ctx)
+        if self.q_norm is not None and self.qk_norm_position == "after":
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k
 
     def attend(
         self,
@@ -372,21 +375,3 @@ class Attention(nn.Module):
         name = self.resolve_backend(backend, x.device.type, L, Lk, causal=mask.causal)
         out = attend(self.encoding, *p[:5], mask, ctx=p.ctx, backend=name, options=self.block_options, sinks=self.sinks)
         return self.o_proj(out.transpose(1, 2).reshape(B, L, self.heads * self.head_dim))  # (B, L, D)
-
-    def resolve_backend(
-        self,
-        backend: str | None,
-        device_type: str,
-        q_len: int | None = None,
-        k_len: int | None = None,
-        *,
-        causal: bool | None = None,
-    ) -> str:
-        """The backend a call runs: ``backend`` (or the layer's), ``"auto"`` resolved for
-        ``device_type`` and ``q_len`` queries over ``k_len`` keys, causal or not (None: the
-        layer's own ``causal``) (:func:`posenc.select_backend`)."""
-        name = canonical_backend(backend or self.backend)
-        if name == "auto":
-            causal = self.causal if causal is None else causal
-            return select_backend(self.encoding, device_type, q_len, k_len, causal=causal)
-        return require_backend(self.encoding, name)

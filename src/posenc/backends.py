@@ -67,7 +67,7 @@ from .kernels.backend import blockwise_attention
 from .kernels.flash import needs_upcast, propagate_nonfinite
 from .mask import AttentionMask
 from .mask import in_query_blocks as _in_query_blocks
-from .score_sum import materialized, saved_score_bytes, scores
+from .score_sum import expand_kv, materialized, saved_score_bytes, scores
 from .sinks import append_sink_key, sink_bias
 from .validate import check_device_type
 
@@ -133,6 +133,17 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, **kw) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, **kw)
 
 
+def _sdpa_kv(q: Tensor, k: Tensor, v: Tensor, masked: bool) -> tuple[Tensor, Tensor, dict]:
+    """Grouped ``k``/``v`` for SDPA: as they are with ``enable_gqa=True`` (no copy), except on CUDA
+    with an explicit mask, where only the math kernel takes grouped keys: repeated there, so the
+    memory-efficient kernel runs."""
+    if k.shape[1] == q.shape[1]:
+        return k, v, {}
+    if masked and q.device.type == "cuda" or q.shape[1] % k.shape[1]:  # (expand_kv names a bad count)
+        return (*expand_kv(k, v, q.shape[1]), {})
+    return k, v, {"enable_gqa": True}
+
+
 def _needs_grad(*tensors: Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
@@ -145,13 +156,16 @@ def sdpa(
     blocks of ``options.dense_chunk`` rows that read only the keys they can see)."""
 
     def block(q, k, v, q_pos, k_pos, m: AttentionMask, _ctx):
-        (B, H, Lq, _), Lk, scale = q.shape, k.shape[2], enc.scale
+        (B, H, Lq, _), Lk, kw = q.shape, k.shape[2], {"scale": enc.scale}
         if sinks is not None:  # one zero key whose score is the sink logit
-            bias = sink_bias(None, m.dense(Lq, Lk, q.device), sinks, (B, H, Lq, Lk)).to(q.dtype)
-            return _sdpa(q, *append_sink_key(k, v), attn_mask=bias, scale=scale)
-        if m.is_causal_square(Lq, Lk):
-            return _sdpa(q, k, v, is_causal=True, scale=scale)
-        return _sdpa(q, k, v, attn_mask=m.dense(Lq, Lk, q.device), scale=scale)
+            kw["attn_mask"] = sink_bias(None, m.dense(Lq, Lk, q.device), sinks, (B, H, Lq, Lk)).to(q.dtype)
+            k, v = append_sink_key(k, v)
+        elif m.is_causal_square(Lq, Lk):
+            kw["is_causal"] = True
+        else:
+            kw["attn_mask"] = m.dense(Lq, Lk, q.device)
+        k, v, gqa = _sdpa_kv(q, k, v, kw.get("attn_mask") is not None)
+        return _sdpa(q, k, v, **kw, **gqa)
 
     c = (options or BlockOptions()).dense_chunk if mask.limited else q.shape[2]
     return propagate_nonfinite(_in_query_blocks(block, c, False, q, k, v, q_pos, k_pos, mask), q, k, v)
@@ -317,12 +331,17 @@ def attend(
     """The attend step every caller runs (:class:`posenc.Attention`, so :class:`posenc.TransformerLM`,
     and ``posenc.hf``): ``backend`` (``"auto"``: :func:`select_backend` for this call's
     device, lengths and mask) on ``q`` ``(B, H, Lq, Dh)``, ``k``, ``v`` ``(B, H, Lk, Dh)``
-    after the q/k stage -> ``(B, H, Lq, Dh)``."""
+    after the q/k stage -> ``(B, H, Lq, Dh)``. ``k``/``v`` may have ``Hk`` heads, ``Hk`` dividing
+    ``H`` (grouped- and multi-query attention): query head ``h`` reads key head ``h // (H/Hk)``;
+    this is the one place they are expanded (:func:`posenc.score_sum.expand_kv`; ``sdpa`` passes
+    ``enable_gqa=True`` instead), so every backend and every encoding's score side sees ``H``."""
     name = canonical_backend(backend)
     if name == "auto":
         name = select_backend(enc, q.device.type, q.shape[2], k.shape[2], causal=mask.causal)
     else:
         require_backend(enc, name)
+    if k.shape[1] != q.shape[1] and name != "sdpa":  # grouped k/v (sdpa: enable_gqa)
+        k, v = expand_kv(k, v, q.shape[1])
     return BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask, ctx=ctx, options=options, sinks=sinks)
 
 

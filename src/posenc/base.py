@@ -111,6 +111,9 @@ class PositionEncoding(nn.Module):
             for image rows/columns or video time/rows/columns (set per instance by the
             encodings that take an ``axes`` option). With ``A > 1`` every stage receives
             positions ``(B|1, L, A)``; see :meth:`axis_positions`.
+        per_head_keys: the key-side stages (``read_input``, ``rotate`` on keys, ``rotate_value``)
+            hold per-head parameters: with grouped k/v the layer repeats keys and values to
+            ``heads`` before them (:mod:`posenc.attention_setup`); else they run on ``kv_heads``.
         score_scale, softcap: the model's score scale in place of ``Dh^-1/2`` (Gemma 3's
             ``query_pre_attn_scalar**-0.5``) and tanh logit soft-capping (Gemma 2), None = off;
             set per instance by :meth:`set_scores` only.
@@ -130,6 +133,7 @@ class PositionEncoding(nn.Module):
     cache_raw_keys: bool = False
     memory_len: int = 0
     axes: int = 1
+    per_head_keys: bool = False
     score_scale: float | None = None
     softcap: float | None = None
 

@@ -18,13 +18,17 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .attention_setup import check_kv_heads
 from .backends import canonical_backend
 from .layer_spec import SPEC_FIELDS, LayerSpec
 from .patterns import is_pattern, layers
+from .qk_norm import check_qk_norm
 from .registry import get_class, options_of
-from .validate import check_args
+from .validate import check_args, score_setting
 
 __all__ = ["LayerSpec", "ModelConfig"]
+
+_OWN = ("kv_heads", "score_scale", "softcap")  # ModelConfig fields a LayerSpec may override
 
 
 def _number(v: Any) -> bool:
@@ -56,6 +60,13 @@ class ModelConfig:
         tie_embeddings: share the token embedding with the output layer.
         embed_std: std of the token embedding init (GPT-2's 0.02; ~1, untied, for
             encodings that add unit-amplitude vectors such as ``sinusoidal``).
+        kv_heads: key/value heads of every layer (grouped-query; 1: multi-query); None = ``heads``.
+        qk_norm, qk_norm_position, qk_norm_eps: per-head q/k normalisation (``"rms"``,
+            ``"gemma-rms"``, ``"l2"`` or None; ``"before"``/``"after"`` the q/k stage;
+            :mod:`posenc.qk_norm`).
+        score_scale, softcap: the score scale in place of ``Dh^-1/2`` and the tanh logit
+            soft-cap of every layer (None: off). A :class:`LayerSpec`'s own ``kv_heads``,
+            ``score_scale``, ``softcap`` override these for its layer.
         options: encoding options of every block (unless ``layers`` is given).
         layers: one :class:`LayerSpec` per block; None = ``LayerSpec(encoding, options)`` each.
     """
@@ -74,6 +85,12 @@ class ModelConfig:
     share_encoding: bool | None = None
     tie_embeddings: bool = True
     embed_std: float = 0.02
+    kv_heads: int | None = None
+    qk_norm: str | None = None
+    qk_norm_position: str = "before"
+    qk_norm_eps: float = 1e-6
+    score_scale: float | None = None
+    softcap: float | None = None
     options: dict[str, Any] = field(default_factory=dict)
     layers: list[LayerSpec] | None = None
 
@@ -102,6 +119,9 @@ class ModelConfig:
         if not _number(self.embed_std) or self.embed_std < 0:
             raise ValueError(f"embed_std must be a finite number >= 0, got {self.embed_std!r}")
         canonical_backend(self.backend)
+        check_qk_norm(self.qk_norm, self.qk_norm_position, self.qk_norm_eps)
+        self.score_scale = score_setting("score_scale", self.score_scale)
+        self.softcap = score_setting("softcap", self.softcap)
         # the annotated types of the rest (causal, tie_embeddings, share_encoding: bools)
         check_args("ModelConfig", ModelConfig, {f.name: getattr(self, f.name) for f in fields(self)})
         self.options = dict(self.options)
@@ -121,12 +141,21 @@ class ModelConfig:
             self.layers = [s if isinstance(s, LayerSpec) else LayerSpec(**s) for s in self.layers]
             if len(self.layers) != self.depth:
                 raise ValueError(f"layers has {len(self.layers)} specs for depth={self.depth}")
+        for spec in self.layers or ():
+            check_kv_heads(self.heads, spec.kv_heads)
+        check_kv_heads(self.heads, self.kv_heads)
 
     def layer_specs(self) -> list[LayerSpec]:
         """The spec of every block: ``layers``, or ``LayerSpec(encoding, options)`` repeated."""
         if self.layers is not None:
             return list(self.layers)
         return [LayerSpec(self.encoding, self.options) for _ in range(self.depth)]
+
+    def attention_args(self, spec: LayerSpec) -> dict[str, Any]:
+        """The :class:`posenc.Attention` keywords of the layer ``spec`` (its fields over the model's)."""
+        pick = {n: getattr(spec, n) if getattr(spec, n) is not None else getattr(self, n) for n in _OWN}
+        norm = {"qk_norm": self.qk_norm, "qk_norm_position": self.qk_norm_position, "qk_norm_eps": self.qk_norm_eps}
+        return {"window": spec.window, "chunk": spec.chunk, "sinks": spec.sinks, **pick, **norm}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only (JSON-ready when the options are)."""

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .validate import check_args
+from .validate import check_args, score_setting
 
 __all__ = ["SPEC_FIELDS", "LayerSpec"]
 
@@ -25,6 +25,9 @@ class LayerSpec:
         window: sliding window of ``W`` keys, the query included (``j > i - W``); None: no window.
         chunk: attend only within aligned chunks of ``C`` tokens (``i // C == j // C``, Llama 4).
         sinks: one learned sink logit per head in the softmax (gpt-oss).
+        kv_heads, score_scale, softcap: this layer's grouped k/v heads, score scale and
+            logit soft-cap (:class:`posenc.Attention`); None = the model's
+            (:class:`posenc.ModelConfig`), so a layer cannot turn the model's off.
 
     ``window`` and ``chunk`` become fields of the layer's :class:`~posenc.AttentionMask`;
     :func:`posenc.layers` builds lists of specs from a pattern (``"rope*3,nope"``).
@@ -35,6 +38,9 @@ class LayerSpec:
     window: int | None = None
     chunk: int | None = None
     sinks: bool = False
+    kv_heads: int | None = None
+    score_scale: float | None = None
+    softcap: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoding, str):
@@ -42,13 +48,15 @@ class LayerSpec:
         if not isinstance(self.options, dict):
             raise TypeError(f"LayerSpec.options must be a dict, got {type(self.options).__name__}")
         self.options = dict(self.options)
-        for name in ("window", "chunk"):
+        for name in ("window", "chunk", "kv_heads"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"LayerSpec.{name} must be a positive int or None, got {v!r}")
         if not isinstance(self.sinks, bool):
             raise TypeError(f"LayerSpec.sinks must be a bool, got {self.sinks!r}")
         check_args("LayerSpec", LayerSpec, {"options": self.options})  # no NaN or infinite option
+        for name in ("score_scale", "softcap"):
+            setattr(self, name, score_setting(f"LayerSpec.{name}", getattr(self, name)))
 
     def key(self) -> tuple:
         """Layers with equal keys may share one encoding instance."""
@@ -61,7 +69,14 @@ class LayerSpec:
         return self.encoding + (f"({','.join(args)})" if args else "")
 
 
-SPEC_FIELDS = ("window", "chunk", "sinks")  # LayerSpec fields a layer pattern may set
+SPEC_FIELDS = (
+    "window",
+    "chunk",
+    "sinks",
+    "kv_heads",
+    "score_scale",
+    "softcap",
+)  # LayerSpec fields a layer pattern may set
 
 
 def _fmt(v: Any) -> str:

@@ -130,12 +130,12 @@ class TransformerLM(nn.Module):
             cfg.encoding,
         )
         specs = cfg.layer_specs()
-        encs = layer_encodings(
-            [spec.key() for spec in specs], lambda i: self._build_encoding(specs[i]), cfg.share_encoding
-        )
+        args = [cfg.attention_args(spec) for spec in specs]
+        # layers share an encoding only with equal score settings (they live on the encoding)
+        keys = [(spec.key(), a["score_scale"], a["softcap"]) for spec, a in zip(specs, args, strict=True)]
+        encs = layer_encodings(keys, lambda i: self._build_encoding(specs[i], args[i]), cfg.share_encoding)
         blocks = []
-        for i, spec in enumerate(specs):
-            kw = {"window": spec.window, "chunk": spec.chunk, "sinks": spec.sinks}
+        for i, kw in enumerate(args):
             attn = Attention(
                 cfg.dim, cfg.heads, encs.of(i), head_dim=cfg.head_dim, causal=cfg.causal, backend=cfg.backend, **kw
             )
@@ -165,15 +165,16 @@ class TransformerLM(nn.Module):
         if cfg.tie_embeddings and self.tok_emb is not None:
             self.head.weight = self.tok_emb.weight
 
-    def _build_encoding(self, spec) -> PositionEncoding:
+    def _build_encoding(self, spec, args: dict) -> PositionEncoding:
         """A new encoding for layer ``spec`` (:func:`posenc.layer_encodings.layer_encodings` decides sharing)."""
         cfg = self.config
         options = dict(spec.options)
         if "vocab_size" in options_of(get_class(spec.encoding)):
             options.setdefault("vocab_size", cfg.vocab_size)  # an encoding that embeds token ids
-        return build(
+        enc = build(
             spec.encoding, heads=cfg.heads, head_dim=cfg.head_dim, max_len=cfg.max_len, causal=cfg.causal, **options
         )
+        return enc.set_scores(scale=args["score_scale"], softcap=args["softcap"])
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> TransformerLM:

@@ -16,7 +16,7 @@ Grammar (whitespace is ignored)::
     atom    := NAME ["(" key=value ("," key=value)* ")"]  |  "(" pattern ")"
 
 ``NAME`` is a registered encoding or a preset (:data:`PRESETS`). Inside the parentheses
-``window``, ``chunk`` and ``sinks`` set the :class:`LayerSpec` fields; every other key is
+``window``, ``chunk``, ``sinks``, ``kv_heads``, ``score_scale`` and ``softcap`` set the :class:`LayerSpec` fields; every other key is
 an encoding option. After a preset name they are overrides (see :func:`layers`). Values
 are numbers, ``true``/``false``/``none``, bare words (strings) or JSON objects/lists
 (``rope_scaling={"rope_type": "linear", "factor": 2}``).
@@ -233,7 +233,7 @@ def _spec(encoding: str, options: dict, spec: dict) -> LayerSpec:
 
 def _override(specs: list[LayerSpec], args: dict[str, Any], *, where: str) -> list[LayerSpec]:
     """Apply ``args`` to ``specs``: a layer field to the layers that set it (``window`` resizes
-    the windowed layers, ``sinks`` applies to all), an encoding option to the layers whose
+    the windowed layers; ``sinks``, ``kv_heads``, ``score_scale``, ``softcap`` apply to all), an encoding option to the layers whose
     encoding accepts it. An argument that applies to no layer is an error."""
     out = [replace(s, options=dict(s.options)) for s in specs]
     for key, val in args.items():
@@ -243,8 +243,9 @@ def _override(specs: list[LayerSpec], args: dict[str, Any], *, where: str) -> li
                 if getattr(s, key) is not None:
                     setattr(s, key, val)
                     hit = True
-            elif key == "sinks":
-                s.sinks, hit = val, True
+            elif key in ("sinks", "kv_heads", "score_scale", "softcap"):
+                setattr(s, key, val)
+                hit = True
             elif key in options_of(get_class(s.encoding)):
                 s.options[key], hit = val, True
         if not hit:

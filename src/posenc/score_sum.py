@@ -18,7 +18,7 @@ from .context import Context
 from .mask import AttentionMask
 from .sinks import sink_softmax
 
-__all__ = ["QKProj", "materialized", "saved_score_bytes", "scores", "softcapped"]
+__all__ = ["QKProj", "expand_kv", "materialized", "saved_score_bytes", "scores", "softcapped"]
 
 # (W_Q, W_K) of the layer, for encodings that project their own tables with them
 QKProj = tuple[nn.Module, nn.Module]
@@ -39,7 +39,7 @@ def scores(
     """Pre-softmax scores ``s = scale·(q̃·k̃ + score_terms) + bias``: float32 ``(B, H, Lq, Lk)``;
     with ``enc.softcap = c`` set, ``c·tanh(s/c)`` (Gemma 2; mask and sinks come after).
 
-    ``q``/``k`` are after the q/k stage; the encoding's ``score_terms`` and ``bias`` run if
+    ``q``/``k`` are after the q/k stage (``k`` may have fewer heads, grouped: :func:`expand_kv`); the encoding's ``score_terms`` and ``bias`` run if
     it declares them, and its ``qk_scores`` replaces ``q̃·k̃`` if it declares ``Stage.SCORES``.
     With ``parts=True`` the separate terms come back as a dict (``"qk"``, and
     ``"terms"``/``"bias"`` where the encoding has them, ``"softcap"``: capped minus uncapped
@@ -49,6 +49,7 @@ def scores(
     context, with the plain ``q·kᵀ`` as ``ctx.qk`` where the score sum has it.
     """
     st = enc.stages
+    k = expand_kv(k, None, q.shape[1])[0]  # grouped keys: one per query head
     ctx = Context(q_pos, k_pos) if ctx is None else ctx
     ctx = replace(ctx, q_pos=q_pos, k_pos=k_pos, mask=mask, qk_proj=qk_proj if qk_proj is not None else ctx.qk_proj)
     plain = not st & Stage.SCORES  # the matmul below is the plain q·kᵀ the terms may read
@@ -79,6 +80,24 @@ def scores(
 def softcapped(s: Tensor, cap: float) -> Tensor:
     """Gemma 2's logit soft-capping ``cap·tanh(s/cap)``, in place on ``s``."""
     return s.div_(cap).tanh_().mul_(cap)
+
+
+def expand_kv(k: Tensor, v: Tensor | None, heads: int) -> tuple[Tensor, Tensor | None]:
+    """Grouped keys/values ``(B, Hk, L, Dh)`` for ``heads`` query heads: ``(B, heads, L, Dh)``,
+    query head ``h`` reading key head ``h // (heads / Hk)`` (HF's ``repeat_kv``); unchanged
+    when ``Hk == heads``. ``ValueError`` unless ``Hk`` divides ``heads``."""
+    kv = k.shape[1]
+    if kv == heads:
+        return k, v
+    if kv < 1 or heads % kv:
+        raise ValueError(f"keys have {kv} heads for {heads} query heads; the query heads must be a multiple of them")
+    g = heads // kv
+
+    def rep(t: Tensor) -> Tensor:
+        B, _, L, D = t.shape
+        return t[:, :, None].expand(B, kv, g, L, D).reshape(B, heads, L, D)
+
+    return rep(k), None if v is None else rep(v)
 
 
 def _qk(enc: PositionEncoding, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: Context) -> Tensor:

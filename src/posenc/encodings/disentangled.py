@@ -216,10 +216,10 @@ class DeBERTa(PositionEncoding):
                 )
             proj = qk_proj[1] if which == "key" else qk_proj[0]
             width = getattr(proj, "out_features", self.dim)
-            if width != self.dim:
+            if width % self.head_dim or self.heads % (width // self.head_dim or self.heads + 1):
                 raise ValueError(
-                    f"share_att_key needs the layer's {which} projection to give heads*head_dim={self.dim} "
-                    f"features (as many key heads as query heads), got {width}"
+                    f"share_att_key needs the layer's {which} projection to give g*head_dim features, g dividing "
+                    f"heads={self.heads} (head_dim={self.head_dim}), got {width}"
                 )
             if proj.in_features != self.hidden_size:
                 raise ValueError(
@@ -227,7 +227,9 @@ class DeBERTa(PositionEncoding):
                 )
         else:
             proj = self.pos_key_proj if which == "key" else self.pos_query_proj
-        return proj(table).view(-1, self.heads, self.head_dim).transpose(0, 1)
+        out = proj(table).view(table.shape[0], -1, self.head_dim).transpose(0, 1)  # (g, 2·span, Dh)
+        # grouped k/v: W_K gives g < H heads; each serves its group of query heads, as the keys do
+        return out.repeat_interleave(self.heads // out.shape[0], 0)
 
     def distance_terms(self, q: Tensor, k: Tensor, ctx=None, *, qk_proj=None) -> DistanceTerms:
         """c2p (``q·Kr``) and p2c (``k·Qr``) vectors per table row of ``δ = i - j = -d``."""

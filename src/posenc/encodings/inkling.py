@@ -120,7 +120,8 @@ class Inkling(PositionEncoding):
         self.rel_proj = nn.Parameter(torch.empty(d_rel, rel_extent))
         nn.init.normal_(self.r_proj.weight, std=init_std)
         nn.init.normal_(self.rel_proj, std=init_std)
-        if sconv_kernel > 0:
+        if sconv_kernel > 0:  # per-head channels: grouped k/v are repeated to all heads first
+            self.per_head_keys = True
             self.k_conv = nn.Parameter(torch.randn(self.dim, sconv_kernel) * init_std)
             self.v_conv = nn.Parameter(torch.randn(self.dim, sconv_kernel) * init_std)
 

@@ -148,7 +148,8 @@ def merge_into(
 
 def propagate_nonfinite(out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """``out`` ``(B, H, Lq, Dh)`` with NaN in every (batch row, head) whose ``q``, ``k`` or ``v`` holds a
-    NaN or an infinity, unchanged elsewhere (bit for bit: ``x + 0``): every backend's rule
+    NaN or an infinity (``k``/``v`` may have ``H/g`` heads: grouped, query head ``h`` reads key
+    head ``h // g``), unchanged elsewhere (bit for bit: ``x + 0``): every backend's rule
     for non-finite input (:mod:`posenc.backends`).
 
     The kernels alone would not agree: this flash kernel treats a query row whose scores are
@@ -158,7 +159,8 @@ def propagate_nonfinite(out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """
     with torch.no_grad():  # a constant: 0 or NaN per (b, h), summed in float32 (no overflow to inf)
         flag = q.sum((-2, -1), keepdim=True, dtype=torch.float32)
-        flag += k.sum((-2, -1), keepdim=True, dtype=torch.float32)
-        flag += v.sum((-2, -1), keepdim=True, dtype=torch.float32)
+        for t in (k, v):  # grouped k/v (fewer heads): each key head stands for its group of query heads
+            s = t.sum((-2, -1), keepdim=True, dtype=torch.float32)
+            flag += s if s.shape[1] in (1, flag.shape[1]) else s.repeat_interleave(flag.shape[1] // s.shape[1], 1)
         flag.mul_(0.0)  # (B, H, 1, 1): NaN where a sum met a NaN or an infinity
     return out + flag.to(out.dtype)

@@ -1,0 +1,73 @@
+"""What :class:`posenc.Attention` checks and builds at construction: its encoding (named or
+given), the k/v head count, and the score settings the encoding carries.
+
+Grouped k/v (``kv_heads``): the layer projects ``kv_heads`` keys and values, its KV cache
+stores them, and :func:`posenc.backends.attend` expands them to the ``H`` query heads (HF's
+``repeat_kv``; SDPA's ``enable_gqa``). The encoding's key-side stages (``read_input``, the
+key half of ``rotate``, ``rotate_value``) run on the ``kv_heads`` keys when they treat
+every head alike, which is :meth:`PositionEncoding.key_heads`'s default; an encoding
+whose key-side stages hold per-head parameters sized by ``heads`` (Inkling's short
+convolutions, ``(H·Dh, K)``) says so there, and the layer repeats its keys and values to
+``H`` heads *before* those stages: the layer then computes as an ``H``-head layer whose
+k/v projections are shared within each group, and its cache holds ``H`` heads.
+"""
+
+from __future__ import annotations
+
+from .base import PositionEncoding
+from .registry import build
+from .validate import score_setting
+
+__all__ = ["check_kv_heads", "layer_encoding"]
+
+
+def check_kv_heads(heads: int, kv_heads: int | None) -> int:
+    """``kv_heads`` (None: ``heads``); ``ValueError`` naming both unless it divides ``heads``."""
+    if kv_heads is None:
+        return heads
+    if not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads < 1 or heads % kv_heads:
+        raise ValueError(
+            f"kv_heads must be a positive int dividing heads={heads} (grouped k/v), or None, got {kv_heads!r}"
+        )
+    return kv_heads
+
+
+def layer_encoding(
+    encoding: str | PositionEncoding,
+    *,
+    heads: int,
+    head_dim: int,
+    causal: bool,
+    max_len: int | None,
+    options: dict,
+    score_scale: float | None,
+    softcap: float | None,
+) -> PositionEncoding:
+    """The layer's encoding: ``encoding`` built with ``options`` and the score settings
+    (:meth:`PositionEncoding.set_scores`), or a built one checked against the layer. A built
+    encoding keeps its own settings: a ``score_scale``/``softcap`` given with it must equal
+    them (None: the encoding's), since it may serve other layers too."""
+    if not isinstance(encoding, PositionEncoding):
+        enc = build(encoding, heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
+        return enc.set_scores(scale=score_scale, softcap=softcap)
+    if options:
+        raise ValueError(f"options {sorted(options)} given with an already built encoding")
+    if (encoding.heads, encoding.head_dim) != (heads, head_dim):
+        raise ValueError(
+            f"encoding built for heads={encoding.heads}, head_dim={encoding.head_dim}; "
+            f"attention has heads={heads}, head_dim={head_dim}"
+        )
+    if encoding.causal != causal:
+        raise ValueError(f"encoding built with causal={encoding.causal}, attention has causal={causal}")
+    given_scores = (
+        ("score_scale", score_setting("scale", score_scale)),
+        ("softcap", score_setting("softcap", softcap)),
+    )
+    for name, given in given_scores:
+        have = getattr(encoding, name)
+        if given is not None and given != have:
+            raise ValueError(
+                f"{name}={given} given with an encoding built with {name}={have}; an encoding keeps its own "
+                "(set it with enc.set_scores(...) before sharing it, or pass the encoding by name)"
+            )
+    return encoding
