@@ -89,3 +89,28 @@ def test_extend_config():
 def test_extend_bad_method_is_exit_2(tmp_path, capsys):
     assert run_cli(*TINY, "--extend", "none,pi", "--out", str(tmp_path / "x")) == 2
     assert "extend must list methods" in capsys.readouterr().err
+
+
+def test_merge_extend_joins_shards_and_refuses_conflicts():
+    from posenc.compare.extend import merge_extend
+
+    row = {"encoding": "rope", "seed": 0, "method": "yarn", "options": {}, "eval": [{"length": 64, "ppl": 3.0}]}
+    other = {**row, "method": "rerope"}
+    seed1 = {**row, "seed": 1}
+    merged = merge_extend([{"extend": [row, other]}, {"extend": [seed1, row]}, {"runs": []}])
+    assert merged == [row, other, seed1]
+    clash = {**row, "eval": [{"length": 64, "ppl": 4.0}]}
+    with pytest.raises(ValueError, match=r"different extend rows for rope seed 0 / yarn"):
+        merge_extend([{"extend": [row]}, {"extend": [clash]}])
+
+
+def test_method_options_of_extend_only_methods():
+    assert method_options("sink-window", train_tokens=64, longest_tokens=256) == {"sinks": 4, "window": 60}
+    with pytest.raises(ValueError, match="longrope needs the model's searched short_factor/long_factor"):
+        method_options("longrope", train_tokens=64, longest_tokens=256, base=1e4, rotary_dim=8)
+    lr = method_options("longrope", train_tokens=64, longest_tokens=256,
+                        longrope={"short_factor": [1.0] * 4, "long_factor": [2.0] * 4})  # fmt: skip
+    assert lr == {"rope_scaling": {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 64,
+                                   "short_factor": [1.0] * 4, "long_factor": [2.0] * 4}}  # fmt: skip
+    with pytest.raises(ValueError, match="extension method must be one of"):
+        method_options("warp", train_tokens=64, longest_tokens=256)

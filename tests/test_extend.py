@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from tests.conftest import assert_close, attention_n
 
 transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -55,8 +56,7 @@ def test_extend_writes_every_output(ckpt, tmp_path, capsys):
     assert not cells[("longrope", L)]["applicable"] and "short_factor" in cells[("longrope", L)]["why"]
     none = cells[("none", L)]
     assert none["ppl"] > 1 and none["stride"] == L // 2 and none["kv_bytes"] == 2 * 2 * 2 * L * 8 * 4
-    # within the window ReRoPE / Self-Extend (window L/2) see only... the same model up to L/2:
-    # at L the rotary distances past L/2 differ, so only the in-window equality of the parity tests holds
+    # sink-window's cache holds sinks + window = L tokens: at L its windows are the plain model's
     assert cells[("sink-window", L)]["ppl_windows"] == pytest.approx(none["ppl_windows"], rel=1e-5)
     report = (out / "report.md").read_text()
     assert "In-window reference: `none` at L=32" in report and "Furthest within +10 %" in report
@@ -172,3 +172,42 @@ def test_converted_and_gpt2_models(tmp_path):
                *FAST) == 0  # fmt: skip
     got = {c["method"]: c for c in json.loads((tmp_path / "o2" / "results.json").read_text())["cells"]}
     assert got["none"]["applicable"] and got["sink-window"]["applicable"] and not got["yarn"]["applicable"]
+
+
+def test_compare_run_directory(tmp_path):
+    from posenc import TransformerLM
+    from posenc.checkpoint import save_checkpoint
+    from posenc.compare.config import preset_config
+    from posenc.compare.train import checkpoint_path
+    from posenc.extend import load_subject
+    from posenc.extend.evaluate import token_scores
+
+    run_dir = tmp_path / "cmp"
+    cfg = preset_config("quick", encodings=["rope", "alibi"], dim=16, depth=1, heads=2, train_len=L, eval_lens=[L])
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict()))
+    torch.manual_seed(0)
+    save_checkpoint(checkpoint_path(run_dir / "checkpoints", cfg, "rope", cfg.seeds[0]),
+                    TransformerLM(256, 16, 1, 2, encoding="rope", max_len=4 * L))  # fmt: skip
+    out = tmp_path / "o"
+    assert run(run_dir, "--lengths", "1x,2x", "--methods", "none,self-extend,sink-window", "--out", out, *FAST) == 0
+    cells = {(c["method"], c["length"]): c for c in json.loads((out / "results.json").read_text())["cells"]}
+    assert all(c["applicable"] for c in cells.values()) and len(cells) == 6
+    # the posenc model's own caches: chunked prefill (self-extend) and SinkWindow equal the full forward in-window
+    sub = load_subject(str(run_dir))
+    assert sub.kind == "run" and sub.train_len == L and sub.rope == {"base": 10000.0, "rotary_dim": 8}
+    ids = torch.randint(0, 256, (2 * L,))
+    n = attention_n(dim=16, length=2 * L, head_dim=8) + 16 + 64 + 2 * 16  # one block, the MLP (ratio 4), norm, head
+    tol = {"n": n, "dtype": torch.float32, "magnitude": 10.0}  # nll of a random model: ~log 256 = 5.5
+    for method in ("self-extend", "sink-window"):
+        model, opts, _ = sub.variant(method, 2 * L)
+        sink = opts if method == "sink-window" else None
+        whole, _, _ = token_scores("run", model, ids, chunk=2 * L)
+        part, _, _ = token_scores("run", model, ids, chunk=5, sink=sink)
+        if sink is None:
+            assert_close(part, whole, **tol)
+        else:
+            plain, _, _ = token_scores("run", sub.model, ids, chunk=2 * L)
+            assert_close(part[: L - 1], plain[: L - 1], **tol)
+            assert not torch.allclose(part[L:], plain[L:], atol=1e-4)
+    assert run(run_dir, "--encoding", "t5", "--out", tmp_path / "o3") == 2

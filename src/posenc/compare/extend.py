@@ -24,7 +24,12 @@ self-extend   window ``W = w``, group ``G = ⌈(L_max - W)/(L - W)⌉`` Jin et a
                                                                   stays within ``L``
 ============  ==================================================  ============================
 
-(``k`` and ``G`` are at least 2.) The table and ``extend.png`` have one row / line per
+(``k`` and ``G`` are at least 2.) ``posenc extend`` (:mod:`posenc.extend`) takes its settings
+from :func:`method_options` too, with two more methods (:data:`METHODS`): ``longrope``
+(``rope_scaling`` longrope, factor ``s``, with the model's own searched factors: Ding et al.
+2024; not applicable without them) and ``sink-window`` (StreamingLLM, Xiao et al. 2024: 4
+sink tokens and a window of ``L - 4``, a cache of the training length). :func:`merge_extend`
+joins the ``"extend"`` rows of sharded runs. The table and ``extend.png`` have one row / line per
 (encoding, method); ``results.json`` gets an ``"extend"`` list with the options used.
 A model whose training failed (NaN) or diverged (:func:`~posenc.compare.diagnostics.run_health`)
 is not extended: the table's notes name it; a NaN from an extension reads ``NaN``.
@@ -269,3 +274,24 @@ def write_extend(out: Path, results: dict[str, Any], subtitle: str | None = None
         ax.legend(fontsize=8)
     save_figure(fig, out / "extend.png", title="Context extension at inference (no retraining)", subtitle=subtitle)
     return table
+
+
+def merge_extend(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``"extend"`` rows of sharded runs' ``results.json`` (``parts``), joined: each shard
+    extended the models it trained, so rows are unique by (encoding, seed, method); a row
+    two shards both hold must be the same row (same options and evaluations).
+
+    Raises:
+        ValueError: two shards hold different rows for one (encoding, seed, method).
+    """
+    rows: dict[tuple, dict[str, Any]] = {}
+    for i, part in enumerate(parts):
+        for r in part.get("extend") or []:
+            key = (r["encoding"], r.get("seed", 0), r["method"])
+            if key in rows and rows[key] != r:
+                raise ValueError(
+                    f"--merge: the runs hold different extend rows for {key[0]} seed {key[1]} / {key[2]} "
+                    f"(run {i + 1} differs from an earlier one): were they run with the same config?"
+                )
+            rows.setdefault(key, r)
+    return list(rows.values())

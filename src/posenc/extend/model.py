@@ -153,13 +153,14 @@ def _load_run(path: Path, encoding: str | None, seed: int | None, *, device, dty
     from ..checkpoint import load_checkpoint
     from ..compare.config import from_dict
     from ..compare.train import checkpoint_path
-    from ..data import load_source
 
     try:
         raw = json.loads((path / "config.json").read_text())
         cfg = from_dict(raw)
     except (ValueError, TypeError, KeyError) as e:
         raise ModelError(f"MODEL {str(path)!r}: config.json is not a posenc compare config ({_first(e)})") from None
+    if cfg.task:
+        raise ModelError(f"MODEL {str(path)!r} trained the task {cfg.task!r}; posenc extend evaluates language models")
     names = [e for e in cfg.encodings if applies("none", e)]
     if encoding is None:
         if len(names) != 1:
@@ -173,11 +174,10 @@ def _load_run(path: Path, encoding: str | None, seed: int | None, *, device, dty
         raise ModelError(f"MODEL {str(path)!r}: no checkpoint {ckpt.name} for {encoding!r} seed {seed}")
     model, _ = load_checkpoint(ckpt, map_location=device)
     model = model.to(dtype).eval()
-    source = load_source(cfg)
     enc = model.encodings[0]
     rope = {"base": float(enc.base), "rotary_dim": int(enc.rotary_dim)} if hasattr(enc, "rotary_dim") else {}
     specs = [{"encoding": encoding, "options": dict(model.config.options)}]
-    return Subject("run", model, source.seq_len(cfg.train_len), model.vocab_size, f"{path} ({encoding}, seed {seed})",
+    return Subject("run", model, cfg.train_len, model.vocab_size, f"{path} ({encoding}, seed {seed})",
                    None, specs, rope)  # fmt: skip
 
 
