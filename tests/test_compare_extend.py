@@ -114,3 +114,27 @@ def test_method_options_of_extend_only_methods():
                                    "short_factor": [1.0] * 4, "long_factor": [2.0] * 4}}  # fmt: skip
     with pytest.raises(ValueError, match="extension method must be one of"):
         method_options("warp", train_tokens=64, longest_tokens=256)
+
+
+def test_extend_on_passkey_scores_every_depth(tmp_path):
+    out = tmp_path / "pk"
+    args = (
+        *TINY,
+        "--steps",
+        "12",
+        "--lr",
+        "3e-3",
+        "--task",
+        "passkey",
+        "--encodings",
+        "rope",
+        "--extend",
+        "none,self-extend",
+    )
+    assert run_cli(*args, "--out", str(out)) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert [e["method"] for e in res["extend"]] == ["none", "self-extend"]
+    for e in res["extend"]:
+        for x in e["eval"]:  # accuracy at every length, and per key depth as the run's own passkey heatmap
+            assert 0 <= x["accuracy"] <= 1 and [d["depth"] for d in x["depths"]] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert "accuracy by evaluation length" in (out / "extend.md").read_text()
