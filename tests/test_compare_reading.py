@@ -88,6 +88,12 @@ def test_convergence_flags_a_model_still_improving():
     assert convergence(flat, [{"step": 800, "loss": 1.0}, {"step": 1000, "loss": 0.981}])["converged"] is True
     assert convergence(flat, [{"step": 800, "loss": 1.0}, {"step": 1000, "loss": 0.979}])["converged"] is False
     assert convergence([1.0] * 3, [])["converged"] is None  # too short to tell
+    # a task solved exactly: the training loss is 0.0 over the whole tail (rope on flip-flop did
+    # this at the quick budget); a flat line at 0, not a division by zero
+    exact = convergence([0.5] * 80 + [0.0] * 920, [{"step": 800, "loss": 0.0, "accuracy": 1.0},
+                                                   {"step": 1000, "loss": 0.0, "accuracy": 1.0}])  # fmt: skip
+    assert exact["train_slope"] == 0.0 and exact["converged"] is True
+    assert convergence([0.5] * 80 + [0.0] * 920, [])["converged"] is True
     with pytest.raises(ValueError, match="threshold"):
         convergence(flat, [], threshold=0)
 

@@ -55,6 +55,8 @@ def _tail_slope(losses: Sequence[float], tail: float) -> float | None:
     xs = range(n - k, n)
     mx, my = (n - k + n - 1) / 2, sum(ys) / k
     sxx = sum((x - mx) ** 2 for x in xs)
+    if my == 0:  # losses are >= 0: every one is 0 (a task solved exactly), a flat line
+        return 0.0
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
     return slope * (k - 1) / my
 
@@ -106,7 +108,8 @@ def convergence(
         end = pts[-1]
         cut = end["step"] * (1 - tail)
         ref = ([p for p in pts[:-1] if p["step"] <= cut + 1e-9] or pts[:1])[-1]
-        out["val_drop"] = (ref["loss"] - end["loss"]) / ref["loss"]
+        # a validation loss of 0 (a task solved exactly) can only stay there: no drop
+        out["val_drop"] = (ref["loss"] - end["loss"]) / ref["loss"] if ref["loss"] else 0.0
         out["val_from_step"] = ref["step"]
         if all(p.get("accuracy") is not None for p in (ref, end)):
             out["val_accuracy_gain"] = end["accuracy"] - ref["accuracy"]
