@@ -211,3 +211,27 @@ def test_compare_run_directory(tmp_path):
             assert_close(part[: L - 1], plain[: L - 1], **tol)
             assert not torch.allclose(part[L:], plain[L:], atol=1e-4)
     assert run(run_dir, "--encoding", "t5", "--out", tmp_path / "o3") == 2
+
+
+def test_a_tokenizer_saved_in_model_is_used(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from posenc.extend.passkey import FILLER, KEY_LINE, PREFIX, QUESTION
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([PREFIX, FILLER * 3, KEY_LINE.format(key="12345"), QUESTION], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    llama(vocab_size=320).save_pretrained(tmp_path / "m")
+    fast.save_pretrained(tmp_path / "m")
+    tokens = Tokens(PreTrainedTokenizerFast.from_pretrained(tmp_path / "m"))
+    n = min_length(tokens) + 10
+    assert n < min_length(Tokens()) - 50  # merged tokens: shorter than the byte prompt
+    out = tmp_path / "o"
+    assert run(tmp_path / "m", "--lengths", f"1x,{n}", "--methods", "none", "--out", out, *FAST) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["settings"]["tokens_source"].startswith("tokenizer ")  # AutoTokenizer, read from MODEL
+    cell = next(c for c in res["cells"] if c["length"] == n)
+    assert set(cell["passkey"]) == {"0", "0.25", "0.5", "0.75", "1"} and None not in cell["passkey"].values()

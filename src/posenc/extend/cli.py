@@ -165,5 +165,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for t in tabs:
         t.print()
-    print(f"wrote {out}/report.md, results.json, results.csv, ppl.png, passkey.png")
+    wrote = [f for f in FILES if f != "config.json" and (out / f).is_file()]
+    print(f"wrote {out}/: {', '.join(wrote)}")
     return 0
