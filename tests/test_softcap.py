@@ -40,8 +40,11 @@ def _pos():
     return torch.arange(L).view(1, L), torch.arange(L).view(1, L)
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
-@pytest.mark.parametrize("backend", ["eager", "chunked", "flex"])
+@pytest.mark.parametrize(
+    ("backend", "causal"),
+    [("eager", True), ("eager", False), ("chunked", True), ("chunked", False), ("flex", True)],
+    ids=["eager-causal", "eager-bidir", "chunked-causal", "chunked-bidir", "flex-causal"],
+)  # (FlexAttention off CUDA traces its score_mod at every call: seconds each, so one flex case)
 def test_softcap_equals_gemma2_eager_attention(backend, causal):
     """NoPE (no position term): posenc's capped attention is Gemma 2's eager attention."""
     q, k, v = _qkv()
@@ -71,6 +74,8 @@ def test_softcap_every_supporting_backend_equals_eager(name):
     backends = posenc.supported_backends(enc)
     assert not {"sdpa", "dense", "blockwise"} & set(backends)
     for b in backends:
+        if b == "flex" and name not in ("rope", "alibi"):  # (one pure rotary, one bias: flex is slow off CUDA)
+            continue
         assert_close(attend(enc, q, k, v, qp, kp, mask, backend=b), ref, n=N, msg=b)
     # the scores are the transcription c·tanh(s/c) of the uncapped sum
     s = posenc.scores(enc, q, k, qp, kp)

@@ -52,6 +52,7 @@ from .context import Context, InputRead, Tables
 from .mask import AttentionMask
 from .model import TransformerLM
 from .patterns import PRESETS, layers
+from .qk_norm import QKNorm
 from .registry import available, build, get_class, register
 from .score_sum import scores
 
@@ -67,6 +68,7 @@ __all__ = [
     "PRESETS",
     "PositionEncoding",
     "Projection",
+    "QKNorm",
     "Context",
     "InputRead",
     "Tables",

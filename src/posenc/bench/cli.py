@@ -29,6 +29,7 @@ from ..cli_types import choice_list, device_name, finite_float, int_in, int_list
 from ..output import OutputFolder, check_creatable, write_text
 from ..registry import available
 from .compile import graph_breaks
+from .kv_cache import KVCacheConfig, run_kv_cache
 from .markdown import markdown_report
 from .measure import machine_record
 from .report import print_tables, write_outputs
@@ -115,6 +116,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also HF Llama converted by posenc.hf vs the stock model (needs the transformers package)",
     )
+    p.add_argument(
+        "--kv-cache",
+        action="store_true",
+        help="also the KV-cache memory of decoding with grouped k/v (kv_heads = H/4) against full heads, "
+        "measured on a --train-dim/--train-depth rope model (H = train_dim // 64)",
+    )
+    p.add_argument("--kv-tokens", type=int_in(1, MAX_L), default=256, help="tokens decoded by --kv-cache")
+    p.add_argument("--kv-heads", type=int_in(1, 1024), default=None, help="k/v heads of --kv-cache (default H/4)")
     p.add_argument("--out", type=nonempty_path, default=Path("bench-results"), help="output folder")
     p.add_argument(
         "--markdown", type=nonempty_path, default=None, help="also write a Markdown report (RESULTS.md) here"
@@ -156,6 +165,14 @@ def _check(args: argparse.Namespace) -> str:
         )
     if training and args.train_dim % max(1, args.train_dim // 64):
         heads = max(1, args.train_dim // 64)
+        raise ValueError(f"--train-dim {args.train_dim} must divide into its {heads} heads (train_dim // 64)")
+    kv_flags = args.kv_heads is not None or args.kv_tokens != 256
+    if kv_flags and not args.kv_cache:
+        raise ValueError("--kv-heads/--kv-tokens set the --kv-cache run; add --kv-cache")
+    heads = max(1, args.train_dim // 64)
+    if args.kv_cache and args.kv_heads is not None and heads % args.kv_heads:
+        raise ValueError(f"--kv-heads {args.kv_heads} must divide the {heads} heads of the model (train_dim // 64)")
+    if args.kv_cache and args.train_dim % heads:
         raise ValueError(f"--train-dim {args.train_dim} must divide into its {heads} heads (train_dim // 64)")
     if args.profile and not timed:
         raise ValueError("--profile profiles the timed lengths, which --memory-only skips")
@@ -229,16 +246,23 @@ def _run(args: argparse.Namespace, encodings: list[str], device: str) -> int:
         pass
     breaks = graph_breaks(["nope", *encodings], progress=say) if args.graph_breaks else []
     config = asdict(cfg) | {"train": asdict(tcfg)} if tcfg is not None else asdict(cfg)
-    paths = write_outputs(args.out, rows, trows, machine, config, breaks)
+    krows = []
+    if args.kv_cache:
+        heads = max(1, args.train_dim // 64)
+        kcfg = KVCacheConfig(dim=args.train_dim, depth=args.train_depth, heads=heads, kv_heads=args.kv_heads,
+                             tokens=args.kv_tokens, device=device, dtype=args.dtype)  # fmt: skip
+        krows = run_kv_cache(kcfg, progress=say)
+        config["kv_cache"] = asdict(kcfg)
+    paths = write_outputs(args.out, rows, trows, machine, config, breaks, krows)
     if not args.quiet:
-        print_tables(rows, trows, breaks=breaks)
+        print_tables(rows, trows, breaks=breaks, krows=krows)
         print(f"wrote {', '.join(str(p) for p in paths)}")
     if args.markdown:
         command = "posenc bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else ""
         plot_src = args.out / "time_vs_length.png"
         plot_rel = os.path.relpath(plot_src, args.markdown.parent) if plot_src.exists() else None
         text = markdown_report(
-            rows, trows, machine, command, config, notes=args.notes, plot_path=plot_rel, breaks=breaks
+            rows, trows, machine, command, config, notes=args.notes, plot_path=plot_rel, breaks=breaks, krows=krows
         )
         write_text(args.markdown, text)
         if not args.quiet:
@@ -246,6 +270,7 @@ def _run(args: argparse.Namespace, encodings: list[str], device: str) -> int:
     errors = [f"{r['label']} L={r['L']} {r['mode']}: {r['status']}" for r in rows if r["status"].startswith("error")]
     errors += [f"train {r['impl']}:{r['encoding']}: {r['status']}" for r in trows if r["status"].startswith("error")]
     errors += [f"graph breaks {b['encoding']}: {b['error']}" for b in breaks if b.get("error")]
+    errors += [f"kv cache kv_heads={r['kv_heads']}: {r['status']}" for r in krows if r["status"] != "ok"]
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
     return 1 if errors else 0

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from .kv_cache import kv_cache_table
 from .report import (
     _md,
     _memory_only,
@@ -39,6 +40,7 @@ def markdown_report(
     notes: str = "",
     plot_path: str | None = None,
     breaks: list[dict] | None = None,
+    krows: list[dict] | None = None,
 ) -> str:
     m = machine
     parts = [
@@ -139,6 +141,19 @@ def markdown_report(
             "`torch._dynamo.explain` of a whole TransformerLM forward (vocab 64, D = 32, 2 layers, 2 heads, L = 16).",
             "",
             _md(*breaks_table(breaks)),
+            "",
+        ]
+    if krows:
+        parts += [
+            "## KV cache of grouped k/v against full heads",
+            "",
+            "Two TransformerLM of the same shape but `kv_heads` decode the same tokens one at a time from an "
+            "empty cache. KV cache: the bytes of the storages the cache holds afterwards (keys, values, "
+            "positions of every layer); decode peak: the peak allocation of the whole decode, cache included "
+            "(CPU: live torch tensor bytes from `torch.profiler`; CUDA: `torch.cuda.max_memory_allocated`). "
+            'Both measured; "full / this" is the full-heads figure over this row\'s.',
+            "",
+            _md(*kv_cache_table(krows)),
             "",
         ]
     if plot_path:

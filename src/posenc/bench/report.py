@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..output import Table, length_axis, make_console, pyplot, readable_log_axis, save_figure, write_csv, write_json
+from .kv_cache import kv_cache_table
 
 __all__ = [
     "ratio_table",
@@ -187,7 +188,7 @@ def _md(head, body) -> str:
     return Table(head, body).markdown().rstrip("\n")
 
 
-def print_tables(rows, trows, console=None, breaks: list[dict] | None = None) -> None:
+def print_tables(rows, trows, console=None, breaks: list[dict] | None = None, krows: list[dict] | None = None) -> None:
     console = console or make_console()
 
     def show(title, head, body):
@@ -211,6 +212,8 @@ def print_tables(rows, trows, console=None, breaks: list[dict] | None = None) ->
             show("training step, HF Llama converted vs stock", *hf_table(trows))
     if breaks:
         show("torch.compile graph breaks", *breaks_table(breaks))
+    if krows:
+        show("KV cache after decoding: grouped k/v against full heads (measured)", *kv_cache_table(krows))
 
 
 def plot(rows: list[dict], path: Path, subtitle: str | None = None) -> None:
@@ -255,10 +258,20 @@ def breaks_table(breaks: list[dict]) -> tuple[list[str], list[list[str]]]:
 
 
 def write_outputs(
-    out: Path, rows: list[dict], trows: list[dict], machine: dict, config: dict, breaks: list[dict] | None = None
+    out: Path,
+    rows: list[dict],
+    trows: list[dict],
+    machine: dict,
+    config: dict,
+    breaks: list[dict] | None = None,
+    krows: list[dict] | None = None,
 ) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
+    if krows:
+        write_json(out / "kv_cache.json", {"machine": machine, "rows": krows})
+        write_csv(out / "kv_cache.csv", krows)
+        paths += [out / "kv_cache.json", out / "kv_cache.csv"]
     if breaks:
         write_json(out / "graph_breaks.json", {"torch": machine.get("torch"), "rows": breaks})
         paths.append(out / "graph_breaks.json")
