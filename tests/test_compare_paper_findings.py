@@ -99,4 +99,16 @@ def test_flip_flop_sparse_and_dense_errors():
     assert f["verdict"] == "undecided"  # within 2 points over 256 samples: Wilson intervals overlap
     f = _one(_flip_flop({"rope": (0.92, 1.0, 0.5)}), "Liu et al. 2023")
     assert f["verdict"] == "partly"
-    assert paper_findings(summarize(_results(AS_PUBLISHED)), None) == []  # text: no task, no paper
+    assert paper_findings(summarize(_results(AS_PUBLISHED, lengths=(64, 128, 256))), None) == []  # text < 8x: none
+
+
+@pytest.mark.parametrize("alibi, verdict", [([5.6, 5.3, 5.2, 5.1], "agrees"), ([5.6, 5.3, 5.2, 5.4], "partly"),
+                                            ([5.6, 5.3, 5.5, 5.9], "disagrees"),
+                                            ([5.6, 5.9, 6.5, 7.0], "disagrees")])  # fmt: skip
+def test_press_table5_shape(alibi, verdict):
+    res = _results({"alibi": alibi, "rope": [5.2, 5.1, 12.0, 40.0]}, lengths=(16, 32, 128, 768))
+    f = _one(res, "Press et al. 2022, Table 5")
+    assert f["verdict"] == verdict
+    assert f["evidence"].startswith(f"alibi ppl at 1x {alibi[0]:.3f}, 2x {alibi[1]:.3f}, 8x {alibi[2]:.3f}, 48x")
+    # shorter than 8x the training length: no Table 5 reading
+    assert not [f for f in findings(_results({"alibi": alibi}, lengths=(16, 32, 64, 112))) if "Table 5" in f["source"]]
