@@ -13,7 +13,7 @@ Cells:
   sliding-window layers where the config has them) vs ``use_cache=False``: max |step logits
   difference|, and whether the tokens are equal; encoders: none.
 * round trip: max |logits difference| after ``save_pretrained`` -> ``Auto*.from_pretrained``
-  (ALiBi on layer 0, RoPE on layer 1, encoding parameters perturbed).
+  (ALiBi and RoPE alternating, encoding parameters perturbed).
 * swap + Trainer: the ALiBi swap's training loss of one HF ``Trainer`` step and the largest
   parameter change.
 * windows/sinks: decoders: a posenc ``rope(window=4, sinks=true)`` on every layer, cached vs
@@ -69,7 +69,7 @@ def _parity(family: str, stock, ours) -> str:
 
 
 def _round_trip(family: str, stock) -> str:
-    model = ph.convert(stock, encoding=["alibi", "rope"]).eval()
+    model = ph.convert(stock, encoding="alibi,rope").eval()
     with torch.no_grad():
         for p in model.posenc_stack.parameters():
             p.add_(0.1 * torch.randn_like(p))

@@ -164,19 +164,6 @@ def test_gpt2_learned_equals_stock_gpt2():
     assert_close(logits(ours, ids), logits(stock, ids), n=n)
 
 
-def test_gpt2_scores_scaled_by_inverse_layer_index_equal_stock_gpt2():
-    """HF's per-layer score scale (``scale_attn_by_inverse_layer_idx``) becomes each layer's
-    ``score_scale`` (``PositionEncoding.set_scores``)."""
-    cfg = gpt2_config(scale_attn_by_inverse_layer_idx=True)
-    stock = GPT2LMHeadModel(cfg).eval()
-    ours = ph.convert(stock, encoding=["learned", "nope"])
-    assert ours.transformer.posenc.encoding(1).score_scale == pytest.approx(8**-0.5 / 2)
-    ids = torch.randint(0, V, (2, 20))
-    D = cfg.n_embd
-    n = cfg.n_layer * (attention_n(dim=D, length=20) + 5 * D + 2 * D) + 2 * D
-    assert_close(logits(ours, ids), logits(stock, ids), n=n)
-
-
 def test_per_layer_encodings_equal_hf_layers_run_by_hand():
     """["rope", "nope"]: layer 0 rotates, layer 1 does not. The oracle runs HF's own decoder
     layers with HF's rotation for layer 0 and the identity for layer 1."""
@@ -317,49 +304,6 @@ def test_posenc_llama_config_builds_directly():
     assert logits(model.eval(), torch.randint(0, V, (1, 5))).shape == (1, 5, V)
 
 
-# ============================================================================ layouts
-def _meta_rotate(x: torch.Tensor, pos: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
-    """Meta's Llama rotary, written out: pairs (x_2k, x_2k+1) as complex numbers times e^{i·p·θ_k}."""
-    Dh = x.shape[-1]
-    theta = 1.0 / base ** (torch.arange(0, Dh, 2).double() / Dh)
-    freqs = torch.polar(torch.ones(len(pos), Dh // 2, dtype=torch.float64), pos.double()[:, None] * theta)
-    xc = torch.view_as_complex(x.double().reshape(*x.shape[:-1], Dh // 2, 2))
-    return torch.view_as_real(xc * freqs).flatten(-2)
-
-
-def test_rope_layout_converts_meta_checkpoints_to_hf_and_back():
-    cfg = llama_config()
-    hf_model = LlamaForCausalLM(cfg).eval()
-    hf_state = hf_model.state_dict()
-    meta_state = ph.rope_layout(hf_state, cfg, to="interleaved")
-    back = ph.rope_layout(meta_state, cfg, to="half")
-    assert all(torch.equal(back[k], hf_state[k]) for k in hf_state)
-    assert not torch.equal(
-        meta_state["model.layers.0.self_attn.q_proj.weight"], hf_state["model.layers.0.self_attn.q_proj.weight"]
-    )
-    # Meta's rotation on the interleaved weights gives HF's scores on the half-split ones
-    x = torch.randn(10, cfg.hidden_size, dtype=torch.float64)
-    pos = torch.arange(10)
-    Dh, H, KV = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    wq, wk = (meta_state[f"model.layers.0.self_attn.{n}_proj.weight"].double() for n in "qk")
-    q = _meta_rotate((x @ wq.T).view(10, H, Dh).transpose(0, 1), pos)
-    k = _meta_rotate((x @ wk.T).view(10, KV, Dh).transpose(0, 1), pos).repeat_interleave(H // KV, 0)
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    cos, sin = hf_model.model.rotary_emb(x.float(), pos[None])
-    hq = (x.float() @ hf_state["model.layers.0.self_attn.q_proj.weight"].T).view(1, 10, H, Dh).transpose(1, 2)
-    hk = (x.float() @ hf_state["model.layers.0.self_attn.k_proj.weight"].T).view(1, 10, KV, Dh).transpose(1, 2)
-    hq, hk = apply_rotary_pos_emb(hq, hk, cos, sin)
-    hk = hk.repeat_interleave(H // KV, 1)
-    assert_close((hq @ hk.transpose(-1, -2))[0], (q @ k.transpose(-1, -2)).float(), n=cfg.hidden_size + Dh)
-    # whole models: posenc's interleaved layout on Meta's weights equals stock HF on HF's
-    meta_model = LlamaForCausalLM(cfg)
-    meta_model.load_state_dict(meta_state)
-    ours = ph.convert(meta_model, encoding="rope", layout="interleaved").eval()
-    ids = torch.randint(0, V, (2, 24))
-    assert_close(logits(ours, ids), logits(hf_model, ids), n=llama_n(cfg, 24))
-
-
 def test_layer_patterns_and_layer_specs_convert_like_lists():
     """posenc's one syntax for per-layer encodings (posenc.layers) works in convert too."""
     stock = LlamaForCausalLM(llama_config(num_hidden_layers=4))
@@ -396,9 +340,8 @@ def test_errors_name_the_bad_value():
         ph.PosencLlamaConfig(**llama_config().to_dict() | {"posenc_layers": [{"encoding": "rope"}]})
     with pytest.raises(ValueError, match="'to' must be|to must be"):
         ph.rope_layout({}, llama_config(), to="meta")
-    grouped = ph.convert(llama, encoding="deberta")  # share_att_key: W_K of grouped key heads is too narrow
-    with pytest.raises(ValueError, match="share_att_key needs the layer's key projection to give heads\\*head_dim"):
-        grouped(torch.randint(0, V, (1, 4)))
+    with pytest.raises(ValueError, match=r"layer 0 \(rope\(kv_heads=1\)\) sets \['kv_heads'\]"):
+        ph.convert(llama, encoding="rope(kv_heads=1)")
 
 
 def test_posenc_implementation_on_an_unconverted_model_is_an_error():

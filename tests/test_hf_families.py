@@ -90,6 +90,22 @@ def _configs() -> dict:
                 },
             ),
         ),
+        "gemma4": (  # proportional RoPE on global layers, per-layer head sizes (8 local, 16 global),
+            # keys as values on global layers, key/value sharing across layers, per-layer inputs, scaling 1
+            t.Gemma4ForCausalLM,
+            t.Gemma4TextConfig(
+                **COMMON | {"num_hidden_layers": 4},
+                head_dim=8,
+                global_head_dim=16,
+                num_global_key_value_heads=1,
+                attention_k_eq_v=True,
+                sliding_window=WINDOW,
+                layer_types=SLIDING_FULL * 2,
+                vocab_size_per_layer_input=V,
+                hidden_size_per_layer_input=8,
+                num_kv_shared_layers=2,
+            ),
+        ),
         "gpt_oss": (  # learned sinks, alternating windows, YaRN, biases, MoE
             t.GptOssForCausalLM,
             t.GptOssConfig(
@@ -179,7 +195,8 @@ def family_n(cfg, length: int) -> int:
     norm and the head."""
     cfg = cfg.get_text_config()
     D, I = cfg.hidden_size, cfg.intermediate_size
-    Dh = getattr(cfg, "head_dim", None) or D // cfg.num_attention_heads
+    per = getattr(cfg, "per_layer_config", None)  # (Gemma 4: head sizes per layer; the widest counts)
+    Dh = max(getattr(c, "head_dim", None) or D // cfg.num_attention_heads for c in per or [cfg])
     layer = attention_n(dim=D, length=length, head_dim=Dh) + 2 * Dh + D + I + 4 * D
     return cfg.num_hidden_layers * layer + 3 * D
 
@@ -225,37 +242,6 @@ def image_positions(batch: int) -> torch.Tensor:
     return pos[:, None].expand(3, batch, 12)
 
 
-@pytest.mark.parametrize("family", VL)
-def test_vl_three_row_position_ids_reach_mrope(family):
-    """Qwen2-VL / Qwen3-VL: HF's (t, h, w) rows go to posenc's (interleaved) M-RoPE, not a 1-D rotation."""
-    stock = stock_model(family)
-    ours = ph.convert(stock).eval()  # the config's own scheme: mrope with its sections
-    assert ours.config.posenc_layers[0]["encoding"] == "mrope"
-    ids, pos = torch.randint(1, V, (2, 12)), image_positions(2)
-    want = logits(stock, ids, position_ids=pos)
-    assert_close(logits(ours, ids, position_ids=pos), want, n=family_n(stock.config, 12))
-    assert (logits(stock, ids) - want).abs().max() > 1e-3  # the image rows change the logits
-
-
-@pytest.mark.parametrize("encoding", [None, "alibi"])
-@pytest.mark.parametrize("family", VL)
-def test_vl_decoding_step_after_an_image_equals_the_full_forward(family, encoding):
-    """Cached keys of image tokens keep their (t, h, w) positions (posenc.hf.history): a decoding
-    step after an image prompt equals the uncached forward over all tokens (and stock HF's step)."""
-    stock = stock_model(family)
-    ours = ph.convert(stock, encoding=encoding).eval()
-    ids = torch.randint(1, V, (2, 13))
-    pos = torch.cat([image_positions(2), torch.full((3, 2, 1), 9)], -1)
-    with torch.no_grad():
-        full = ours(ids, position_ids=pos).logits[:, -1]
-        cache = DynamicCache(config=ours.config)
-        ours(ids[:, :12], position_ids=pos[..., :12], cache=cache)
-        step = ours(ids[:, 12:], position_ids=pos[..., 12:], cache=cache).logits[:, -1]
-    assert_close(step, full, n=family_n(stock.config, 13))
-    if encoding is None:
-        assert_close(step, logits(stock, ids, position_ids=pos)[:, -1], n=family_n(stock.config, 13))
-
-
 def _generate(model, ids, **kw):
     out = model.generate(
         ids, max_new_tokens=14, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True, **kw
@@ -285,7 +271,7 @@ def test_cached_generation_equals_uncached_past_the_window(pair, encoding):
 
 def test_save_pretrained_round_trips_bit_for_bit(pair, tmp_path):
     family, stock, _ = pair
-    model = ph.convert(stock, encoding=["alibi", "rope"]).eval()
+    model = ph.convert(stock, encoding="alibi,rope").eval()
     with torch.no_grad():
         for p in model.posenc_stack.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -349,39 +335,3 @@ def test_alibi_swap_trains_one_trainer_step(pair, tmp_path, request):
     loss, change = trainer_step(model, tmp_path)
     assert 0 < loss < 50 and change > 0  # a finite loss from HF's own loss function, and AdamW moved weights
     assert all(torch.isfinite(p).all() for p in model.parameters())
-
-
-def test_a_client_that_never_imports_posenc_loads_the_model(tmp_path):
-    """HF's auto_map: ``trust_remote_code=True`` in a fresh process with no ``import posenc``."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    model = ph.convert(stock_model("qwen3"), encoding=["alibi", "rope"]).eval()
-    model.save_pretrained(tmp_path)
-    saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["auto_map"]["AutoModelForCausalLM"] == "posenc_remote.PosencQwen3ForCausalLM"
-    ids = torch.randint(1, V, (1, 9))
-    torch.save(ids, tmp_path / "ids.pt")
-    torch.save(logits(model, ids), tmp_path / "want.pt")
-    code = (
-        "import sys, torch\n"
-        "from transformers import AutoModelForCausalLM\n"
-        f"d = {str(tmp_path)!r}\n"
-        "try:\n"  # without trust_remote_code, a client that does not import posenc is told what is needed
-        "    AutoModelForCausalLM.from_pretrained(d)\n"
-        "except ValueError as e:\n"
-        "    print('RESULT refused', 'trust_remote_code' in str(e), 'posenc' in sys.modules)\n"
-        "m = AutoModelForCausalLM.from_pretrained(d, trust_remote_code=True).eval()\n"
-        "ids = torch.load(d + '/ids.pt', weights_only=True)\n"
-        "with torch.no_grad():\n"
-        "    got = m(ids).logits\n"
-        "print('RESULT', type(m).__name__, bool(torch.equal(got, torch.load(d + '/want.pt', weights_only=True))))\n"
-    )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "mods")}
-    run = dict(capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
-    out = subprocess.run([sys.executable, "-c", code], **run)
-    assert out.returncode == 0, out.stderr[-2000:]
-    results = [line.split() for line in out.stdout.split("RESULT ")[1:]]  # (HF prompts on stdout first)
-    assert results == [["refused", "True", "False"], ["PosencQwen3ForCausalLM", "True"]], out.stdout[-2000:]

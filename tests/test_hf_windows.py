@@ -118,7 +118,7 @@ def test_modernbert_local_window_is_inclusive():
 
     stock = stock_model("modernbert")
     ours = ph.convert(stock, encoding="rope").eval()
-    ids = torch.randint(1, V, (1, 20))
+    ids = torch.randint(1, stock.config.vocab_size, (1, 20))
     masks = []
 
     def spy(*args, **kwargs):

@@ -32,202 +32,19 @@ What the attention interface does not carry, and how it is rebuilt here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import torch
 from torch import Tensor, nn
 from transformers import AttentionInterface
-from transformers.masking_utils import (
-    AttentionMaskInterface,
-    bidirectional_mask_function,
-    causal_mask_function,
-    find_packed_sequence_indices,
-    prepare_padding_mask,
-)
+from transformers.masking_utils import AttentionMaskInterface
 
-from .. import functional as PF
 from ..backends import attend
 from ..base import PositionEncoding, Stage
 from ..context import Context
 from ..mask import AttentionMask
+from .masks import PosencMask, mask_interface
 
 __all__ = ["NAME", "PosencMask", "attention_forward", "mask_interface", "register", "layer_encoding"]
 
 NAME = "posenc"
-
-
-@dataclass(eq=False)
-class PosencMask:
-    """The mask of one forward call (of one layer type), as HF's mask machinery describes it.
-
-    Shapes: ``padding`` ``(B, Lk)`` bool, True = a real token, or None when nothing is
-    padded. ``q_offset`` tokens came before the ``q_length`` new ones; the layer's cache
-    holds ``kv_length`` key slots, slot ``s`` holding token ``kv_offset + s`` (a sliding-window
-    cache drops the first ``kv_offset`` tokens; a static cache holds more slots than tokens:
-    the unused ones lie in the causal future and are never seen). ``window``: HF's sliding
-    window in posenc's terms (:class:`posenc.AttentionMask`: ``W`` keys up to the query
-    included, causal; ``|i - j| < W`` bidirectional); None: none.
-    """
-
-    batch_size: int
-    q_length: int
-    kv_length: int
-    q_offset: int
-    padding: Tensor | None
-    causal: bool = True
-    kv_offset: int = 0
-    window: int | None = None
-    _memo: dict = field(default_factory=dict, repr=False)
-
-    # HF's generate and create_causal_mask treat a prepared mask like a 4-D tensor
-    ndim = 4
-
-    def contiguous(self) -> PosencMask:
-        return self
-
-    @property
-    def cached(self) -> int:
-        """Key slots before the first query (cached keys this layer still holds)."""
-        return self.q_offset - self.kv_offset
-
-    def positions(
-        self,
-        position_ids: Tensor | None,
-        batch: int,
-        kwargs: dict,
-        axes: Tensor | None = None,
-        past: Tensor | None = None,
-        multimodal: bool = False,
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """``(q_pos (B|1, Lq[, A]), k_pos (B|1, Lk[, A]), documents (B, L) or None)``, computed once per call.
-
-        ``axes``: HF's multimodal ``(A, B, Lq)`` position ids (Qwen2-VL's ``(t, h, w)``, read off
-        the model's rotary embedding) for an encoding with ``A`` coordinates per position;
-        ``past`` ``(B, c[, A])``: the positions of the ``c`` cached keys, when known
-        (:mod:`posenc.hf.history`), else they run contiguously up to the first new token.
-        ``multimodal``: the positions are a multimodal row (an image's patches repeat ``t``), so
-        packed documents come only from the collator's ``cu_seq_lens``, never from restarts.
-        Every layer gets the same ``position_ids`` tensor, so the result is memoised on it.
-        """
-        key = (position_ids, axes, past)
-        memo = self._memo.get("positions")
-        if memo is not None and all(a is b for a, b in zip(memo[0], key)):
-            return memo[1]
-        Lq, c = self.q_length, self.cached
-        if axes is not None:
-            q_pos = PF.check_positions(axes.permute(1, 2, 0), Lq, name="position_ids", batch=batch, axes=axes.shape[0])
-        elif position_ids is None:
-            q_pos = PF.default_positions(Lq, offset=self.q_offset).unsqueeze(0)
-        else:
-            q_pos = PF.check_positions(position_ids, Lq, name="position_ids", batch=batch)
-        q_pos = q_pos.to(self.padding.device if self.padding is not None else q_pos.device)
-        k_pos = q_pos
-        steps = torch.arange(c, device=q_pos.device)
-        if c:  # cached keys: as recorded, or contiguous up to the first new token (on every axis)
-            if past is None:
-                past = (q_pos[:, :1] - c + (steps if q_pos.dim() == 2 else steps[:, None])).clamp(min=0)
-            k_pos = torch.cat((past.to(q_pos), q_pos), dim=1)
-        if self.kv_length > k_pos.shape[1]:  # static cache: free slots, all in the causal future
-            extra = torch.arange(1, self.kv_length - k_pos.shape[1] + 1, device=k_pos.device)
-            k_pos = torch.cat((k_pos, k_pos[:, -1:] + (extra if k_pos.dim() == 2 else extra[:, None])), dim=1)
-        documents = None
-        if c == 0 and self.kv_length == Lq and self.padding is None:
-            # (multimodal positions repeat within an image: only the collator's cu_seq_lens count)
-            restarts = q_pos if axes is None and not multimodal else None
-            documents = _documents(restarts, batch, kwargs, Lq, q_pos.device)
-        out = (q_pos, k_pos, documents)
-        self._memo["positions"] = (key, out)
-        return out
-
-
-def _documents(q_pos: Tensor | None, batch: int, kwargs: dict, length: int, device) -> Tensor | None:
-    """Document index of every token ``(B, L)`` int64, or None for one document per row."""
-    cu = kwargs.get("cu_seq_lens_q")
-    if cu is not None and batch == 1:
-        cu = torch.as_tensor(cu, device=device).long()
-        if cu.numel() <= 2:
-            return None
-        # token t lies in document d when cu[d] <= t < cu[d + 1]
-        return torch.bucketize(torch.arange(length, device=device), cu[1:-1], right=True)[None]
-    if q_pos is None:
-        return None
-    return find_packed_sequence_indices(q_pos.expand(batch, -1))
-
-
-def _mask_parts(fn, depth: int = 0) -> set[str]:
-    """Qualified names of the functions HF composed into the mask function ``fn``
-    (``and_masks``/``or_masks`` keep their parts in closure cells)."""
-    out = {getattr(fn, "__qualname__", "")}
-    if depth < 6:
-        for cell in getattr(fn, "__closure__", None) or ():
-            items = cell.cell_contents
-            for item in items if isinstance(items, (tuple, list)) else (items,):
-                if callable(item) and hasattr(item, "__qualname__"):
-                    out |= _mask_parts(item, depth + 1)
-    return out
-
-
-def mask_interface(
-    batch_size: int,
-    q_length: int,
-    kv_length: int,
-    q_offset: int = 0,
-    kv_offset: int = 0,
-    mask_function=causal_mask_function,
-    attention_mask: Tensor | None = None,
-    local_size: int | None = None,
-    **kwargs,
-) -> PosencMask:
-    """HF mask function for ``"posenc"``: a :class:`PosencMask` rather than a tensor.
-
-    Takes HF's causal and bidirectional masks, with or without its sliding window
-    (``create_sliding_window_causal_mask``: ``kv > q - W``, posenc's ``window=W``;
-    ``create_bidirectional_sliding_window_mask``: ``|q - kv| <= W`` inclusive, posenc's
-    ``window=W+1``, since posenc's bidirectional window is ``|i - j| < W``), padding, packed
-    documents, and the key offset of HF's sliding-window caches.
-
-    Raises:
-        ValueError: another mask pattern (chunked attention, a model's own
-            ``or_mask_function``/``and_mask_function``).
-    """
-    if isinstance(attention_mask, PosencMask):  # already prepared (generate with a static cache)
-        return attention_mask
-    parts = _mask_parts(mask_function)
-    if mask_function is not causal_mask_function and kwargs.get("use_vmap"):
-        # HF composes packed-document masks without vmap; a vmap'd mask means the model added
-        # its own or/and mask function, which posenc cannot see into
-        raise ValueError(
-            "this model adds its own mask pattern (or_mask_function/and_mask_function), which posenc's HF adapter "
-            "does not run; supported: causal and bidirectional masks, sliding windows, padding, packed documents"
-        )
-    if any(p.startswith("chunked_overlay") for p in parts):
-        raise ValueError(
-            f"posenc's HF adapter does not run HF's chunked masks (local_size={local_size}); give the layers "
-            "posenc chunks instead (encoding='irope' or LayerSpec(chunk=...))"
-        )
-    causal = mask_function is not bidirectional_mask_function and not any(
-        p.startswith(("bidirectional_mask_function", "sliding_window_bidirectional")) for p in parts
-    )
-    window = None
-    if any(p.startswith("sliding_window_bidirectional_overlay") for p in parts):
-        window = int(local_size) + 1  # |i - j| <= W in HF is |i - j| < W + 1 in posenc
-    elif any(p.startswith("sliding_window_overlay") for p in parts):
-        window = int(local_size)  # kv > q - W: the same W keys as posenc's window
-    padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
-    if padding is not None:
-        padding = padding[:, :kv_length].bool()
-        if bool(padding.all()):
-            padding = None
-    return PosencMask(
-        batch_size=batch_size,
-        q_length=q_length,
-        kv_length=kv_length,
-        q_offset=int(q_offset),
-        padding=padding,
-        causal=causal,
-        kv_offset=int(kv_offset),
-        window=window,
-    )
 
 
 def layer_encoding(module: nn.Module) -> PositionEncoding:
@@ -287,8 +104,8 @@ def attention_forward(
     axes, past, position_ids, multimodal = None, None, kwargs.get("position_ids"), False
     rotary = module.__dict__.get("posenc_rotary")
     got, held = getattr(rotary, "positions", None), getattr(rotary, "past", None)
-    if got is not None and got.shape[-1] == Lq:
-        c = mask.cached
+    if got is not None and got.shape[-1] == Lq + mask.dropped:
+        c = mask.cached - mask.dropped
         if held is not None and c and held.shape[-1] >= c:
             held = held[..., held.shape[-1] - c :]
         else:

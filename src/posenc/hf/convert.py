@@ -81,7 +81,7 @@ def convert(model: nn.Module, encoding=None, *, share: bool | None = None, **opt
     new_base = _path(new, family.base)
     new_base.posenc.unwire()
     with torch.device(device):  # the encodings, built for real (posenc initialises them)
-        new_base.posenc = PosencStack(specs, family.dims(config), share, causal=family.causal)
+        new_base.posenc = PosencStack(specs, family.layer_dims(config, depth), share, causal=family.causal)
     if dtype.is_floating_point and dtype != torch.float32:
         new_base.posenc.to(dtype)
     blocks = list(getattr(new_base, family.layers))

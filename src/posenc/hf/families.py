@@ -75,14 +75,33 @@ class Family:
         """The config of the language model (``config`` itself unless the family has a ``sub``)."""
         return getattr(config, self.sub) if self.sub else config
 
-    def dims(self, config) -> Dims:
+    def layer_dims(self, config, depth: int) -> Dims | list[Dims]:
+        """One :class:`Dims` for every layer, or one per layer where the config gives layers their
+        own head size or key heads (Gemma 4's ``per_layer_config``)."""
+        if not getattr(self.text_config(config), "per_layer_config", None):
+            return self.dims(config)
+        dims = [self.dims(config, i) for i in range(depth)]
+        return dims[0] if len(set(dims)) == 1 else dims
+
+    def rotary_widths(self, config, depth: int) -> int | dict:
+        """The width of the model's ``cos``/``sin``: one, or one per layer type (Gemma 4)."""
+        dims = self.layer_dims(config, depth)
+        if isinstance(dims, Dims):
+            return int(dims.head_dim * self.rotary_width)
+        types = getattr(self.text_config(config), "layer_types", None) or [None] * depth
+        return {t: int(d.head_dim * self.rotary_width) for t, d in zip(types, dims)}
+
+    def dims(self, config, layer: int = 0) -> Dims:
+        """The sizes of layer ``layer`` (every layer's, unless the config has ``per_layer_config``)."""
         config = self.text_config(config)
         if self.model_type == "gpt2":
             H = config.n_head
             return Dims(H, H, config.n_embd // H, config.n_embd, config.n_positions)
-        H = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // H
-        kv = getattr(config, "num_key_value_heads", None) or H
+        per = getattr(config, "per_layer_config", None)
+        own = per[layer] if per else config  # (a heterogeneous config refuses global reads of per-layer sizes)
+        H = own.num_attention_heads
+        head_dim = getattr(own, "head_dim", None) or own.hidden_size // H
+        kv = getattr(own, "num_key_value_heads", None) or H
         max_len = getattr(config, "max_position_embeddings", None)
         return Dims(H, kv, head_dim, config.hidden_size, max_len)
 
@@ -109,6 +128,7 @@ FAMILIES: dict[str, Family] = {
         Family("phi3", "Phi3ForCausalLM", qk=("fused", "qkv_proj"), partial_rotary=True),
         Family("gemma2", "Gemma2ForCausalLM"),
         Family("gemma3_text", "Gemma3ForCausalLM"),
+        Family("gemma4_text", "Gemma4ForCausalLM"),
         Family("gpt_oss", "GptOssForCausalLM", rotary_width=0.5),
         Family(
             "qwen2_vl",

@@ -54,7 +54,6 @@ class _PosencModel:
 
     def _posenc_attach(self) -> None:
         config, fam = self.config, self.family
-        dims = fam.dims(config)
         text = fam.text_config(config)
         if getattr(text, fam.dropout, 0.0):
             where = f"{fam.sub}." if fam.sub else ""
@@ -66,8 +65,9 @@ class _PosencModel:
         blocks = list(getattr(base, fam.layers))
         layers = check_layers(config.posenc_layers, len(blocks))
         attns = [getattr(b, fam.attention) for b in blocks]
-        off = RotaryOff(int(dims.head_dim * fam.rotary_width)) if fam.off == "rotary" else PositionsOff()
+        off = RotaryOff(fam.rotary_widths(config, len(blocks))) if fam.off == "rotary" else PositionsOff()
         setattr(base, fam.positions, off)
+        dims = fam.layer_dims(config, len(blocks))
         base.posenc = PosencStack(layers, dims, config.posenc_share, causal=fam.causal)
         rotary = off if fam.off == "rotary" else None
         base.posenc.wire(blocks, attns, fam.qk, rotary, base if fam.default == "mrope" else None)
@@ -121,7 +121,7 @@ def _restore(enc: PositionEncoding, stack: PosencStack) -> None:
         return
     index = next(i for i, e in enumerate(stack.encodings) if e is enc)
     spec = stack.specs[stack.layer_index.index(index)]
-    fresh = build_encoding(spec, stack.dims, stack.causal).state_dict()
+    fresh = build_encoding(spec, stack.layer_dims[stack.layer_index.index(index)], stack.causal).state_dict()
     for name, p in enc.named_parameters():
         if name in missing:
             p.copy_(fresh[name].to(p.dtype))

@@ -16,6 +16,7 @@ from .rope_config import rope_options_for
 __all__ = ["check_layers", "layer_specs", "default_specs"]
 
 _EXTRA = ("window", "chunk", "sinks")
+_MODEL_FIELDS = ("kv_heads", "score_scale", "softcap")  # LayerSpec fields the HF model fixes
 
 
 def check_layers(specs, depth: int) -> list[dict]:
@@ -109,6 +110,12 @@ def layer_specs(encoding, options: dict, depth: int, config, family) -> list[dic
             name, own = e["encoding"], dict(e.get("options") or {})
             extra = {k: e[k] for k in _EXTRA if e.get(k) not in (None, False)}
         elif isinstance(e, LayerSpec):
+            fixed = [k for k in _MODEL_FIELDS if getattr(e, k, None) is not None]
+            if fixed:
+                raise ValueError(
+                    f"layer {i} ({e.describe()}) sets {fixed}; in a Hugging Face model the model's own attention "
+                    "decides these (its key heads, scaling and soft-capping): leave them out"
+                )
             name, own = e.encoding, dict(e.options)
             extra = {k: getattr(e, k) for k in _EXTRA if getattr(e, k) not in (None, False)}
         else:

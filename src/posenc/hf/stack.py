@@ -31,8 +31,8 @@ from ..base import PositionEncoding, Stage
 from ..cache import InputHistory, run_input_stage
 from ..layer_encodings import layer_encodings
 from ..registry import build, resolve
-from .attention import PosencMask
 from .history import PositionHistory
+from .masks import PosencMask
 
 __all__ = ["PosencStack", "RotaryOff", "PositionsOff", "Dims"]
 
@@ -57,15 +57,18 @@ class RotaryOff(nn.Module):
     built them) are kept in :attr:`positions` for the attention function of this forward.
     """
 
-    def __init__(self, head_dim: int) -> None:
+    def __init__(self, head_dim: int | dict) -> None:
         super().__init__()
-        self.head_dim = head_dim
+        self.head_dim = head_dim  # or {layer_type: width} where layer types differ (Gemma 4)
         self.positions: Tensor | None = None
         self.past: Tensor | None = None  # (A, B, c): positions of the cached tokens (posenc.hf.history)
 
     def forward(self, x: Tensor, position_ids: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         self.positions = position_ids if position_ids.dim() == 3 else None
-        shape = (*position_ids.shape[-2:], self.head_dim)  # (B|1, L, Dh)
+        width = self.head_dim
+        if isinstance(width, dict):
+            width = width[args[0] if args else kwargs["layer_type"]]
+        shape = (*position_ids.shape[-2:], width)  # (B|1, L, Dh)
         return x.new_ones(shape), x.new_zeros(shape)
 
 
@@ -104,9 +107,12 @@ class _RowSlice:
         return nn.functional.linear(x, w.to(x.dtype), None if b is None else b[self.start : self.stop].to(x.dtype))
 
 
-def qk_projections(attn: nn.Module, how: tuple[str, str], dims: Dims) -> tuple:
-    """The layer's ``(W_Q, W_K)`` as callables, however the family stores them."""
+def qk_projections(attn: nn.Module, how: tuple[str, str], dims: Dims) -> tuple | None:
+    """The layer's ``(W_Q, W_K)`` as callables, however the family stores them; None for a layer
+    without its own (Gemma 4's key/value-sharing layers)."""
     kind, name = how
+    if not hasattr(attn, name):
+        return None
     q_width, k_width = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
     if kind == "conv1d":
         return _FusedSlice(getattr(attn, name), 0, q_width), _FusedSlice(
@@ -159,16 +165,23 @@ class PosencStack(nn.Module):
 
     Args:
         layers: one spec ``{"encoding": name, "options": {...}}`` per decoder layer.
-        dims: the model's sizes.
+        dims: the model's sizes, or one :class:`Dims` per layer where head sizes differ
+            between layers (Gemma 4's global layers); :attr:`dims` is then layer 0's.
         share: one instance for equal specs across layers; None follows each encoding
             (``share_across_layers``), as :class:`posenc.TransformerLM` does.
     """
 
     def __init__(self, layers: list[dict], dims: Dims, share: bool | None = None, causal: bool = True) -> None:
         super().__init__()
-        self.dims, self.specs, self.causal = dims, [dict(s) for s in layers], causal
-        keys = [repr((spec["encoding"], sorted((spec.get("options") or {}).items()))) for spec in layers]
-        encs = layer_encodings(keys, lambda i: build_encoding(layers[i], dims, causal), share)  # as TransformerLM does
+        per_layer = list(dims) if isinstance(dims, (list, tuple)) else [dims] * len(layers)
+        self.dims, self.layer_dims, self.specs, self.causal = per_layer[0], per_layer, [dict(s) for s in layers], causal
+        keys = [
+            repr((spec["encoding"], sorted((spec.get("options") or {}).items()), per_layer[i]))
+            for i, spec in enumerate(layers)
+        ]
+        encs = layer_encodings(
+            keys, lambda i: build_encoding(layers[i], per_layer[i], causal), share
+        )  # as TransformerLM
         self.encodings = nn.ModuleList(encs)
         # learned sink logits (gpt-oss) of the layers whose spec asks for them, zero-initialised as posenc.Attention's
         self.sinks = nn.ParameterDict(
@@ -210,7 +223,6 @@ class PosencStack(nn.Module):
                 encoding that HF scales differently; learned sinks on a layer that has HF's own.
         """
         self.unwire()
-        d = self.dims
         before: dict[int, list[int]] = {}  # block -> indices of the encodings whose input stage runs there
         scores: dict[int, tuple] = {}  # encoding index -> (scale, softcap) given to it
         for i, attn in enumerate(attentions):
@@ -240,7 +252,7 @@ class PosencStack(nn.Module):
                         runs.append(self.layer_index[i])
             # the layer's W_Q/W_K, read by an encoding that projects its own table with them
             # (DeBERTa's share_att_key, which refuses a W_K of grouped key heads)
-            attn.__dict__["posenc_qk_proj"] = qk_projections(attn, qk, d)
+            attn.__dict__["posenc_qk_proj"] = qk_projections(attn, qk, self.layer_dims[i])
         for at, which in before.items():
             hook = functools.partial(self._input_hook, which, at)
             self._handles.append(layers[at].register_forward_pre_hook(hook, with_kwargs=True))
@@ -250,7 +262,7 @@ class PosencStack(nn.Module):
     def _set_scores(self, i: int, attn: nn.Module, enc: PositionEncoding, done: dict) -> None:
         """Give ``enc`` layer ``i``'s score scale and soft-cap (None where they are posenc's own)."""
         hf_scale = getattr(attn, "scaling", None)
-        scale = float(hf_scale) if hf_scale is not None else self.dims.head_dim**-0.5
+        scale = float(hf_scale) if hf_scale is not None else self.layer_dims[i].head_dim ** -0.5
         cap = getattr(attn, "attn_logit_softcapping", None)
         cap = float(cap) if cap else None
         own = enc.head_dim**-0.5  # (an input-stage encoding may be built one head wide)

@@ -1,0 +1,99 @@
+"""``posenc.hf`` beyond the per-family matrix: Qwen2-VL/Qwen3-VL multimodal positions, HF's
+per-layer score scales, and loading a converted model in a client that never imports posenc.
+
+Oracles: stock HF models with the same weights (tiny random configs, no download); for the
+cached decoding step, the uncached forward over every token.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.conftest import assert_close, attention_n
+from tests.test_hf import gpt2_config
+from tests.test_hf_families import VL, V, family_n, image_positions, logits, stock_model
+
+transformers = pytest.importorskip("transformers")
+from transformers import DynamicCache, GPT2LMHeadModel  # noqa: E402
+
+import posenc.hf as ph  # noqa: E402
+
+
+@pytest.mark.parametrize("family", VL)
+def test_vl_three_row_position_ids_reach_mrope(family):
+    """Qwen2-VL / Qwen3-VL: HF's (t, h, w) rows go to posenc's (interleaved) M-RoPE, not a 1-D rotation."""
+    stock = stock_model(family)
+    ours = ph.convert(stock).eval()  # the config's own scheme: mrope with its sections
+    assert ours.config.posenc_layers[0]["encoding"] == "mrope"
+    ids, pos = torch.randint(1, V, (2, 12)), image_positions(2)
+    want = logits(stock, ids, position_ids=pos)
+    assert_close(logits(ours, ids, position_ids=pos), want, n=family_n(stock.config, 12))
+    assert (logits(stock, ids) - want).abs().max() > 1e-3  # the image rows change the logits
+
+
+@pytest.mark.parametrize("encoding", [None, "alibi"])
+@pytest.mark.parametrize("family", VL)
+def test_vl_decoding_step_after_an_image_equals_the_full_forward(family, encoding):
+    """Cached keys of image tokens keep their (t, h, w) positions (posenc.hf.history): a decoding
+    step after an image prompt equals the uncached forward over all tokens (and stock HF's step)."""
+    stock = stock_model(family)
+    ours = ph.convert(stock, encoding=encoding).eval()
+    ids = torch.randint(1, V, (2, 13))
+    pos = torch.cat([image_positions(2), torch.full((3, 2, 1), 9)], -1)
+    with torch.no_grad():
+        full = ours(ids, position_ids=pos).logits[:, -1]
+        cache = DynamicCache(config=ours.config)
+        ours(ids[:, :12], position_ids=pos[..., :12], cache=cache)
+        step = ours(ids[:, 12:], position_ids=pos[..., 12:], cache=cache).logits[:, -1]
+    assert_close(step, full, n=family_n(stock.config, 13))
+    if encoding is None:
+        assert_close(step, logits(stock, ids, position_ids=pos)[:, -1], n=family_n(stock.config, 13))
+
+
+def test_gpt2_scores_scaled_by_inverse_layer_index_equal_stock_gpt2():
+    """HF's per-layer score scale (``scale_attn_by_inverse_layer_idx``) becomes each layer's
+    ``score_scale`` (``PositionEncoding.set_scores``)."""
+    cfg = gpt2_config(scale_attn_by_inverse_layer_idx=True)
+    stock = GPT2LMHeadModel(cfg).eval()
+    ours = ph.convert(stock, encoding=["learned", "nope"])
+    assert ours.transformer.posenc.encoding(1).score_scale == pytest.approx(8**-0.5 / 2)
+    ids = torch.randint(0, V, (2, 20))
+    D = cfg.n_embd
+    n = cfg.n_layer * (attention_n(dim=D, length=20) + 5 * D + 2 * D) + 2 * D
+    assert_close(logits(ours, ids), logits(stock, ids), n=n)
+
+
+def test_a_client_that_never_imports_posenc_loads_the_model(tmp_path):
+    """HF's auto_map: ``trust_remote_code=True`` in a fresh process with no ``import posenc``."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    model = ph.convert(stock_model("qwen3"), encoding=["alibi", "rope"]).eval()
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["auto_map"]["AutoModelForCausalLM"] == "posenc_remote.PosencQwen3ForCausalLM"
+    ids = torch.randint(1, V, (1, 9))
+    torch.save(ids, tmp_path / "ids.pt")
+    torch.save(logits(model, ids), tmp_path / "want.pt")
+    code = (
+        "import sys, torch\n"
+        "from transformers import AutoModelForCausalLM\n"
+        f"d = {str(tmp_path)!r}\n"
+        "try:\n"  # without trust_remote_code, a client that does not import posenc is told what is needed
+        "    AutoModelForCausalLM.from_pretrained(d)\n"
+        "except ValueError as e:\n"
+        "    print('RESULT refused', 'trust_remote_code' in str(e), 'posenc' in sys.modules)\n"
+        "m = AutoModelForCausalLM.from_pretrained(d, trust_remote_code=True).eval()\n"
+        "ids = torch.load(d + '/ids.pt', weights_only=True)\n"
+        "with torch.no_grad():\n"
+        "    got = m(ids).logits\n"
+        "print('RESULT', type(m).__name__, bool(torch.equal(got, torch.load(d + '/want.pt', weights_only=True))))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "mods")}
+    run = dict(capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
+    out = subprocess.run([sys.executable, "-c", code], **run)
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = [line.split() for line in out.stdout.split("RESULT ")[1:]]  # (HF prompts on stdout first)
+    assert results == [["refused", "True", "False"], ["PosencQwen3ForCausalLM", "True"]], out.stdout[-2000:]
