@@ -6,6 +6,9 @@ configs of tests/test_hf_families.py (the installed transformers, no download).
 
 Cells:
 
+Each difference is followed by the suite's float32 bound for it (``≤``: tests/conftest.py's
+``tolerance`` with the reduction length of tests/test_hf_families.py's ``family_n``).
+
 * stock parity: max |logits(posenc, model's own scheme) - logits(stock HF)| over 2 x 20 tokens
   (every window of the tiny configs is 6 or 9 keys, so the windows are in play); VL families
   with image-like 3-row position ids.
@@ -31,10 +34,12 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from tests.conftest import tolerance  # noqa: E402
 from tests.test_hf_families import (  # noqa: E402
     FAMILIES,
     VL,
     V,
+    family_n,
     image_positions,
     logits,
     stock_model,
@@ -53,19 +58,26 @@ def _generate(model, ids, **kw):
     return out.sequences, torch.stack(out.logits, 1)
 
 
+def _bound(expected: torch.Tensor, cfg, length: int) -> float:
+    """The suite's float32 atol for these logits (tests/conftest.py tolerance, family_n)."""
+    magnitude = max(1.0, float(expected.abs().amax()))
+    return tolerance(torch.float32, n=family_n(cfg, length), magnitude=magnitude)["atol"]
+
+
 def _cached_vs_uncached(model) -> str:
     ids = torch.randint(1, V, (2, 5))
     cached, a = _generate(model, ids, cache=DynamicCache(config=model.config))
     uncached, b = _generate(model, ids, use_cache=False)
     same = "tokens equal" if torch.equal(cached, uncached) else "TOKENS DIFFER"
-    return f"{(a - b).abs().max().item():.1e}, {same}"
+    return f"{(a - b).abs().max().item():.1e} (≤ {_bound(b, model.config, 19):.0e}), {same}"
 
 
 def _parity(family: str, stock, ours) -> str:
     ids = torch.randint(1, V, (2, 20 if family not in VL else 12))
     kw = {"position_ids": image_positions(2)} if family in VL else {}
-    diff = (logits(ours, ids, **kw) - logits(stock, ids, **kw)).abs().max().item()
-    return f"{diff:.1e}"
+    want = logits(stock, ids, **kw)
+    diff = (logits(ours, ids, **kw) - want).abs().max().item()
+    return f"{diff:.1e} (≤ {_bound(want, stock.config, ids.shape[1]):.0e})"
 
 
 def _round_trip(family: str, stock) -> str:

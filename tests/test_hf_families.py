@@ -11,6 +11,8 @@ differences of these checks (the table in docs/hf.md).
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 from tests.conftest import assert_close, attention_n
@@ -179,7 +181,7 @@ VL = ("qwen2_vl", "qwen3_vl")
 
 
 def stock_model(family: str) -> torch.nn.Module:
-    torch.manual_seed(hash(family) % 1000)
+    torch.manual_seed(zlib.crc32(family.encode()))  # (str hash() changes per process)
     cls, cfg = _configs()[family]
     model = cls(cfg).eval()
     with torch.no_grad():  # norms, biases and sinks off their ones/zeros init, so a dropped one shows

@@ -185,7 +185,11 @@ class PosencStack(nn.Module):
         self.encodings = nn.ModuleList(encs)
         # learned sink logits (gpt-oss) of the layers whose spec asks for them, zero-initialised as posenc.Attention's
         self.sinks = nn.ParameterDict(
-            {str(i): nn.Parameter(torch.zeros(dims.heads)) for i, spec in enumerate(layers) if spec.get("sinks")}
+            {
+                str(i): nn.Parameter(torch.zeros(per_layer[i].heads))
+                for i, spec in enumerate(layers)
+                if spec.get("sinks")
+            }
         )
         self.layer_index: list[int] = encs.index
         self._handles: list = []
