@@ -115,7 +115,19 @@ def attention_forward(
         elif position_ids is None:  # a 1-D encoding in a multimodal model: the temporal row (text: t = h = w)
             position_ids, past, multimodal = got[0], None if held is None else held[0], True
     q_pos, k_pos, documents = mask.positions(position_ids, B, kwargs, axes, past, multimodal)
-    ctx = Context(q_pos, k_pos, qk_proj=module.__dict__.get("posenc_qk_proj"))
+    qk_proj = module.__dict__.get("posenc_qk_proj")
+    if enc.reads_input:  # FoX, Inkling: read_input on the module's hidden states (posenc.hf.hidden)
+        key, value, q_state, k_state, x = module.__dict__["posenc_hidden"].read(
+            module, enc, key, value, mask, documents
+        )
+        ctx = Context(q_pos, k_pos, x=x, q_state=q_state, k_state=k_state, qk_proj=qk_proj)
+    else:
+        ctx = Context(q_pos, k_pos, qk_proj=qk_proj)
+    if enc.per_head_keys and key.shape[1] != H:  # key-side stages with per-head parameters
+        key, value = (
+            key.repeat_interleave(H // key.shape[1], dim=1),
+            value.repeat_interleave(H // value.shape[1], dim=1),
+        )
     if enc.stages & Stage.QK:  # before grouped heads are repeated: one rotation per key head
         query, key = enc.rotate(query, key, q_pos, k_pos, ctx=ctx)
     if enc.rotates_value:

@@ -31,6 +31,7 @@ from ..base import PositionEncoding, Stage
 from ..cache import InputHistory, run_input_stage
 from ..layer_encodings import layer_encodings
 from ..registry import build, resolve
+from .hidden import HiddenReads, capture
 from .history import PositionHistory
 from .masks import PosencMask
 
@@ -147,11 +148,6 @@ def build_encoding(spec: dict, dims: Dims, causal: bool = True) -> PositionEncod
     if cls.stages & Stage.INPUT and heads * head_dim != dims.hidden:
         heads, head_dim = 1, dims.hidden
     enc = build(name, heads=heads, head_dim=head_dim, max_len=dims.max_len, causal=causal, **options)
-    if enc.reads_input:
-        raise ValueError(
-            f"encoding {name!r} computes its position term from the layer's hidden state (read_input); "
-            "posenc.hf does not hand the attention function the hidden state yet: use posenc.TransformerLM"
-        )
     if enc.input_at == "tokens":
         raise ValueError(
             f"encoding {name!r} with these options builds the token embedding from ids and positions together; "
@@ -193,6 +189,7 @@ class PosencStack(nn.Module):
         )
         self.layer_index: list[int] = encs.index
         self._handles: list = []
+        self.hidden = HiddenReads()  # read_input's keys and states per HF cache (FoX, Inkling)
         self._histories: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> {key: [history, seen]}
 
     def encoding(self, layer: int) -> PositionEncoding:
@@ -239,6 +236,9 @@ class PosencStack(nn.Module):
                 raise ValueError(f"layer {i} has HF's own learned sinks; its posenc spec cannot add sinks=True")
             if rotary is not None:
                 attn.__dict__["posenc_rotary"] = rotary
+            if enc.reads_input:  # the attention function needs the module's hidden states
+                attn.__dict__["posenc_hidden"] = self.hidden
+                self._handles.append(attn.register_forward_pre_hook(capture, with_kwargs=True))
             self._set_scores(i, attn, enc, scores)
             if enc.stages & Stage.INPUT:
                 if enc.input_at == "layer":
