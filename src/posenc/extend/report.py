@@ -102,6 +102,9 @@ def reading(results: dict, within: float) -> list[str]:
             who = [m for m, v in held.items() if v == far]
             out.append(f"Furthest within +{within:g} %: {', '.join(f'`{m}`' for m in who)} up to L={far} "
                        f"({far / train:g}x the training length).")  # fmt: skip
+        kept = [f"`{m}` {v}" for m, v in held.items() if v is not None]
+        if kept:
+            out.append("Held up to (tokens): " + ", ".join(kept) + ".")
         for m in methods:
             if held.get(m) is None and any(at.get((m, n), {}).get("applicable") for n in lengths):
                 out.append(f"`{m}` is above +{within:g} % already at its shortest length.")
