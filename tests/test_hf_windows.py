@@ -15,6 +15,8 @@ import pytest
 import torch
 from tests.conftest import assert_close
 from tests.test_hf import V, llama_config, llama_n, logits, perturb
+from tests.test_hf_families import V as FV
+from tests.test_hf_families import family_n, stock_model
 
 transformers = pytest.importorskip("transformers")
 from transformers import (  # noqa: E402
@@ -114,8 +116,6 @@ def test_modernbert_local_window_is_inclusive():
     """ModernBERT's local layers see ``|i - j| <= local_attention // 2`` (9 keys for 8): posenc's
     ``window=5`` (``|i - j| < 5``). Parity with stock is in tests/test_hf_families.py; the control
     here: reading HF's half-window as posenc's exclusive ``window=4`` changes the logits."""
-    from tests.test_hf_families import family_n, stock_model
-
     stock = stock_model("modernbert")
     ours = ph.convert(stock, encoding="rope").eval()
     ids = torch.randint(1, stock.config.vocab_size, (1, 20))
@@ -144,3 +144,17 @@ def test_modernbert_local_window_is_inclusive():
     want = logits(stock, ids)
     assert_close(got, want, n=family_n(stock.config, 20))
     assert (off_by_one - want).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3"])
+def test_static_cache_with_sliding_windows_equals_uncached(family):
+    """HF's static cache keeps a sliding layer's last W keys in a ring (StaticSlidingWindowLayer)."""
+    stock = stock_model(family)
+    model = ph.convert(stock).eval()
+    ids = torch.randint(1, FV, (2, 5))
+    static, static_logits = _generate(model, ids, cache_implementation="static")
+    uncached, uncached_logits = _generate(model, ids, use_cache=False)
+    assert torch.equal(static, uncached) and torch.equal(
+        static, _generate(stock, ids, cache_implementation="static")[0]
+    )
+    assert_close(static_logits, uncached_logits, n=family_n(model.config, 5 + 16))

@@ -9,16 +9,19 @@
     model.generate(ids, max_new_tokens=32)                  # HF caches, greedy or sampled
     model.save_pretrained("out")                            # config.json records the encodings
     model = AutoModelForCausalLM.from_pretrained("out")     # a PosencLlamaForCausalLM again
+    # (or, in a process without posenc imported: from_pretrained("out", trust_remote_code=True))
 
 Importing this module registers ``attn_implementation="posenc"`` with HF's
-``AttentionInterface`` and ``AttentionMaskInterface`` (:mod:`posenc.hf.attention`) and the
-model types ``posenc_llama`` / ``posenc_gpt2`` with ``AutoConfig`` and
-``AutoModelForCausalLM`` (:mod:`posenc.hf.models`). Nothing else global changes:
-:func:`convert` returns a new model and leaves the one it was given as it was.
+``AttentionInterface`` and ``AttentionMaskInterface`` (:mod:`posenc.hf.attention`,
+:mod:`posenc.hf.masks`) and one model type ``posenc_<model_type>`` per family with
+``AutoConfig`` and ``AutoModelForCausalLM`` / ``AutoModelForMaskedLM`` (:mod:`posenc.hf.models`).
+Nothing else global changes: :func:`convert` returns a new model and leaves the one it was
+given as it was.
 
-Covered: ``LlamaForCausalLM`` (rotary embedding switched off) and ``GPT2LMHeadModel``
-(learned ``wpe`` switched off), every registered encoding (``complex-order`` without a
-vocabulary; one that builds the token embedding from ids is refused).
+Covered: the families of :data:`posenc.hf.families.FAMILIES` (Llama, GPT-2, Qwen2, Qwen3,
+Mistral, Phi-3, Gemma 2/3/4, gpt-oss, Qwen2-VL, Qwen3-VL, ModernBERT; the model's own encoding
+switched off), every registered encoding (``complex-order`` without a vocabulary; one that
+builds the token embedding from ids is refused), per-layer windows, chunks and sinks.
 """
 
 from __future__ import annotations
