@@ -192,5 +192,6 @@ def register_auto() -> None:
             pass
 
 
+LLAMA, GPT2 = FAMILIES["llama"], FAMILIES["gpt2"]  # (the older module-level names of two rows)
 PosencLlamaConfig, PosencLlamaForCausalLM = posenc_classes("llama")
 PosencGPT2Config, PosencGPT2LMHeadModel = posenc_classes("gpt2")
