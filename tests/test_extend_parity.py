@@ -128,3 +128,13 @@ def test_sink_window_equals_full_forward_until_it_evicts():
     )
     assert not torch.allclose(sink[L:], full[L:], atol=1e-3)
     assert kv <= 2 * 2 * 2 * L * 8 * 4  # the cache never holds more than sinks + window tokens
+
+
+def test_extension_of_a_model_that_already_scales_its_rope():
+    # a checkpoint with linear scaling of its own: the scalings replace it, ReRoPE (defined on plain RoPE) is n/a
+    stock = LlamaForCausalLM(config(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}))
+    sub = subject(stock.eval())
+    model, opts, why = sub.variant("rerope", 4 * L)
+    assert model is None and "rope_scaling" in why
+    model, opts, why = sub.variant("yarn", 4 * L)
+    assert why is None and model.posenc_stack.encoding(0).rope_type == "yarn"
