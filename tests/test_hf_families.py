@@ -323,16 +323,8 @@ def trainer_step(model, tmp_path) -> tuple[float, float]:
     return loss, change
 
 
-def test_alibi_swap_trains_one_trainer_step(pair, tmp_path, request):
+def test_alibi_swap_trains_one_trainer_step(pair, tmp_path):
     family, stock, _ = pair
-    if family == "gemma2":  # strict: turns red once the core is fixed, so this mark goes
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                raises=RuntimeError,
-                reason="posenc.score_sum.softcapped caps in place (tanh_ then mul_), which autograd refuses",
-            )
-        )
     model = ph.convert(stock, encoding="alibi")
     loss, change = trainer_step(model, tmp_path)
     assert 0 < loss < 50 and change > 0  # a finite loss from HF's own loss function, and AdamW moved weights

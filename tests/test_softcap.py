@@ -62,6 +62,23 @@ def test_softcap_equals_gemma2_eager_attention(backend, causal):
     assert (uncapped - ref).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("backend", ["eager", "chunked"])
+def test_softcap_gradients_equal_gemma2_eager_attention(backend):
+    """Backward through the cap (Gemma 2 trains with it): q, k, v gradients equal HF's."""
+    q, k, v = (t.requires_grad_() for t in _qkv(seed=1))
+    enc = _enc("nope", scale=0.25, softcap=5.0)
+    qp, kp = _pos()
+    out = attend(enc, q, k, v, qp, kp, AttentionMask(causal=True), backend=backend)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    module = types.SimpleNamespace(head_dim=DH, num_key_value_groups=1, training=False)
+    add = torch.zeros(L, L).masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    ref, _ = gemma2_eager(module, q2, k2, v2, add.view(1, 1, L, L), scaling=0.25, softcap=5.0)
+    ref_grads = torch.autograd.grad(ref.transpose(1, 2).square().sum(), (q2, k2, v2))
+    for g, r in zip(grads, ref_grads):
+        assert_close(g, r, n=2 * N)
+
+
 @pytest.mark.parametrize("name", ["rope", "alibi", "t5", "nope", "cope", "shaw", "fire"])
 @torch.no_grad()  # FlexAttention off CUDA: forward only
 def test_softcap_every_supporting_backend_equals_eager(name):

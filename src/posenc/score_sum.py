@@ -78,8 +78,15 @@ def scores(
 
 
 def softcapped(s: Tensor, cap: float) -> Tensor:
-    """Gemma 2's logit soft-capping ``cap·tanh(s/cap)``, in place on ``s``."""
-    return s.div_(cap).tanh_().mul_(cap)
+    """Gemma 2's logit soft-capping ``cap·tanh(s/cap)``, in place on ``s`` where autograd allows.
+
+    With gradients the ``tanh`` runs out of place: its backward reads its output, which an
+    in-place ``mul_`` would overwrite.
+    """
+    s = s.div_(cap)
+    if s.requires_grad:
+        return torch.tanh(s) * cap
+    return s.tanh_().mul_(cap)
 
 
 def expand_kv(k: Tensor, v: Tensor | None, heads: int) -> tuple[Tensor, Tensor | None]:
