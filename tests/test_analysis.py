@@ -316,3 +316,21 @@ def test_decay_draws_the_bias_of_a_hidden_state_encoding(tmp_path):
     fox = next(r for r in data["results"] if r["encoding"] == "fox")
     b = fox["bias"]
     assert b[0] == 0.0 and all(x <= 0.0 for x in b) and b[-1] < b[1]
+
+
+@pytest.mark.parametrize("name", ["rope", "t5", "deberta", "sinusoidal", "fox"])
+def test_decomposition_with_grouped_keys_sums_to_the_logits(name):
+    """kv_heads < heads: position parts of the keys are projected with the grouped W_K."""
+    torch.manual_seed(0)
+    model = posenc.TransformerLM(50, 32, 2, 4, name, 64, kv_heads=2).eval()
+    terms, _, residual = decompose_terms(model, tokens())
+    assert residual < 1e-5, (name, residual)
+    assert terms["content·content"].shape == (2, 4, 16, 16)
+
+
+@pytest.mark.parametrize("fields", [{"qk_norm": "rms"}, {"softcap": 5.0}])
+def test_decomposition_refuses_non_linear_logits(fields):
+    torch.manual_seed(0)
+    model = posenc.TransformerLM(50, 32, 2, 4, "rope", 64, **fields).eval()
+    with pytest.raises(ValueError, match="not a sum of content and position terms"):
+        decompose_terms(model, tokens())

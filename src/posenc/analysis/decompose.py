@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..base import Stage
 from ..output import pyplot, save_figure
-from ..score_sum import scores
+from ..score_sum import expand_kv, scores
 from .models import Subject
 from .scores import causal_mask, layer_inputs, score_parts
 from .stats import masked_values
@@ -83,14 +83,20 @@ def decompose_terms(model, tokens: Tensor, *, layer: int = 0) -> tuple[dict[str,
     pos = torch.arange(L).unsqueeze(0)
     attn = model.blocks[layer].attn
     enc = attn.encoding
+    if attn.q_norm is not None or enc.softcap is not None:
+        what = f"qk_norm={attn.qk_norm!r}" if attn.q_norm is not None else f"softcap={enc.softcap}"
+        raise ValueError(f"layer {layer} has {what}: its logits are not a sum of content and position terms")
     c, p, how = input_split(model, layer, tokens, pos)
     qc, kc = attn.project(c, pos)[:2]  # rotated; projection biases stay with the content
     qp = (p @ attn.q_proj.weight.t()).view(B, L, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, L, Dh)
-    kp = (p @ attn.k_proj.weight.t()).view(B, L, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+    # grouped k/v: kv_heads key heads (H where the encoding's key side is per head: Attention.key_heads)
+    kp = (p @ attn.k_proj.weight.t()).view(B, L, attn.kv_heads, attn.head_dim).transpose(1, 2)
+    kp = expand_kv(kp, None, attn.key_heads)[0]  # (B, key_heads, L, Dh)
     if p.any():  # rotations are linear: rotate each part
         qp, kp = enc.rotate(qp, kp, pos, pos)
     else:  # no position in the input: its parts are zero (a non-linear q/k stage, PoPE, maps 0 elsewhere)
         qp, kp = torch.zeros_like(qc), torch.zeros_like(kc)
+    kc, kp = expand_kv(kc, None, attn.heads)[0], expand_kv(kp, None, attn.heads)[0]  # (B, H, L, Dh)
     s = enc.scale
 
     def qk(a, b):  # the q·k term: bilinear in the two (an encoding's own SCORES stage: rope-extension)
