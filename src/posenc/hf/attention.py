@@ -40,6 +40,7 @@ from ..backends import attend
 from ..base import PositionEncoding, Stage
 from ..context import Context
 from ..mask import AttentionMask
+from ..score_sum import expand_kv
 from .masks import PosencMask, mask_interface
 
 __all__ = ["NAME", "PosencMask", "attention_forward", "mask_interface", "register", "layer_encoding"]
@@ -123,18 +124,13 @@ def attention_forward(
         ctx = Context(q_pos, k_pos, x=x, q_state=q_state, k_state=k_state, qk_proj=qk_proj)
     else:
         ctx = Context(q_pos, k_pos, qk_proj=qk_proj)
-    if enc.per_head_keys and key.shape[1] != H:  # key-side stages with per-head parameters
-        key, value = (
-            key.repeat_interleave(H // key.shape[1], dim=1),
-            value.repeat_interleave(H // value.shape[1], dim=1),
-        )
-    if enc.stages & Stage.QK:  # before grouped heads are repeated: one rotation per key head
+    if enc.per_head_keys:  # key-side stages with per-head parameters see every query head's keys
+        key, value = expand_kv(key, value, H)
+    if enc.stages & Stage.QK:  # on the grouped heads: one rotation per key head
         query, key = enc.rotate(query, key, q_pos, k_pos, ctx=ctx)
     if enc.rotates_value:
         value = enc.rotate_value(value, k_pos, ctx=ctx)
-    if key.shape[1] != H:  # grouped-query attention: kv head g serves query heads g·r .. g·r + r - 1
-        key = key.repeat_interleave(H // key.shape[1], dim=1)
-        value = value.repeat_interleave(H // value.shape[1], dim=1)
+    # grouped heads stay grouped: posenc.backends.attend expands them (sdpa without a copy)
     key, value = key.to(query.dtype), value.to(query.dtype)
     windows = [w for w in (mask.window, own.get("window")) if w is not None]
     sinks = kwargs.get("s_aux")
