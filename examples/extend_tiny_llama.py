@@ -58,7 +58,7 @@ class Rows(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict:
         r = random.Random(self.seed * 1_000_003 + i)
-        if self.every and i % self.every == 0:
+        if self.every and i % self.every == 0 and self.shortest <= self.seq_len:  # (a prompt fits)
             key = "".join(r.choices("0123456789", k=5))
             length = r.randint(self.shortest, self.seq_len)
             ids, _ = passkey_ids(self.tokens, length, r.random(), key)

@@ -235,3 +235,20 @@ def test_a_tokenizer_saved_in_model_is_used(tmp_path):
     assert res["settings"]["tokens_source"].startswith("tokenizer ")  # AutoTokenizer, read from MODEL
     cell = next(c for c in res["cells"] if c["length"] == n)
     assert set(cell["passkey"]) == {"0", "0.25", "0.5", "0.75", "1"} and None not in cell["passkey"].values()
+
+
+def test_the_example_trains_saves_and_extends(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "extend_tiny_llama.py"
+    spec = importlib.util.spec_from_file_location("extend_tiny_llama", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    out = tmp_path / "ex"
+    rc = example.main(["--out", str(out), "--steps", "20", "--seq-len", "64", "--threads", "1", "--lengths", "1x,4x",
+                       "--methods", "none,rerope,yarn", "--windows", "1", "--passkey-trials", "0"])  # fmt: skip
+    assert rc == 0 and (out / "model" / "config.json").is_file()
+    res = json.loads((out / "extend" / "results.json").read_text())
+    assert res["train_len"] == 64 and {c["method"] for c in res["cells"]} == {"none", "rerope", "yarn"}
+    assert "perplexity by length" in capsys.readouterr().out
