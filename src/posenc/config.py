@@ -18,6 +18,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .adaptive import check_cutoffs
 from .attention_setup import check_kv_heads
 from .backends import canonical_backend
 from .layer_spec import SPEC_FIELDS, LayerSpec
@@ -69,6 +70,12 @@ class ModelConfig:
             ``score_scale``, ``softcap`` override these for its layer.
         options: encoding options of every block (unless ``layers`` is given).
         layers: one :class:`LayerSpec` per block; None = ``LayerSpec(encoding, options)`` each.
+        final_norm: a LayerNorm after the last block (False: pre-norm without a final norm,
+            fairseq's ``no_decoder_final_norm``, as Press et al.'s WikiText-103 models).
+        adaptive_cutoffs: None (a token embedding and a linear output), or the band cutoffs of
+            an adaptive input and an adaptive softmax (:mod:`posenc.adaptive`); the forward then
+            returns exact log-probabilities, and ``tie_embeddings`` ties the tail bands.
+        adaptive_factor: band ``i``'s width is ``dim // adaptive_factor**i`` (fairseq: 4).
     """
 
     vocab_size: int
@@ -93,6 +100,9 @@ class ModelConfig:
     softcap: float | None = None
     options: dict[str, Any] = field(default_factory=dict)
     layers: list[LayerSpec] | None = None
+    final_norm: bool = True
+    adaptive_cutoffs: list[int] | None = None
+    adaptive_factor: float = 4.0
 
     def __post_init__(self) -> None:
         for arg in ("vocab_size", "dim", "depth", "heads"):
@@ -119,6 +129,10 @@ class ModelConfig:
         if not _number(self.embed_std) or self.embed_std < 0:
             raise ValueError(f"embed_std must be a finite number >= 0, got {self.embed_std!r}")
         canonical_backend(self.backend)
+        if self.adaptive_cutoffs is not None:
+            self.adaptive_cutoffs = check_cutoffs(self.adaptive_cutoffs, self.vocab_size)
+        if not _number(self.adaptive_factor) or self.adaptive_factor < 1:
+            raise ValueError(f"adaptive_factor must be a finite number >= 1, got {self.adaptive_factor!r}")
         check_qk_norm(self.qk_norm, self.qk_norm_position, self.qk_norm_eps)
         self.score_scale = score_setting("score_scale", self.score_scale)
         self.softcap = score_setting("softcap", self.softcap)

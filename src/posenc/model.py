@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .adaptive import AdaptiveInput, adaptive_head, tie_bands
 from .attention import Attention
 from .base import PositionEncoding, Stage, as_positions, check_lengths
 from .cache import InputHistory, KVCache, ModelCache, SegmentMemory, run_input_stage
@@ -155,14 +156,23 @@ class TransformerLM(nn.Module):
         bottom = self.stages_before.get(0, [])
         self.input_encoding: PositionEncoding | None = bottom[0] if bottom else None
         builds = [e for e in bottom if e.input_at == "tokens"]
-        self.tok_emb = None if builds else nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.adaptive = cfg.adaptive_cutoffs is not None  # adaptive input and softmax (posenc.adaptive)
+        if self.adaptive and builds:
+            raise ValueError(f"adaptive_cutoffs needs a token embedding; encoding {builds[0].name!r} builds its own")
+        if self.adaptive:
+            self.tok_emb = AdaptiveInput(cfg.vocab_size, cfg.dim, cfg.adaptive_cutoffs, cfg.adaptive_factor)
+            self.head = adaptive_head(cfg.dim, cfg.vocab_size, cfg.adaptive_cutoffs, cfg.adaptive_factor)
+        else:
+            self.tok_emb = None if builds else nn.Embedding(cfg.vocab_size, cfg.dim)
+            self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(blocks)
-        self.ln_f = nn.LayerNorm(cfg.dim)
-        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.ln_f = nn.LayerNorm(cfg.dim) if cfg.final_norm else nn.Identity()
         self.embed_std = cfg.embed_std
         self.reset_parameters()
-        if cfg.tie_embeddings and self.tok_emb is not None:
+        if cfg.tie_embeddings and self.adaptive:
+            tie_bands(self.head, self.tok_emb)
+        elif cfg.tie_embeddings and self.tok_emb is not None:
             self.head.weight = self.tok_emb.weight
 
     def _build_encoding(self, spec, args: dict) -> PositionEncoding:
@@ -183,10 +193,11 @@ class TransformerLM(nn.Module):
     def reset_parameters(self) -> None:
         """Re-draw every weight but the encodings' (they init themselves).
 
-        GPT-2 init, N(0, 0.02²), token embedding N(0, embed_std²). Re-seeding and calling
+        GPT-2 init, N(0, 0.02²), token embedding N(0, embed_std²); an adaptive input keeps
+        fairseq's init (:class:`posenc.adaptive.AdaptiveInput`). Re-seeding and calling
         this gives models with different encodings identical shared weights.
         """
-        own = {id(m) for e in self.modules() if isinstance(e, PositionEncoding) for m in e.modules()}
+        own = {id(m) for e in self.modules() if isinstance(e, (PositionEncoding, AdaptiveInput)) for m in e.modules()}
         for m in self.modules():
             if id(m) in own:
                 continue
@@ -194,7 +205,9 @@ class TransformerLM(nn.Module):
                 nn.init.normal_(m.weight, std=0.02)
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
-        if self.tok_emb is not None:
+        if isinstance(self.tok_emb, AdaptiveInput):
+            self.tok_emb.reset_parameters()
+        elif self.tok_emb is not None:
             nn.init.normal_(self.tok_emb.weight, std=self.embed_std)
 
     @property
@@ -248,8 +261,14 @@ class TransformerLM(nn.Module):
         *,
         key_padding_mask: Tensor | None = None,
         document_ids: Tensor | None = None,
+        targets: Tensor | None = None,
     ) -> Tensor:
         """Logits ``(B, L, vocab_size)``; with ``cache``, append to it and advance it.
+
+        With an adaptive softmax (``adaptive_cutoffs``) the "logits" are exact
+        log-probabilities. ``targets`` ``(B, L)``: return each token's loss ``-log p(target)``
+        ``(B, L)`` float32 instead (the adaptive softmax then computes only the bands the
+        targets fall in).
 
         ``key_padding_mask``: ``(B, Lk)`` bool, True = a real token, over every key the call
         attends to (with a cache: the cached tokens first, then these). A query row that
@@ -317,7 +336,22 @@ class TransformerLM(nn.Module):
             memory.remember(i, x_in)
         if memory is not None:
             memory.advance(pos)
-        return self.head(self.ln_f(x))
+        return self.output(self.ln_f(x), targets)
+
+    def output(self, h: Tensor, targets: Tensor | None = None) -> Tensor:
+        """The head on the final states ``h`` ``(B, L, D)``: logits (log-probabilities when
+        adaptive), or with ``targets`` each token's loss ``(B, L)`` float32."""
+        if not self.adaptive:
+            logits = self.head(h)
+            if targets is None:
+                return logits
+            return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view(
+                targets.shape
+            )
+        flat = h.flatten(0, 1)
+        if targets is None:
+            return self.head.log_prob(flat).view(*h.shape[:-1], -1)
+        return -self.head(flat, targets.flatten()).output.float().view(targets.shape)
 
     @staticmethod
     def _check_documents(ids, batch: int, length: int, cache, memory) -> Tensor:

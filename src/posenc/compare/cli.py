@@ -39,7 +39,8 @@ _HELP = {
     "encodings": "comma-separated encoding names or layer presets (irope, gemma3, ...), or 'all'; "
     "NAME=PATTERN names a layer pattern, up to the next ';' (\"rope,hybrid=rope*3,nope;alibi\"); NAME: letters, "
     "digits and . _ + - (it names the checkpoint file), not a registered encoding or preset it is not",
-    "preset": "quick (the default command's budget) or standard (a GPU-sized run)",
+    "preset": "quick (the default command's budget), standard (a GPU-sized run) or paper (Press et al. 2022's "
+    "WikiText-103 setup; needs --data-dir)",
     "text": "train on a UTF-8 text file instead of the embedded corpus",
     "dataset": "a Hugging Face dataset name (needs the optional 'datasets' package and the hub)",
     "dataset_config": "the dataset's configuration name",
@@ -94,6 +95,15 @@ _HELP = {
     "none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend (table extend.md, plot extend.png)",
     "checkpoint_every": "write a checkpoint every N steps (and after each encoding)",
     "shard": "i/n: run encodings i, i+n, ... of the list (join the shards with --merge)",
+    "data_dir": "a local directory holding WikiText-103's wiki.{train,valid,test}.tokens (word level; "
+    "never downloaded); the vocabulary is built from the train file as fairseq-preprocess does",
+    "tokens_per_update": "tokens per optimizer update, the same under any number of processes; must equal "
+    "batch-size x train-len (the paper preset: 73728)",
+    "micro_batch": "sequences per process per forward; the update accumulates batch-size / (processes x "
+    "micro-batch) of them (default: batch-size / processes, no accumulation)",
+    "final_norm": "a LayerNorm after the last block (--no-final-norm: pre-norm without one, fairseq's wiki103 LM)",
+    "adaptive_cutoffs": "comma-separated band cutoffs of an adaptive input and adaptive softmax (word-level "
+    "vocabularies; the paper preset: 20000,60000)",
 }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..data import KAZEMNEJAD_TASKS, TASK_NAMES
 from .checks import check_encodings, check_fields, check_models, parse_named
+from .paper import PAPER_DEFAULTS, PAPER_PRESET, check_paper_fields
 
 __all__ = ["CompareConfig", "PRESETS", "CORE_ENCODINGS", "EXTEND_METHODS", "from_dict", "resolve_eval_lens"]
 
@@ -91,6 +92,12 @@ class CompareConfig:
     checkpoint_every: int = 100  # steps; a checkpoint is also written after each encoding
     workers: int = 0  # CPU processes training models side by side (1 thread each); 0: one per core
     shard: str | None = None  # "i/n": this job runs encodings i, i+n, ... (1-based)
+    # the paper preset's fields (posenc.compare.paper; their defaults leave older runs unchanged)
+    data_dir: str | None = None  # WikiText-103 word-level: wiki.{train,valid,test}.tokens
+    tokens_per_update: int | None = None  # must equal batch_size x train_len; fixed whatever the processes
+    micro_batch: int | None = None  # sequences per process per forward (accumulation); None: batch_size / W
+    final_norm: bool = True  # False: pre-norm without a final norm
+    adaptive_cutoffs: list[int] | None = None  # adaptive input + softmax bands (word-level vocabularies)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -135,6 +142,7 @@ class CompareConfig:
                 raise ValueError(f"extend must list methods of {', '.join(EXTEND_METHODS)}, got {self.extend!r}")
         if self.encodings != ["all"]:
             check_models(self.encoding_names(), self.named_patterns())
+        check_paper_fields(self)
         check_encodings(self)  # every model builds: names, patterns and option values
 
     def named_patterns(self) -> dict[str, str]:
@@ -160,6 +168,9 @@ class CompareConfig:
         whose checkpoints carry another.
         """
         d = {k: v for k, v in self.to_dict().items() if k not in self.BOOKKEEPING}
+        for k, v in PAPER_DEFAULTS.items():  # at their defaults, older fingerprints hold
+            if d.get(k) == v:
+                del d[k]
         named = self.named_patterns()
         if named:  # what each NAME stands for decides its numbers (absent: old fingerprints hold)
             d["named_patterns"] = named
@@ -167,7 +178,7 @@ class CompareConfig:
 
     def differing_fields(self, other: dict[str, Any]) -> list[str]:
         """Fields (other than bookkeeping) whose value differs from ``other`` (a saved config dict)."""
-        mine = self.to_dict()
+        mine, other = self.to_dict(), {**PAPER_DEFAULTS, **other}  # a config from before the paper fields
         out = {k for k in set(mine) | set(other) if k not in self.BOOKKEEPING and mine.get(k) != other.get(k)}
         try:
             theirs = parse_named(other.get("encodings") or [])
@@ -306,6 +317,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         eval_lens=[256, 512, 1024, 2048, 4096],
         eval_tokens=131072,  # evaluation
     ),  # fmt: skip
+    # Press et al. 2022's WikiText-103 setup (posenc.compare.paper; needs --data-dir)
+    "paper": PAPER_PRESET,
 }
 
 

@@ -159,8 +159,11 @@ def training_trouble(train_loss: Sequence[float | None]) -> str | None:
 
 def vocab_size(config: dict[str, Any]) -> int | None:
     """Tokens the data of a comparison's ``config`` uses: 256 bytes for text and passkey, the
-    task's own vocabulary otherwise (None: a task this version does not know)."""
+    task's own vocabulary otherwise (None: a task this version does not know, or a
+    ``data_dir`` corpus)."""
     task = config.get("task")
+    if config.get("data_dir"):  # a word-level corpus: its vocabulary is in the run folder, not the config
+        return None
     if not task or task == "passkey":
         return 256
     from ..data import DataError, load_source

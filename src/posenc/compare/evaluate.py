@@ -75,11 +75,16 @@ def _score(model, batches, device: torch.device, L: int, dtype) -> dict[str, Any
         mask = b.mask.to(device) if b.mask is not None else torch.ones_like(targets, dtype=torch.bool)
         with autocast(device, dtype):
             pos = positions_for(b.pos, axes)
-            logits = model(tokens, pos=None if pos is None else pos.to(device))
-        loss = masked_loss(logits, targets, mask)  # (b, L)
+            pos = None if pos is None else pos.to(device)
+            if getattr(model, "adaptive", False):  # text only: exact -log p(target), no argmax
+                loss = model(tokens, pos=pos, targets=targets) * mask
+            else:
+                logits = model(tokens, pos=pos)
+        if not getattr(model, "adaptive", False):
+            loss = masked_loss(logits, targets, mask)  # (b, L)
         pos_loss += loss.double().sum(0).cpu()
         pos_count += mask.double().sum(0).cpu()
-        hit = logits.argmax(-1) == targets  # (b, L)
+        hit = torch.zeros_like(mask) if getattr(model, "adaptive", False) else logits.argmax(-1) == targets
         solved += int((hit | ~mask).all(-1).sum())
         correct_tok += int((hit & mask).sum())
         n_seq += tokens.shape[0]

@@ -76,7 +76,7 @@ def _extrapolation(out: Path, results: dict[str, Any], color) -> str:
     if metric == "ppl":
         if plotted:  # a log axis over nothing fails
             readable_log_axis(ax, plotted)
-        ax.set_ylabel("validation perplexity (bytes)")
+        ax.set_ylabel(f"validation perplexity ({'words' if cfg.get('data_dir') else 'bytes'})")
     else:
         mean = f" (mean over {depth_axis(cfg.get('task')).plural})" if has_depths(results) else ""
         ax.set_ylabel("exact-match accuracy" + mean)

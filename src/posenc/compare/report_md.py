@@ -77,8 +77,10 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]], lis
         tps = [r["train_tokens_per_s"] for r in mine if r.get("train_tokens_per_s")]
         rows.append([enc, f"{mine[0].get('params', 0):,}", f"{secs:.1f}", f"{sum(tps) / len(tps):,.0f}" if tps else "-",
                      *(_cell(s, mine, enc, n) for n in s.lengths), status_of(results, enc)])  # fmt: skip
+    unit = "words" if results["config"].get("data_dir") else "bytes"
     notes = [
-        f"{'validation perplexity (bytes)' if s.metric == 'ppl' else 'exact-match accuracy'}: {interval_note(results)}"
+        f"{'validation perplexity (' + unit + ')' if s.metric == 'ppl' else 'exact-match accuracy'}: "
+        f"{interval_note(results)}"
     ]
     spread = train_spread(s)
     if spread is not None:

@@ -48,7 +48,8 @@ def outputs_of(config: dict[str, Any] | CompareConfig) -> list[str]:
     d = config.to_dict() if isinstance(config, CompareConfig) else config
     task = d.get("task")
     return [*OUTPUTS, *([f"{task}.png"] if task in DEPTH_TASKS else []),
-            *(["extend.md", "extend.csv", "extend.png"] if d.get("extend") else [])]  # fmt: skip
+            *(["extend.md", "extend.csv", "extend.png"] if d.get("extend") else []),
+            *(["vocab.json"] if d.get("data_dir") else [])]  # fmt: skip
 
 
 class RunDirError(OutputFolderError):

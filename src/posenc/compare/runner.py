@@ -23,6 +23,8 @@ from .report import run_subtitle, write_outputs
 from .rundir import RunDir, outputs_of
 from .train import checkpoint_path, train_encoding
 
+VOCAB_FILE = "vocab.json"  # a data_dir run's vocabulary (JSON), in the run folder
+
 __all__ = ["compare", "make_source", "resolve_encodings", "check_extend", "environment"]
 
 
@@ -37,9 +39,15 @@ def resolve_encodings(cfg: CompareConfig) -> list[str]:
     return names
 
 
-def make_source(cfg: CompareConfig):
+def make_source(cfg: CompareConfig, out: Path | None = None):
     """The data source the config names (embedded corpus by default). Its batches take
-    the seed of each model; evaluation data is the same for every seed."""
+    the seed of each model; evaluation data is the same for every seed. A ``data_dir``
+    corpus reads its vocabulary from ``out/vocab.json`` when a run wrote one there."""
+    if cfg.data_dir is not None:
+        from ..data.wikitext import load_wikitext
+
+        vocab = None if out is None else Path(out) / VOCAB_FILE
+        return load_wikitext(cfg.data_dir, vocab_file=vocab, seed=0, longest=max(cfg.train_len, *cfg.eval_lens))
     return load_source(
         task=cfg.task, text=cfg.text, dataset=cfg.dataset, dataset_config=cfg.dataset_config,
         dataset_split=cfg.dataset_split, dataset_field=cfg.dataset_field, val_fraction=cfg.val_fraction,
@@ -113,7 +121,7 @@ def compare(
     rt = runtime or setup(cfg.device)
     names = resolve_encodings(cfg)
     check_extend(cfg)
-    source = make_source(cfg)
+    source = make_source(cfg, out if resume else None)
     jobs = [(name, seed) for name in names for seed in cfg.seeds]
     ckpts = [checkpoint_path(out / "checkpoints", cfg, name, seed) for name, seed in jobs]
     # every path this run may write, listed in the folder's manifest before it is written
@@ -150,6 +158,10 @@ def _run(cfg: CompareConfig, out: Path, jobs, source, rt: Runtime, *, resume, pr
     if rt.main:
         (out / "checkpoints").mkdir(parents=True, exist_ok=True)
         cfg.save(out / "config.json")
+        if cfg.data_dir is not None and not (out / VOCAB_FILE).exists():  # the ids a resumed run must read
+            from ..data.wikitext import save_vocab
+
+            save_vocab(out / VOCAB_FILE, source.symbols, source.train_bytes)
     rt.barrier()
     t0 = time.perf_counter()
     runs: list[dict[str, Any] | None] = [None] * len(jobs)

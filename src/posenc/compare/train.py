@@ -34,6 +34,7 @@ from ..train import Callback, Every, Progress, Runtime, Trainer, adamw, cosine_s
 from .config import CompareConfig
 from .diagnostics import convergence, process_matmul_peak, training_flops_per_token
 from .evaluate import EvalSettings, evaluate, model_axes
+from .paper import accumulation_steps
 from .rundir import RunDirError, check_checkpoint
 
 __all__ = ["batches", "build_model", "checkpoint_path", "max_positions", "model_max_len", "train_encoding"]
@@ -66,6 +67,8 @@ def build_model(cfg: CompareConfig, source, encoding: str, seed: int | None = No
         dropout=cfg.dropout,
         tie_embeddings=cfg.tie_embeddings,
         embed_std=cfg.embed_std,
+        final_norm=cfg.final_norm,
+        adaptive_cutoffs=cfg.adaptive_cutoffs,
         **cfg.encoding_options.get(encoding, {}),
     )
     # Re-draw every non-encoding weight from the same seed, so that the encodings'
@@ -168,6 +171,9 @@ def train_encoding(
     rt = runtime
     seed = cfg.seeds[0] if seed is None else seed
     path = checkpoint_path(ckpt_dir, cfg, encoding, seed) if ckpt_dir is not None else None
+    accumulate = accumulation_steps(
+        cfg.batch_size, rt.world, cfg.micro_batch
+    )  # before any work: a bad split is refused
     model = build_model(cfg, source, encoding, seed).to(rt.device)
     fused = (
         {"fused": True} if rt.device.type in ("cpu", "cuda") else {}
@@ -176,7 +182,7 @@ def train_encoding(
         model, adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay, **fused), runtime=rt,
         loss=torch.compile(lm_loss) if cfg.compile else lm_loss,
         schedule=cosine_schedule(cfg.lr, cfg.steps, cfg.warmup, cfg.min_lr_ratio), grad_clip=cfg.grad_clip,
-        autocast_dtype=torch.bfloat16 if cfg.dtype == "bfloat16" else None,
+        autocast_dtype=torch.bfloat16 if cfg.dtype == "bfloat16" else None, accumulate=accumulate,
     )  # fmt: skip
     state, curve = None, []
     if resume and path is not None and path.exists():

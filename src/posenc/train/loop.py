@@ -3,6 +3,7 @@ language-model loss, the learning-rate schedule and the hooks the loop calls."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -18,7 +19,7 @@ from torch import Tensor, nn
 
 from ..checkpoint import save_checkpoint
 from ..output.files import OutputError, atomic_write
-from .runtime import Runtime
+from .runtime import Runtime, map_tensors
 
 LossFn = Callable[[nn.Module, Any], Tensor]
 
@@ -42,8 +43,11 @@ def lm_loss(net: nn.Module, batch) -> Tensor:
     kw = {} if pos is None else {"pos": pos}
     if documents is not None:
         kw["document_ids"] = documents
-    logits = net(batch.tokens, **kw)
-    per_tok = masked_loss(logits, batch.targets, batch.mask)
+    if getattr(getattr(net, "module", net), "adaptive", False):  # an adaptive softmax: its exact loss per token
+        per_tok = net(batch.tokens, targets=batch.targets, **kw)
+        per_tok = per_tok if batch.mask is None else per_tok * batch.mask
+    else:
+        per_tok = masked_loss(net(batch.tokens, **kw), batch.targets, batch.mask)
     return per_tok.sum() / (batch.mask.sum() if batch.mask is not None else per_tok.numel())
 
 
@@ -121,6 +125,10 @@ class Trainer:
             the optimizer's rate.
         grad_clip: clip the global gradient norm to this; 0 = no clipping.
         autocast_dtype: None (float32) or ``torch.bfloat16`` (autocast around the loss).
+        accumulate: micro-batches per optimizer step: this process's rows are cut into
+            ``accumulate`` equal parts, each run forward and backward with its loss divided by
+            ``accumulate`` (DDP synchronises the gradients on the last one only); the step's
+            gradient is that of the mean of the parts' mean losses.
     """
 
     def __init__(
@@ -133,7 +141,11 @@ class Trainer:
         schedule: Callable[[int], float] | None = None,
         grad_clip: float = 0.0,
         autocast_dtype: torch.dtype | None = None,
+        accumulate: int = 1,
     ) -> None:
+        if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
+            raise ValueError(f"accumulate must be an int >= 1, got {accumulate!r}")
+        self.accumulate = accumulate
         self.model, self.optimizer = model, optimizer
         self.runtime = runtime or Runtime()
         self.loss_fn, self.schedule, self.grad_clip = loss, schedule, grad_clip
@@ -153,14 +165,21 @@ class Trainer:
         if self.schedule is not None and step is not None:
             for group in self.optimizer.param_groups:
                 group["lr"] = self.schedule(step)
-        with autocast(self.runtime.device, self.autocast_dtype):
-            loss = self.loss_fn(self.net, batch)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        k, total = self.accumulate, None
+        for j, part in enumerate(micro_batches(batch, k)):
+            last = j == k - 1
+            sync = contextlib.nullcontext() if last or not self.runtime.distributed else self.net.no_sync()
+            with sync:
+                with autocast(self.runtime.device, self.autocast_dtype):
+                    loss = self.loss_fn(self.net, part)
+                (loss / k if k > 1 else loss).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        loss = total / k if k > 1 else total
         if self.grad_clip > 0:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         self.optimizer.step()
-        return loss.detach()
+        return loss
 
     def fit(
         self,
@@ -264,6 +283,22 @@ class CheckpointWriteError(OSError, ValueError):
             why = "the disk is full or the folder is not writable"
         detail = " ".join(str(getattr(e, "strerror", None) or e).split())[:120]
         return cls(code, f"{why}: free space or choose another --out ({detail})", str(path))
+
+
+def micro_batches(batch, k: int) -> list:
+    """``batch`` (a tensor or a tuple of tensors, rows first) cut into ``k`` equal parts of rows.
+
+    Raises:
+        ValueError: the rows do not divide by ``k``.
+    """
+    if k == 1:
+        return [batch]
+    t = batch if isinstance(batch, Tensor) else next(x for x in batch if isinstance(x, Tensor))
+    rows = t.shape[0]
+    if rows % k:
+        raise ValueError(f"{rows} rows per process do not divide into {k} micro-batches (accumulation steps)")
+    n = rows // k
+    return [map_tensors(batch, lambda x, j=j: x[j * n : (j + 1) * n]) for j in range(k)]
 
 
 def _numel(batch) -> int:
