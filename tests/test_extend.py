@@ -252,3 +252,17 @@ def test_the_example_trains_saves_and_extends(tmp_path, capsys):
     res = json.loads((out / "extend" / "results.json").read_text())
     assert res["train_len"] == 64 and {c["method"] for c in res["cells"]} == {"none", "rerope", "yarn"}
     assert "perplexity by length" in capsys.readouterr().out
+
+
+def test_another_family_needs_no_code_of_its_own(tmp_path):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=L, bos_token_id=None, eos_token_id=None,
+                      pad_token_id=None)  # fmt: skip
+    Qwen2ForCausalLM(cfg).save_pretrained(tmp_path / "qwen")
+    out = tmp_path / "o"
+    assert run(tmp_path / "qwen", "--lengths", "2x", "--methods", "none,yarn,self-extend", "--out", out, *FAST) == 0
+    cells = json.loads((out / "results.json").read_text())["cells"]
+    assert all(c["applicable"] for c in cells) and len({round(c["ppl"], 6) for c in cells}) == 3

@@ -123,7 +123,8 @@ def _load_hf(path: Path, *, device, dtype) -> Subject:
         raise ModelError(
             f"MODEL {str(path)!r}: config.json is not a readable Hugging Face config ({_first(e)})"
         ) from None
-    known = {"posenc_llama", "posenc_gpt2", *(c.config_class.model_type for c in ph.SUPPORTED)}
+    # every family posenc.hf converts, stock or saved after conversion (no per-family code here)
+    known = {t for c, entry in ph.SUPPORTED.items() for t in (c.config_class.model_type, entry[1].model_type)}
     if config.model_type not in known:
         names = ", ".join(c.__name__ for c in ph.SUPPORTED)
         raise ModelError(
@@ -136,8 +137,7 @@ def _load_hf(path: Path, *, device, dtype) -> Subject:
     model = model.to(device).eval()
     if not config.model_type.startswith("posenc_"):
         try:
-            rotary = bool(ph.rope_options(model.config))  # HF rope_parameters: RoPE; else learned positions
-            model = ph.convert(model, encoding="rope" if rotary else "learned").eval()
+            model = ph.convert(model).eval()  # the model's own scheme (its RoPE and rope_parameters, GPT-2's table)
         except (TypeError, ValueError) as e:
             raise ModelError(f"MODEL {str(path)!r}: posenc.hf cannot convert it ({_first(e)})") from None
     tokenizer = None
