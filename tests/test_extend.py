@@ -266,3 +266,15 @@ def test_another_family_needs_no_code_of_its_own(tmp_path):
     assert run(tmp_path / "qwen", "--lengths", "2x", "--methods", "none,yarn,self-extend", "--out", out, *FAST) == 0
     cells = json.loads((out / "results.json").read_text())["cells"]
     assert all(c["applicable"] for c in cells) and len({round(c["ppl"], 6) for c in cells}) == 3
+
+
+def test_a_failure_before_the_first_cell_leaves_the_folder_as_it_was(ckpt, tmp_path, monkeypatch):
+    import posenc.extend.run as runmod
+
+    def boom(*a, **k):
+        raise ValueError("the first cell failed")
+
+    monkeypatch.setattr(runmod, "perplexity", boom)
+    out = tmp_path / "o"
+    assert run(ckpt, "--lengths", "1x", "--methods", "none", "--out", out, *FAST) == 2
+    assert not out.exists()  # config.json, the manifest, the lock and the folder this run made: gone

@@ -151,7 +151,12 @@ def run(args: argparse.Namespace) -> int:
             def save(cells):
                 write_json(out / "results.json", {**base, "cells": cells})
 
-            cells = run_cells(subject, settings, text, done, save, device=device, log=log_stderr)
+            try:
+                cells = run_cells(subject, settings, text, done, save, device=device, log=log_stderr)
+            except BaseException:  # nothing worth resuming yet: leave the folder as it was
+                if not args.resume and not (out / "results.json").exists():
+                    rd.discard()
+                raise
             results = {**base, "cells": cells}
             save(cells)
             command = "posenc " + " ".join(
