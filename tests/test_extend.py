@@ -278,3 +278,9 @@ def test_a_failure_before_the_first_cell_leaves_the_folder_as_it_was(ckpt, tmp_p
     out = tmp_path / "o"
     assert run(ckpt, "--lengths", "1x", "--methods", "none", "--out", out, *FAST) == 2
     assert not out.exists()  # config.json, the manifest, the lock and the folder this run made: gone
+
+
+def test_a_text_shorter_than_the_longest_length_is_refused(ckpt, tmp_path, capsys):
+    (tmp_path / "short.txt").write_text("a short text " * 4)
+    assert run(ckpt, "--text", tmp_path / "short.txt", "--lengths", "2x", "--out", tmp_path / "o") == 2
+    assert "--text: 52 tokens, fewer than the longest length 64" in capsys.readouterr().err

@@ -128,6 +128,11 @@ def run(args: argparse.Namespace) -> int:
                                device=device, dtype=getattr(torch, args.dtype))  # fmt: skip
         settings = _settings(args, subject, resolve_lengths(spec, subject.train_len), device)
         text = _text(args, subject).to(device)
+        if len(text) < max(settings["lengths"]):
+            raise ValueError(
+                f"--text: {len(text)} tokens, fewer than the longest length {max(settings['lengths'])}; "
+                "give a longer --text or shorter --lengths"
+            )
         out = Path(args.out or default_out())
         with RunDir(out, resume=args.resume, overwrite=args.overwrite, writes=FILES) as rd:
             done: list[dict] = []
