@@ -284,3 +284,31 @@ def test_a_text_shorter_than_the_longest_length_is_refused(ckpt, tmp_path, capsy
     (tmp_path / "short.txt").write_text("a short text " * 4)
     assert run(ckpt, "--text", tmp_path / "short.txt", "--lengths", "2x", "--out", tmp_path / "o") == 2
     assert "--text: 52 tokens, fewer than the longest length 64" in capsys.readouterr().err
+
+
+def test_the_reading_is_computed_from_the_numbers():
+    from posenc.extend.report import reading
+
+    def cell(m, n, ppl, pk):
+        return {"method": m, "length": n, "applicable": True, "ppl": ppl, "passkey": {"0": pk, "1": pk}}
+
+    results = {"train_len": 32, "settings": {"methods": ["none", "rerope", "linear"]}, "cells": [
+        cell("none", 32, 10.0, 1.0), cell("none", 64, 10.9, 0.5), cell("none", 128, 30.0, 0.0),
+        cell("rerope", 32, 10.0, 1.0), cell("rerope", 64, 9.5, 1.0), cell("rerope", 128, 10.5, 0.75),
+        cell("linear", 32, 12.0, 0.5), cell("linear", 64, 12.0, 0.5), cell("linear", 128, 12.0, 0.0)]}  # fmt: skip
+    text = "\n".join(reading(results, within=10))
+    assert (
+        "In-window reference: `none` at L=32, perplexity 10.000; a method holds while its perplexity stays <= 11.000"
+        in text
+    )
+    assert "Furthest within +10 %: `rerope` up to L=128 (4x the training length)." in text
+    assert "Held up to (tokens): `none` 64, `rerope` 128." in text
+    assert "`linear` is above +10 % already at its shortest length." in text
+    assert "At L=128: `rerope` 10.500 < `linear` 12.000 < `none` 30.000." in text
+    assert "Passkey `none`: 100 % within the window; breaks (below half of that) at L=128." in text
+    assert "Passkey `rerope`: 100 % within the window; does not break up to the longest length." in text
+    assert "Passkey `linear`: 50 % within the window; breaks (below half of that) at L=128." in text
+    results["cells"][0]["passkey"] = {"0": 0.0, "1": 0.25}
+    assert "`none` retrieves 12 % within its training window; this model does not do the task" in "\n".join(
+        reading(results, within=10)
+    )
