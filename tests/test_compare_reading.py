@@ -84,6 +84,13 @@ def test_convergence_flags_a_model_still_improving():
     c = convergence(flat, rising)
     assert c["converged"] is False and c["val_accuracy_gain"] == pytest.approx(0.55)
     assert still_improving([c]) == "exact match rose 55.0 points over the last 20%"
+    # not solved, exact match flat near 0 while the loss still falls 12 %: still learning
+    stuck = [{"step": 800, "loss": 1.65, "accuracy": 0.004}, {"step": 1000, "loss": 1.448, "accuracy": 0.004}]
+    c = convergence(flat, stuck)
+    assert c["converged"] is False and c["decided_by"] == "val_drop"
+    assert still_improving([c]) == "validation loss fell 12.2% over the last 20%"
+    # solved and flat: a falling loss is noise, exact match decides
+    assert convergence(flat, [{**p, "accuracy": 0.95} for p in stuck])["converged"] is True
     # either side of the threshold: a 1.9 % drop is converged, 2.1 % is not
     assert convergence(flat, [{"step": 800, "loss": 1.0}, {"step": 1000, "loss": 0.981}])["converged"] is True
     assert convergence(flat, [{"step": 800, "loss": 1.0}, {"step": 1000, "loss": 0.979}])["converged"] is False
