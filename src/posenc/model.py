@@ -351,7 +351,11 @@ class TransformerLM(nn.Module):
         flat = h.flatten(0, 1)
         if targets is None:
             return self.head.log_prob(flat).view(*h.shape[:-1], -1)
-        return -self.head(flat, targets.flatten()).output.float().view(targets.shape)
+        nll = -self.head(flat, targets.flatten()).output.float().view(targets.shape)
+        # a tail band no target falls in has a zero gradient, not none: the optimizer then
+        # steps every band on every update, with any number of processes (and DDP sees every
+        # parameter used)
+        return nll + 0.0 * sum(p.sum() for p in self.head.tail.parameters())
 
     @staticmethod
     def _check_documents(ids, batch: int, length: int, cache, memory) -> Tensor:

@@ -168,9 +168,6 @@ class CompareConfig:
         whose checkpoints carry another.
         """
         d = {k: v for k, v in self.to_dict().items() if k not in self.BOOKKEEPING}
-        for k, v in PAPER_DEFAULTS.items():  # at their defaults, older fingerprints hold
-            if d.get(k) == v:
-                del d[k]
         named = self.named_patterns()
         if named:  # what each NAME stands for decides its numbers (absent: old fingerprints hold)
             d["named_patterns"] = named
@@ -178,7 +175,7 @@ class CompareConfig:
 
     def differing_fields(self, other: dict[str, Any]) -> list[str]:
         """Fields (other than bookkeeping) whose value differs from ``other`` (a saved config dict)."""
-        mine, other = self.to_dict(), {**PAPER_DEFAULTS, **other}  # a config from before the paper fields
+        mine = self.to_dict()
         out = {k for k in set(mine) | set(other) if k not in self.BOOKKEEPING and mine.get(k) != other.get(k)}
         try:
             theirs = parse_named(other.get("encodings") or [])
@@ -193,7 +190,13 @@ class CompareConfig:
         return sorted(set(self.eval_lens))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field, but the paper preset's at their defaults (:data:`PAPER_DEFAULTS`): a
+        config without them is written, fingerprinted and compared as before they existed."""
+        d = asdict(self)
+        for k, v in PAPER_DEFAULTS.items():
+            if d[k] == v:
+                del d[k]
+        return d
 
     def save(self, path: str | Path) -> None:
         from ..output import write_json
