@@ -18,6 +18,7 @@ from ..output import write_json
 from ..registry import available
 from ..train import Runtime, setup
 from .config import CompareConfig, from_dict, parse_shard
+from .paper import accumulation_steps
 from .pool import plan_workers, run_jobs
 from .report import run_subtitle, write_outputs
 from .rundir import RunDir, outputs_of
@@ -121,6 +122,7 @@ def compare(
     rt = runtime or setup(cfg.device)
     names = resolve_encodings(cfg)
     check_extend(cfg)
+    accumulation_steps(cfg.batch_size, rt.world, cfg.micro_batch)  # tokens per update split over these processes
     source = make_source(cfg, out if resume else None)
     jobs = [(name, seed) for name in names for seed in cfg.seeds]
     ckpts = [checkpoint_path(out / "checkpoints", cfg, name, seed) for name, seed in jobs]
