@@ -13,13 +13,26 @@ The reading in ``report.md`` is computed from the numbers:
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 from ..output import Column, Table, length_axis, pyplot, readable_log_axis, save_figure, write_csv, write_text
 
-__all__ = ["tables", "write_outputs", "reading", "FILES"]
+__all__ = ["tables", "write_outputs", "reading", "shown", "FILES"]
 
 FILES = ("config.json", "results.json", "results.csv", "table.md", "report.md", "ppl.png", "passkey.png")
+
+
+def shown(label: str, out: Path) -> str:
+    """The model as the plots and ``report.md``'s heading name it: its path relative to the
+    run folder ``out`` when it lies inside it or beside it (``../model``), else its directory's
+    name, never the absolute (often temporary) path; a compare run's ``(encoding, seed)`` kept."""
+    m = re.fullmatch(r"(.*?)( \([^()]*, seed [^()]*\))?", label)
+    path, tail = m.group(1), m.group(2) or ""
+    rel = os.path.relpath(path, os.path.abspath(out))
+    near = rel not in (".", "..") and not rel.startswith(".." + os.sep + "..") and rel != ".." + os.sep
+    return (rel if near else Path(path).name) + tail
 
 
 def _ppl(v) -> str:
@@ -191,10 +204,10 @@ def write_outputs(out: Path, results: dict, *, within: float, command: str) -> l
     rows += [{"method": c["method"], "length": c["length"], "setting": f"passkey depth {d}", "passkey_mean": v}
              for c in results["cells"] for d, v in (c.get("passkey") or {}).items()]  # fmt: skip
     write_csv(out / "results.csv", [{k: r.get(k) for k in cols} for r in rows], cols)
-    subtitle = f"{results['model']} · trained at {results['train_len']} tokens"
+    subtitle = f"{shown(results['model'], out)} · trained at {results['train_len']} tokens"
     _plots(out, results, subtitle)
     s = results["settings"]
-    lines = [f"# posenc extend: {results['model']}", "", f"Command: `{command}`", "",
+    lines = [f"# posenc extend: {shown(results['model'], out)}", "", f"Command: `{command}`", "",
              f"Trained at {results['train_len']} tokens; text: {s['text']} ({s['tokens_source']}); "
              f"{s['windows']} windows per length; chunked prefill of {s['chunk']} tokens; device {s['device']}.", "",
              "## Reading", "", *(f"- {r}" for r in reading(results, within)), "",
