@@ -89,6 +89,7 @@ def test_missing_data_dir_or_file_is_one_line_exit_2(tmp_path, capsys):
         (["--micro-batch", "0"], r"--micro-batch .*must be an int in \[1, "),
         (["--adaptive-cutoffs", "60000,20000"], "strictly increasing"),
         (["--task", "copy"], r"adaptive_cutoffs is for a word-level corpus"),
+        (["--fsdp", "--val-points", "2"], r"--fsdp evaluates once, after training, .*: val_points must be 0, got 2"),
     ],
 )  # fmt: skip
 def test_paper_flags_are_refused_in_one_line(tmp_path, capsys, flags, match):

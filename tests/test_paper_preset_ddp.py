@@ -46,17 +46,22 @@ def _load(out: Path) -> dict:
 
 @pytest.mark.slow
 @GLOO
-def test_two_processes_equal_one_with_the_same_tokens_per_update_and_resume_exactly(tmp_path):
+@pytest.mark.parametrize("sharding", [[], ["--fsdp"]], ids=["ddp", "fsdp"])
+def test_two_processes_equal_one_with_the_same_tokens_per_update_and_resume_exactly(tmp_path, sharding):
+    """DDP replicates the model; FSDP (``fully_shard``, gloo on the CPU) shards weights,
+    gradients and optimizer state, gathers them into each checkpoint and resumes from it."""
     data = write_corpus(tmp_path / "wt", lines=(400, 80, 80))
     args = [*TINY, "--data-dir", str(data), "--steps", "8", "--checkpoint-every", "1"]
     one = tmp_path / "one"
     assert main(["compare", *args, "--out", str(one)]) == 0
     two = tmp_path / "two"
-    cmd, env = _torchrun([*args, "--out", str(two)])
+    cmd, env = _torchrun([*args, *sharding, "--out", str(two)])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = _load(one), _load(two)
-    assert (a["processes"], b["processes"]) == (1, 2)
+    assert (a["processes"], b["processes"]) == (1, 2) and b["config"].get("fsdp", False) == bool(sharding)
+    saved, _ = posenc.load_checkpoint(two / "checkpoints" / "rope.pt")  # full weights: a plain model loads them
+    assert saved.num_params() == a["runs"][0]["params"]
     # a step's loss sums, on its path, the input projection (D), q.k and the output (D each
     # at most), the softmax over the bands (<= V) and the mean over 128 tokens; the processes
     # sum the gradients in another order, and each of the 8 steps carries the last one's
@@ -73,7 +78,7 @@ def test_two_processes_equal_one_with_the_same_tokens_per_update_and_resume_exac
 
     # kill the two-process run mid-training, resume it with two processes: the same numbers, bit for bit
     killed = tmp_path / "killed"
-    cmd, env = _torchrun([*args, "--out", str(killed)])
+    cmd, env = _torchrun([*args, *sharding, "--out", str(killed)])
     p = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpt = killed / "checkpoints" / "rope.pt"
     deadline = time.time() + 240
@@ -88,6 +93,13 @@ def test_two_processes_equal_one_with_the_same_tokens_per_update_and_resume_exac
         time.sleep(0.02)
     os.killpg(p.pid, signal.SIGKILL)  # torchrun and both ranks
     p.wait()
+    deadline = time.time() + 30
+    while time.time() < deadline:  # the ranks die after torchrun: until then rank 0 holds the folder's lock
+        try:
+            os.killpg(p.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.02)
     _, extra = posenc.load_checkpoint(ckpt)
     assert not extra["done"] and 0 < extra["step"] < 8, "the run finished before it could be killed"
     cmd, env = _torchrun(["--resume", "--out", str(killed), "--no-progress"])

@@ -102,6 +102,9 @@ _HELP = {
     "micro_batch": "sequences per process per forward; the update accumulates batch-size / (processes x "
     "micro-batch) of them (default: batch-size / processes, no accumulation)",
     "final_norm": "a LayerNorm after the last block (--no-final-norm: pre-norm without one, fairseq's wiki103 LM)",
+    "fsdp": "under torchrun, shard weights, gradients and optimizer state over the processes "
+    "(torch.distributed.fsdp.fully_shard, one unit per block) instead of replicating them (DDP); for models "
+    "that do not fit one device; needs --val-points 0",
     "adaptive_cutoffs": "comma-separated band cutoffs of an adaptive input and adaptive softmax (word-level "
     "vocabularies; the paper preset: 20000,60000)",
 }

@@ -98,6 +98,7 @@ class CompareConfig:
     micro_batch: int | None = None  # sequences per process per forward (accumulation); None: batch_size / W
     final_norm: bool = True  # False: pre-norm without a final norm
     adaptive_cutoffs: list[int] | None = None  # adaptive input + softmax bands (word-level vocabularies)
+    fsdp: bool = False  # under torchrun: shard weights, gradients and optimizer state (FSDP2) instead of DDP
 
     def __post_init__(self) -> None:
         self.validate()

@@ -34,6 +34,7 @@ PAPER_DEFAULTS: dict[str, Any] = {
     "micro_batch": None,
     "final_norm": True,
     "adaptive_cutoffs": None,
+    "fsdp": False,
 }
 
 PAPER_PRESET: dict[str, Any] = dict(
@@ -55,8 +56,13 @@ def check_paper_fields(cfg) -> None:
             raise ValueError(f"{name} must be an int in [1, {2**31 - 1}] or unset, got {v!r}")
     if cfg.data_dir is not None and not (isinstance(cfg.data_dir, str) and cfg.data_dir.strip()):
         raise ValueError(f"data_dir must name a directory, got {cfg.data_dir!r}")
-    if not isinstance(cfg.final_norm, bool):
-        raise ValueError(f"final_norm must be true or false, got {cfg.final_norm!r}")
+    for name in ("final_norm", "fsdp"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ValueError(f"{name} must be true or false, got {getattr(cfg, name)!r}")
+    if cfg.fsdp and cfg.val_points:
+        raise ValueError(
+            f"fsdp evaluates once, after training, from the gathered weights: val_points must be 0, got {cfg.val_points}"
+        )
     c = cfg.adaptive_cutoffs
     if c is not None and not (
         isinstance(c, list) and c and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in c)

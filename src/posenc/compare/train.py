@@ -31,6 +31,7 @@ from ..data import Batch, positions_for, step_generator
 from ..model import TransformerLM
 from ..positions import randomized_positions
 from ..train import Callback, Every, Progress, Runtime, Trainer, adamw, cosine_schedule, lm_loss
+from ..train.fsdp import shard_model
 from .config import CompareConfig
 from .diagnostics import convergence, process_matmul_peak, training_flops_per_token
 from .evaluate import EvalSettings, evaluate, model_axes
@@ -175,21 +176,26 @@ def train_encoding(
         cfg.batch_size, rt.world, cfg.micro_batch
     )  # before any work: a bad split is refused
     model = build_model(cfg, source, encoding, seed).to(rt.device)
+    extra = None
+    if resume and path is not None and path.exists():
+        saved, extra = load_for_resume(path, cfg)
+        if extra.get("done"):
+            return extra["result"]
+        model.load_state_dict(saved.state_dict())  # full weights, before any sharding
+    fsdp = cfg.fsdp and rt.distributed
+    if fsdp:  # sharded parameters: the optimizer is built over them (posenc.train.fsdp)
+        shard_model(model)
     fused = (
-        {"fused": True} if rt.device.type in ("cpu", "cuda") else {}
+        {"fused": True} if rt.device.type in ("cpu", "cuda") and not fsdp else {}
     )  # one kernel per step (docs/compare.md, "Converged")
     trainer = Trainer(
         model, adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay, **fused), runtime=rt,
         loss=torch.compile(lm_loss) if cfg.compile else lm_loss,
         schedule=cosine_schedule(cfg.lr, cfg.steps, cfg.warmup, cfg.min_lr_ratio), grad_clip=cfg.grad_clip,
-        autocast_dtype=torch.bfloat16 if cfg.dtype == "bfloat16" else None, accumulate=accumulate,
+        autocast_dtype=torch.bfloat16 if cfg.dtype == "bfloat16" else None, accumulate=accumulate, fsdp=fsdp,
     )  # fmt: skip
     state, curve = None, []
-    if resume and path is not None and path.exists():
-        saved, extra = load_for_resume(path, cfg)
-        if extra.get("done"):
-            return extra["result"]
-        model.load_state_dict(saved.state_dict())
+    if extra is not None:
         state = trainer.load_state_dict(extra)
         curve = list(extra.get("val_curve", []))
     tag = f"[{position[0]}/{position[1]}] {encoding}" + (f" seed {seed}" if len(cfg.seeds) > 1 else "")
@@ -209,9 +215,14 @@ def train_encoding(
     batch_at = batches(source, batch_size=cfg.batch_size, length=cfg.train_len, max_pos=max_pos, seed=seed,
                        axes=model_axes(model))  # fmt: skip
     state = trainer.fit(batch_at, cfg.steps, state=state, callbacks=callbacks)
+    gathered = trainer.gather()  # FSDP: the full weights on rank 0 (every process takes part); else None
 
     result: dict[str, Any] = {}
     if rt.main:
+        if gathered is not None:  # rank 0 evaluates a plain model holding the gathered weights
+            with torch.random.fork_rng(devices=[]):
+                model = build_model(cfg, source, encoding, seed).to(rt.device)
+            model.load_state_dict(gathered[0])
         t0 = time.perf_counter()
         if progress:
             log(f"{tag}: evaluating at {', '.join(map(str, cfg.eval_lens_sorted))}")
@@ -242,7 +253,7 @@ def train_encoding(
             "eval": evals,
         }
         if path is not None:
-            trainer.save(path, state, done=True, result=result, val_curve=curve, **mark)
+            trainer.save(path, state, gathered=gathered, done=True, result=result, val_curve=curve, **mark)
     rt.barrier()
     return result
 

@@ -129,6 +129,9 @@ class Trainer:
             ``accumulate`` equal parts, each run forward and backward with its loss divided by
             ``accumulate`` (DDP synchronises the gradients on the last one only); the step's
             gradient is that of the mean of the parts' mean losses.
+        fsdp: the model was sharded with :func:`posenc.train.fsdp.shard_model` (and the
+            optimizer built after): no DDP wrapper; checkpoints gather the full weights and
+            optimizer state on every process (:meth:`save` is then a collective).
     """
 
     def __init__(
@@ -142,6 +145,7 @@ class Trainer:
         grad_clip: float = 0.0,
         autocast_dtype: torch.dtype | None = None,
         accumulate: int = 1,
+        fsdp: bool = False,
     ) -> None:
         if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
             raise ValueError(f"accumulate must be an int >= 1, got {accumulate!r}")
@@ -151,7 +155,8 @@ class Trainer:
         self.loss_fn, self.schedule, self.grad_clip = loss, schedule, grad_clip
         self.autocast_dtype = autocast_dtype
         self.net = model
-        if self.runtime.distributed:
+        self.fsdp = fsdp and self.runtime.distributed
+        if self.runtime.distributed and not self.fsdp:
             dev = self.runtime.device
             self.net = nn.parallel.DistributedDataParallel(
                 model, device_ids=[dev.index] if dev.type == "cuda" else None
@@ -169,7 +174,10 @@ class Trainer:
         k, total = self.accumulate, None
         for j, part in enumerate(micro_batches(batch, k)):
             last = j == k - 1
-            sync = contextlib.nullcontext() if last or not self.runtime.distributed else self.net.no_sync()
+            if self.fsdp:  # FSDP2: reduce-scatter the gradients after the last micro-batch only
+                self.model.set_requires_gradient_sync(last)
+            ddp = self.runtime.distributed and not self.fsdp
+            sync = self.net.no_sync() if ddp and not last else contextlib.nullcontext()
             with sync:
                 with autocast(self.runtime.device, self.autocast_dtype):
                     loss = self.loss_fn(self.net, part)
@@ -212,13 +220,23 @@ class Trainer:
         return state
 
     # ------------------------------------------------------------------ checkpoints
-    def state_dict(self, state: TrainState) -> dict[str, Any]:
-        """The checkpoint entries besides the weights: step, losses, time, optimizer, RNG."""
+    def gather(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """Under FSDP, the full weights and optimizer state (a collective: every process calls
+        it; rank 0 receives them); None otherwise."""
+        if not self.fsdp:
+            return None
+        from .fsdp import gather
+
+        return gather(self.model, self.optimizer)
+
+    def state_dict(self, state: TrainState, gathered=None) -> dict[str, Any]:
+        """The checkpoint entries besides the weights: step, losses, time, optimizer, RNG
+        (``gathered``: :meth:`gather`'s output, whose optimizer state it takes)."""
         d = {
             "step": state.step,
             "losses": list(state.losses),
             "train_seconds": state.seconds,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": gathered[1] if gathered is not None else self.optimizer.state_dict(),
             "rng_state": torch.get_rng_state(),
         }
         if self.runtime.device.type == "cuda":
@@ -227,27 +245,40 @@ class Trainer:
 
     def load_state_dict(self, d: dict[str, Any]) -> TrainState:
         """Restore the optimizer and RNG from :meth:`state_dict` output; returns the state to resume."""
-        self.optimizer.load_state_dict(d["optimizer"])
+        if self.fsdp:
+            from .fsdp import load_optimizer
+
+            load_optimizer(self.model, self.optimizer, d["optimizer"])
+        else:
+            self.optimizer.load_state_dict(d["optimizer"])
         torch.set_rng_state(d["rng_state"])
         if "cuda_rng_state" in d and self.runtime.device.type == "cuda":
             torch.cuda.set_rng_state(d["cuda_rng_state"], self.runtime.device)
         return TrainState(step=d["step"], losses=list(d["losses"]), seconds=d["train_seconds"])
 
-    def save(self, path: str | Path, state: TrainState, **extra: Any) -> None:
+    def save(self, path: str | Path, state: TrainState, *, gathered=None, **extra: Any) -> None:
         """Write ``model`` + :meth:`state_dict` + ``extra`` to ``path`` atomically (rank 0 only).
 
-        A kill mid-write leaves the previous file intact.
+        A kill mid-write leaves the previous file intact. Under FSDP every process calls it
+        (it gathers the full state first), unless ``gathered`` (:meth:`gather`) is given.
 
         Raises:
             CheckpointWriteError: the file cannot be written (a full disk, a read-only or
                 vanished folder); the temporary file is removed, the previous one kept.
         """
+        if self.fsdp and gathered is None:
+            gathered = self.gather()
         if not self.runtime.main:
             return
         path = Path(path)
+        model = self.model
+        if gathered is not None:
+            from .fsdp import FullModel
+
+            model = FullModel(self.model.config, gathered[0])
         try:  # a fresh hidden temporary (O_EXCL: never through a link planted in the folder), then a rename
             with atomic_write(path, "wb") as f:
-                save_checkpoint(f, self.model, **self.state_dict(state), **extra)
+                save_checkpoint(f, model, **self.state_dict(state, gathered), **extra)
         except OutputError as e:
             raise CheckpointWriteError.of(path, e) from None
         except RuntimeError as e:  # torch's zip writer: the bytes did not reach the disk
