@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from conftest import tolerance
 from posenc.cli import main
 from posenc.compare.config import PRESETS, from_dict, preset_config
 from posenc.data import DataError
@@ -115,3 +116,31 @@ def test_paper_preset_is_press_et_al_setup():
     assert not new & set(quick.to_dict()) and new - {"micro_batch"} <= set(cfg.to_dict())
     assert from_dict(quick.to_dict()).fingerprint() == quick.fingerprint()
     assert cfg.differing_fields(quick.to_dict()) != [] and quick.differing_fields(quick.to_dict()) == []
+
+
+def test_stride_1_sliding_evaluation_scores_each_token_with_up_to_L_minus_1_tokens_of_context(tmp_path):
+    # Press et al.'s sliding-window evaluation, written from its definition: token t + 1 of the
+    # validation stream is predicted from tokens max(0, t - L + 1) .. t (the first window scores
+    # all its tokens); the mean of -log p over the scored tokens
+    import math
+
+    import posenc
+    from posenc.compare.evaluate import EvalSettings, evaluate
+
+    data = load_wikitext(write_corpus(tmp_path / "wt"))
+    torch.manual_seed(0)
+    model = posenc.TransformerLM(data.vocab_size, 16, 1, 2, "alibi", 8, adaptive_cutoffs=[20, 80]).eval()
+    L, n = 8, 30  # 30 windows: tokens 1 .. 37 of the stream are scored
+    settings = EvalSettings(batch_size=4, tokens=n, sliding=True, stride=1)
+    got = evaluate(model, data, L, device=torch.device("cpu"), settings=settings)
+    stream = data.val[: n + L].long()
+    nll = []
+    with torch.no_grad():
+        for t in range(n + L - 1):  # predict stream[t + 1]
+            ctx = stream[max(0, t - L + 1) : t + 1][None]
+            nll.append(-float(model(ctx)[0, -1, stream[t + 1]]))
+    assert got["tokens"] == len(nll) == n + L - 1
+    # each log-prob: projections over D, attention over <= L keys, the softmax over the vocabulary
+    tol = tolerance(n=2 * 16 + L + data.vocab_size + len(nll))
+    assert got["loss"] == pytest.approx(sum(nll) / len(nll), rel=tol["rtol"], abs=tol["atol"])
+    assert got["ppl"] == pytest.approx(math.exp(got["loss"]))
