@@ -80,6 +80,9 @@ def test_missing_data_dir_or_file_is_one_line_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "wiki.valid.tokens" in err and "not found" in err
     assert not (tmp_path / "run" / "config.json").exists()
+    assert main(args) == 2  # no --data-dir: the preset's bands need a word-level vocabulary
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "give --data-dir DIR" in err and "256 tokens" in err
 
 
 @pytest.mark.parametrize(

@@ -69,6 +69,11 @@ def check_paper_fields(cfg) -> None:
         and all(a < b for a, b in zip(c, c[1:]))
     ):  # fmt: skip
         raise ValueError(f"adaptive_cutoffs must be a non-empty list of strictly increasing ints >= 1, got {c!r}")
+    if c is not None and cfg.data_dir is None and cfg.task is None and c[-1] >= 256:
+        raise ValueError(
+            f"adaptive_cutoffs {c} need a word-level vocabulary: give --data-dir DIR (WikiText-103's "
+            "wiki.{train,valid,test}.tokens); the byte-level sources have 256 tokens"
+        )
     if c is not None and cfg.task is not None:
         raise ValueError(f"adaptive_cutoffs is for a word-level corpus (--data-dir), not --task {cfg.task}")
     if cfg.data_dir is not None:
