@@ -106,6 +106,8 @@ class CoPE(PositionEncoding):
         lo = pos.floor()
         # q·E[m] / scale for every integer position (the layer multiplies the terms by scale:
         # dividing the (Dh, npos_max) table costs nothing, dividing e a pass over every pair)
-        logits_int = q.float() @ (self.pos_emb.float() / self.scale)  # (B, H, Lq, npos_max)
+        # in float32 under autocast too, as the positions p it is interpolated at
+        with torch.autocast(q.device.type, enabled=False):
+            logits_int = q.float() @ (self.pos_emb.float() / self.scale)  # (B, H, Lq, npos_max)
         # (1 - w)·e[⌊p⌋] + w·e[⌈p⌉] as one fused pass, w = p - ⌊p⌋ (differentiable through p)
         return torch.lerp(logits_int.gather(-1, lo.long()), logits_int.gather(-1, pos.ceil().long()), pos - lo)
