@@ -340,7 +340,7 @@ def test_registered_everywhere():
     assert set(KAZEMNEJAD_TASKS) <= set(TASK_NAMES)
     assert isinstance(load_source(task="kaz-sum", seed=3), KazemnejadTask)
     cfg = preset_config("quick", task="kaz-lego")
-    assert (cfg.train_len, cfg.eval_lens, cfg.steps, cfg.lr) == (8, [4, 8, 12, 16], 3000, 3e-3)
+    assert (cfg.train_len, cfg.eval_lens, cfg.steps, cfg.lr) == (8, [4, 8, 12, 16], 6000, 3e-3)
 
 
 def test_compare_runs_a_kazemnejad_task(tmp_path):
