@@ -114,9 +114,13 @@ def _cope(s) -> dict[str, Any] | None:
                          f"{100 * (s.cells[best].get(n) or NOT_RUN).mean:.1f}%")  # fmt: skip
     if not checks:
         return None
+    # "better than every other": a tie does not confirm it (partly), unlike an ordering's ties
+    marks = [c["agrees"] for c in checks]
+    verdict = ("agrees" if all(m is True for m in marks) else "partly" if any(m is True for m in marks)
+               else "disagrees" if any(m is False for m in marks) else "undecided")  # fmt: skip
     return {"source": "Golovneva et al. 2024 (CoPE), counting",
             "claim": "past the training length CoPE counts better than every absolute or relative encoding",
-            "verdict": _verdict(checks), "evidence": "; ".join(parts), "checks": checks}  # fmt: skip
+            "verdict": verdict, "evidence": "; ".join(parts), "checks": checks}  # fmt: skip
 
 
 def _flip_flop(s) -> dict[str, Any] | None:
