@@ -13,7 +13,18 @@ import math
 import re
 from typing import Any
 
-__all__ = ["MAX_LEN", "MODEL_NAME", "MODEL_NAME_RULE", "check_fields", "check_models", "parse_named"]
+from ..qk_norm import QK_NORM_POSITIONS, QK_NORMS
+
+__all__ = [
+    "ATTENTION_DEFAULTS",
+    "MAX_LEN",
+    "MODEL_NAME",
+    "MODEL_NAME_RULE",
+    "check_attention_fields",
+    "check_fields",
+    "check_models",
+    "parse_named",
+]
 
 # The longest sequence or position range a comparison may ask for (train_len, eval_lens,
 # max_pos): 2^20 tokens. Position tables are allocated up to it (a learned table of
@@ -181,3 +192,33 @@ def check_encodings(cfg) -> None:
         except (ValueError, TypeError) as e:
             field = "encoding_options" if name in cfg.encoding_options else "encodings"
             raise ValueError(f"{field} entry {name!r}: {str(e).splitlines()[0]}") from None
+
+
+# The attention fields of CompareConfig with their defaults: left out of to_dict while they
+# keep them, so configs and fingerprints written before they existed stay the same.
+ATTENTION_DEFAULTS: dict[str, Any] = {
+    "kv_heads": None,
+    "qk_norm": None,
+    "qk_norm_position": "before",
+    "score_scale": None,
+    "softcap": None,
+}
+
+
+def check_attention_fields(cfg) -> None:
+    """``ValueError`` naming a bad attention field and its allowed values."""
+    kv = cfg.kv_heads
+    if kv is not None:
+        if not isinstance(kv, int) or isinstance(kv, bool) or not 1 <= kv <= cfg.heads or cfg.heads % kv:
+            raise ValueError(f"kv_heads must be an int in [1, heads={cfg.heads}] that divides heads, got {kv!r}")
+    if cfg.qk_norm is not None and cfg.qk_norm not in QK_NORMS:
+        raise ValueError(f"qk_norm must be one of {', '.join(QK_NORMS)} or unset, got {cfg.qk_norm!r}")
+    if cfg.qk_norm_position not in QK_NORM_POSITIONS:
+        raise ValueError(
+            f"qk_norm_position must be one of {', '.join(QK_NORM_POSITIONS)}, got {cfg.qk_norm_position!r}"
+        )
+    for name in ("score_scale", "softcap"):
+        v = getattr(cfg, name)
+        ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0)
+        if not ok:
+            raise ValueError(f"{name} must be a finite number > 0 or unset, got {v!r}")

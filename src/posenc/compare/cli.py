@@ -105,6 +105,12 @@ _HELP = {
     "fsdp": "under torchrun, shard weights, gradients and optimizer state over the processes "
     "(torch.distributed.fsdp.fully_shard, one unit per block) instead of replicating them (DDP); for models "
     "that do not fit one device; needs --val-points 0",
+    "kv_heads": "key/value heads of every layer (grouped-query attention; 1: multi-query; must divide --heads); "
+    "the KV cache stores them",
+    "qk_norm": "per-head q/k normalisation with HF's conventions: rms (Qwen3), gemma-rms (Gemma 3), l2 (Llama 4)",
+    "qk_norm_position": "before or after the q/k stage (Qwen3/Gemma 3: before RoPE; Llama 4: after)",
+    "score_scale": "replaces the head_dim^-1/2 factor of the score scale (Gemma 3: query_pre_attn_scalar^-1/2)",
+    "softcap": "tanh logit soft-capping c*tanh(s/c) of the scores (Gemma 2: 50); runs on chunked/eager/flex",
     "adaptive_cutoffs": "comma-separated band cutoffs of an adaptive input and adaptive softmax (word-level "
     "vocabularies; the paper preset: 20000,60000)",
 }

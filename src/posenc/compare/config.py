@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data import KAZEMNEJAD_TASKS, TASK_NAMES
-from .checks import check_encodings, check_fields, check_models, parse_named
+from .checks import ATTENTION_DEFAULTS, check_attention_fields, check_encodings, check_fields, check_models, parse_named
 from .paper import PAPER_DEFAULTS, PAPER_PRESET, check_paper_fields
 
 __all__ = ["CompareConfig", "PRESETS", "CORE_ENCODINGS", "EXTEND_METHODS", "from_dict", "resolve_eval_lens"]
@@ -99,6 +99,12 @@ class CompareConfig:
     final_norm: bool = True  # False: pre-norm without a final norm
     adaptive_cutoffs: list[int] | None = None  # adaptive input + softmax bands (word-level vocabularies)
     fsdp: bool = False  # under torchrun: shard weights, gradients and optimizer state (FSDP2) instead of DDP
+    # attention as today's models have it (posenc.Attention; defaults leave older runs unchanged)
+    kv_heads: int | None = None  # grouped-query k/v heads (1: multi-query); None: heads
+    qk_norm: str | None = None  # rms | gemma-rms | l2 (posenc.qk_norm)
+    qk_norm_position: str = "before"  # before | after the q/k stage
+    score_scale: float | None = None  # replaces the Dh^-1/2 factor of every encoding's score scale
+    softcap: float | None = None  # tanh logit soft-capping c*tanh(s/c) (Gemma 2)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -144,6 +150,7 @@ class CompareConfig:
         if self.encodings != ["all"]:
             check_models(self.encoding_names(), self.named_patterns())
         check_paper_fields(self)
+        check_attention_fields(self)
         check_encodings(self)  # every model builds: names, patterns and option values
 
     def named_patterns(self) -> dict[str, str]:
@@ -191,10 +198,11 @@ class CompareConfig:
         return sorted(set(self.eval_lens))
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, but the paper preset's at their defaults (:data:`PAPER_DEFAULTS`): a
+        """Every field, but the paper preset's and the attention fields at their defaults
+        (:data:`PAPER_DEFAULTS`, :data:`ATTENTION_DEFAULTS`): a
         config without them is written, fingerprinted and compared as before they existed."""
         d = asdict(self)
-        for k, v in PAPER_DEFAULTS.items():
+        for k, v in {**PAPER_DEFAULTS, **ATTENTION_DEFAULTS}.items():
             if d[k] == v:
                 del d[k]
         return d

@@ -70,6 +70,11 @@ def build_model(cfg: CompareConfig, source, encoding: str, seed: int | None = No
         embed_std=cfg.embed_std,
         final_norm=cfg.final_norm,
         adaptive_cutoffs=cfg.adaptive_cutoffs,
+        kv_heads=cfg.kv_heads,
+        qk_norm=cfg.qk_norm,
+        qk_norm_position=cfg.qk_norm_position,
+        score_scale=cfg.score_scale,
+        softcap=cfg.softcap,
         **cfg.encoding_options.get(encoding, {}),
     )
     # Re-draw every non-encoding weight from the same seed, so that the encodings'
