@@ -138,3 +138,17 @@ def test_extend_on_passkey_scores_every_depth(tmp_path):
         for x in e["eval"]:  # accuracy at every length, and per key depth as the run's own passkey heatmap
             assert 0 <= x["accuracy"] <= 1 and [d["depth"] for d in x["depths"]] == [0.0, 0.25, 0.5, 0.75, 1.0]
     assert "accuracy by evaluation length" in (out / "extend.md").read_text()
+
+
+def test_merge_joins_the_extend_rows_of_shards(tmp_path):
+    """--merge of sharded --extend runs: every shard's extend rows, extend.md and extend.png."""
+    argv = [*TINY, "--encodings", "rope,xpos", "--steps", "2", "--extend", "none,ntk"]
+    assert run_cli(*argv, "--shard", "1/2", "--out", str(tmp_path / "a")) == 0
+    assert run_cli(*argv, "--shard", "2/2", "--out", str(tmp_path / "b")) == 0
+    out = tmp_path / "merged"
+    assert run_cli("--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)) == 0
+    merged = json.loads((out / "results.json").read_text())
+    rows = {(r["encoding"], r["method"]) for r in merged["extend"]}
+    assert rows == {("rope", "none"), ("rope", "ntk"), ("xpos", "none"), ("xpos", "ntk")}
+    assert (out / "extend.md").is_file() and (out / "extend.png").is_file()
+    assert "xpos" in (out / "extend.md").read_text()

@@ -324,6 +324,8 @@ def merge(args: argparse.Namespace) -> int:
     """``--merge DIR ... --out OUT``: the shards' results joined into OUT, a run folder taken
     as ``compare`` takes one (locked; refused when not empty unless ``--overwrite``, which
     removes only what a comparison listed there)."""
+    from .extend import extend_table, write_extend
+    from .plots import run_subtitle
     from .report import merge_results, write_outputs
 
     flags = [f"--{k.replace('_', '-')}" for k in _overrides(args)]
@@ -346,15 +348,21 @@ def merge(args: argparse.Namespace) -> int:
                 f"--merge: {str(d)!r} is in use by a running posenc compare: merge it when it has finished"
             )
     merged = merge_results(dirs)
-    with RunDir(out, overwrite=args.overwrite, writes=outputs_of({**merged["config"], "extend": None})) as run_dir:
+    extend = merged.get("extend")
+    writes = outputs_of({**merged["config"], "extend": merged["config"].get("extend") if extend else None})
+    with RunDir(out, overwrite=args.overwrite, writes=writes) as run_dir:
         try:
             with run_dir.recording():
                 table = write_outputs(out, merged)
+                if extend:
+                    write_extend(out, merged, run_subtitle(merged["config"]))
         except Exception:  # nothing to resume in a merge: leave the folder as it was
             run_dir.discard()
             raise
         run_dir.finish()
     table.print()
+    if extend:
+        extend_table(merged).print()
     print(f"merged {len(dirs)} runs into {out}")
     return 0
 

@@ -10,6 +10,7 @@ from ..data.tasks import depth_axis
 from ..output import Column, Table, clean, write_csv, write_json, write_text
 from .checks import parse_named
 from .diagnostics import mfu, run_health
+from .extend import merge_extend
 from .plots import draw_figures, per_position_absent, run_subtitle
 from .reading import SPREAD_LIMIT, caveats, metric_name, summarize, train_spread
 from .report_md import report_markdown, table_rows
@@ -142,6 +143,9 @@ def merge_results(dirs: list[Path]) -> dict[str, Any]:
     config = {**parts[0]["config"], "shard": None, "seeds": seeds}
     envs = [p["environment"] for p in parts if p.get("environment")]
     merged = {"config": config, "runs": runs}
+    extend = merge_extend(parts)  # each shard extended the models it trained
+    if extend:
+        merged["extend"] = extend
     if envs:  # MFU's denominator: the shards' processes' peaks
         merged["environment"] = {**envs[0], "merged_from": [str(d) for d in dirs]}
     return merged
