@@ -246,12 +246,15 @@ def test_the_example_trains_saves_and_extends(tmp_path, capsys):
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     out = tmp_path / "ex"
-    rc = example.main(["--out", str(out), "--steps", "20", "--seq-len", "64", "--threads", "1", "--lengths", "1x,4x",
-                       "--methods", "none,rerope,yarn", "--windows", "1", "--passkey-trials", "0"])  # fmt: skip
+    rc = example.main(["--out", str(out), "--steps", "4", "--batch-size", "2", "--seq-len", "256", "--threads", "1",
+                       "--dim", "16", "--check", "2", "--lengths", "1x,2x", "--methods", "none,rerope,yarn",
+                       "--windows", "1", "--passkey-trials", "1"])  # fmt: skip
     assert rc == 0 and (out / "model" / "config.json").is_file()
     res = json.loads((out / "extend" / "results.json").read_text())
-    assert res["train_len"] == 64 and {c["method"] for c in res["cells"]} == {"none", "rerope", "yarn"}
-    assert "perplexity by length" in capsys.readouterr().out
+    assert res["train_len"] == 256 and {c["method"] for c in res["cells"]} == {"none", "rerope", "yarn"}
+    assert all(set(c["passkey"]) == {"0", "0.25", "0.5", "0.75", "1"} for c in res["cells"])
+    printed = capsys.readouterr().out
+    assert "perplexity by length" in printed and "in-window passkey check: " in printed
 
 
 def test_another_family_needs_no_code_of_its_own(tmp_path):

@@ -43,6 +43,19 @@ def test_passkey_rows_mark_their_answer_and_never_hold_an_evaluation_key():
     assert not rows[1]["answer"].any() and torch.equal(rows[1]["labels"], rows[1]["input_ids"])
 
 
+def test_copy_rows_repeat_a_corpus_window_and_the_others_are_plain_windows():
+    r = random.Random(0)
+    data = bytes(r.randrange(256) for _ in range(5000))
+    rows = example().Rows(data, 300, 2, 40, seed=0, held_out=set(), copy_every=4)
+    for i in range(1, 40, 2):
+        ids = bytes(rows[i]["input_ids"].tolist())
+        assert len(ids) == 300
+        if i % 4 == 1:  # the copy rows: 150 bytes of the corpus, twice
+            assert ids[:150] == ids[150:] and ids[:150] in data
+        else:
+            assert ids in data and ids[:150] != ids[150:]
+
+
 def test_a_training_length_too_short_for_the_prompt_is_refused():
     with pytest.raises(ValueError, match=r"--seq-len 128: the passkey prompt needs >= 252 bytes"):
         example().Rows(b"x" * 1000, 128, 2, 10, seed=0, held_out=set())
