@@ -95,6 +95,8 @@ FLAGS: dict[str, dict[str, list[str]]] = {
     "bench": {
         "--encodings": NAMES,
         "--lengths": INTS,
+        "--kv-heads": [*POS, "3"],  # must divide the bench model's heads
+        "--kv-tokens": POS,
         "--memory-lengths": INTS,
         "--memory-method": CHOICE,
         "--batch": POS,
@@ -185,6 +187,15 @@ FLAGS: dict[str, dict[str, list[str]]] = {
         "--checkpoint-every": POS,
         "--workers": NONNEG,
         "--shard": ["", "0/2", "3/2", "a/b", "1/0", "1"],
+        "--kv-heads": [*POS, "3", "16"],  # must divide --heads (8)
+        "--qk-norm": CHOICE,
+        "--qk-norm-position": CHOICE,
+        "--score-scale": ["", "0", "-1", "nan", "inf", "abc"],
+        "--softcap": ["", "0", "-1", "nan", "inf", "abc"],
+        "--data-dir": ["", "<missing>", "<file>"],
+        "--tokens-per-update": POS,
+        "--micro-batch": POS,
+        "--adaptive-cutoffs": INTS,
     },  # fmt: skip
     "list": {"--format": CHOICE},
 }
