@@ -90,11 +90,12 @@ def test_seeds_intervals_convergence_mfu_and_report(tmp_path, capsys):
 
 def test_worker_processes_give_the_numbers_of_one_process(tmp_path):
     argv = [*TINY, "--encodings", "nope,rope,t5", "--steps", "4", "--val-points", "2"]
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers' thread count, so that the sums are ordered alike
     try:
         assert run_cli(*argv, "--workers", "1", "--out", str(tmp_path / "one")) == 0
     finally:
-        torch.set_num_threads(torch.get_num_threads())
+        torch.set_num_threads(threads)
     assert run_cli(*argv, "--workers", "2", "--out", str(tmp_path / "two")) == 0
     one, two = load(tmp_path / "one"), load(tmp_path / "two")
     assert [r["encoding"] for r in two["runs"]] == ["nope", "rope", "t5"]  # the config's order, whoever finished first

@@ -63,7 +63,7 @@ def test_gpt2_scores_scaled_by_inverse_layer_index_equal_stock_gpt2():
     assert_close(logits(ours, ids), logits(stock, ids), n=n)
 
 
-def test_a_client_that_never_imports_posenc_loads_the_model(tmp_path):
+def test_a_client_that_never_imports_posenc_loads_the_model(tmp_path, one_thread):
     """HF's auto_map: ``trust_remote_code=True`` in a fresh process with no ``import posenc``."""
     import json
     import os
@@ -85,6 +85,7 @@ def test_a_client_that_never_imports_posenc_loads_the_model(tmp_path):
         "    AutoModelForCausalLM.from_pretrained(d)\n"
         "except ValueError as e:\n"
         "    print('RESULT refused', 'trust_remote_code' in str(e), 'posenc' in sys.modules)\n"
+        "torch.set_num_threads(1)\n"  # as the parent computed want.pt: sums ordered alike, bit for bit
         "m = AutoModelForCausalLM.from_pretrained(d, trust_remote_code=True).eval()\n"
         "ids = torch.load(d + '/ids.pt', weights_only=True)\n"
         "with torch.no_grad():\n"
