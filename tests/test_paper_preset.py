@@ -176,3 +176,14 @@ def test_position_tables_stay_float32_under_bf16_autocast():
         for a, b in zip(ref if isinstance(ref, tuple) else (ref,), got if isinstance(got, tuple) else (got,)):
             assert b.dtype == torch.float32, (name, b.dtype)
             torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+def test_adaptive_input_is_scaled_by_sqrt_d_as_fairseqs_decoder_scales_it():
+    # fairseq TransformerDecoder.forward_embedding: x = embed_scale * embed_tokens(tokens), with
+    # embed_scale = sqrt(D) (base_lm_architecture: no_scale_embedding False), before positions
+    model = _lm().eval()
+    tokens = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(4))
+    pos = torch.arange(12)[None]
+    got = model.embed(tokens, pos)
+    want = math.sqrt(model.config.dim) * model.tok_emb(tokens)  # rope: no input stage after it
+    torch.testing.assert_close(got, want, **tolerance(n=model.config.dim))

@@ -248,8 +248,14 @@ class TransformerLM(nn.Module):
     def embed(
         self, tokens: Tensor, pos: Tensor, cache: ModelCache | None = None, document_ids: Tensor | None = None
     ) -> Tensor:
-        """Token embeddings plus the input stages at the embeddings: ``(B, L)`` -> ``(B, L, D)``."""
+        """Token embeddings plus the input stages at the embeddings: ``(B, L)`` -> ``(B, L, D)``.
+
+        An adaptive input is scaled by ``D^1/2`` before the input stages, as fairseq's decoder
+        scales it (``embed_scale``; ``transformer_lm_wiki103`` keeps ``no_scale_embedding`` False).
+        """
         x = tokens if self.tok_emb is None else self.tok_emb(tokens)
+        if self.adaptive:
+            x = x * self.config.dim**0.5
         return self._run_stages(0, x, pos, cache, document_ids)
 
     def forward(
