@@ -18,6 +18,7 @@ import torch.distributed as dist
 import posenc
 from conftest import tolerance
 from posenc.cli import main
+from posenc.compare.rundir import is_locked
 from test_paper_preset_data import write_corpus
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -40,6 +41,65 @@ def _torchrun(args, **kw):
     return cmd, env
 
 
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started (every thread's), read from ``/proc`` (Linux)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return out
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has died: no such process, or a zombie with every thread ended. (A killed
+    process's main thread turns zombie while its other threads still exit, and the files it
+    holds open, the run folder's lock among them, close only when the last of them has.)"""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return True
+    for task in tasks:
+        try:
+            if (task / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                return False
+        except FileNotFoundError:  # that thread has just gone
+            pass
+    return True
+
+
+def wait_gone(pids: list[int], seconds: float) -> list[int]:
+    """Wait up to ``seconds`` for every pid to die; the ones still alive."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and not all(gone(q) for q in pids):
+        time.sleep(0.02)
+    return [q for q in pids if not gone(q)]
+
+
+def _kill_all(p: subprocess.Popen) -> list[int]:
+    """SIGKILL ``torchrun`` (started in a session of its own) and every rank it started, at
+    once, as the OOM killer or a scheduler would; returns the ranks' pids once all are dead."""
+    ranks = children(p.pid)
+    os.killpg(p.pid, signal.SIGKILL)
+    for r in ranks:
+        try:
+            os.killpg(r, signal.SIGKILL)  # each rank leads its own session and group
+        except ProcessLookupError:
+            pass
+    p.wait()
+    assert not wait_gone(ranks, 30), "a rank outlived SIGKILL"
+    return ranks
+
+
+def _why(proc: subprocess.CompletedProcess) -> str:
+    """What a failed torchrun said: posenc's own one-line errors (rank 0's exit 2 is one), then
+    the end of its output (torchrun's summary names only the exit codes)."""
+    lines = proc.stderr.splitlines()
+    said = [ln for ln in lines if "error" in ln.lower() and "Traceback" not in ln][:20]
+    return "\n".join([*said, "...", proc.stderr[-3000:]])
+
+
 def _load(out: Path) -> dict:
     return json.loads((out / "results.json").read_text())
 
@@ -57,7 +117,7 @@ def test_two_processes_equal_one_with_the_same_tokens_per_update_and_resume_exac
     two = tmp_path / "two"
     cmd, env = _torchrun([*args, *sharding, "--out", str(two)])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _why(proc)
     a, b = _load(one), _load(two)
     assert (a["processes"], b["processes"]) == (1, 2) and b["config"].get("fsdp", False) == bool(sharding)
     saved, _ = posenc.load_checkpoint(two / "checkpoints" / "rope.pt")  # full weights: a plain model loads them
@@ -91,21 +151,46 @@ def test_two_processes_equal_one_with_the_same_tokens_per_update_and_resume_exac
             if extra["step"] >= 3:
                 break
         time.sleep(0.02)
-    os.killpg(p.pid, signal.SIGKILL)  # torchrun and both ranks
-    p.wait()
-    deadline = time.time() + 30
-    while time.time() < deadline:  # the ranks die after torchrun: until then rank 0 holds the folder's lock
-        try:
-            os.killpg(p.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.02)
+    ranks = _kill_all(p)  # torchrun and both ranks, at once: the ranks sit in sessions of their own
+    assert len(ranks) == 2, ranks
+    assert not is_locked(killed), "a killed rank still holds the run folder"
     _, extra = posenc.load_checkpoint(ckpt)
     assert not extra["done"] and 0 < extra["step"] < 8, "the run finished before it could be killed"
     cmd, env = _torchrun(["--resume", "--out", str(killed), "--no-progress"])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _why(proc)
     c = _load(killed)
     for rb, rc in zip(b["runs"], c["runs"], strict=True):
         assert rb["train_loss"] == rc["train_loss"]
         assert [e["loss"] for e in rb["eval"]] == [e["loss"] for e in rc["eval"]]
+
+
+@pytest.mark.slow
+@GLOO
+def test_the_ranks_die_with_torchrun(tmp_path):
+    """``torchrun`` starts each rank in a session of its own, so a SIGKILL of its process group
+    (what the OOM killer or a scheduler sends) does not reach them: without a watchdog they
+    train on, rank 0 holding the folder's lock, and the ``--resume`` the user runs next is
+    refused. Each rank ends itself once its launcher is gone (``train.runtime.setup``)."""
+    data = write_corpus(tmp_path / "wt", lines=(400, 80, 80))
+    out = tmp_path / "run"
+    cmd, env = _torchrun(
+        [*TINY, "--data-dir", str(data), "--steps", "5000", "--checkpoint-every", "1", "--out", str(out)]
+    )
+    p = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = out / "checkpoints" / "rope.pt"
+    deadline = time.time() + 240
+    while p.poll() is None and time.time() < deadline and not ckpt.exists():
+        time.sleep(0.02)
+    assert p.poll() is None, "torchrun ended before the test could kill it"
+    ranks = children(p.pid)
+    try:
+        assert len(ranks) == 2, ranks
+        os.killpg(p.pid, signal.SIGKILL)  # torchrun alone: the ranks are not in its group
+        p.wait()
+        assert not wait_gone(ranks, 20), "a rank outlived its torchrun"
+        assert not is_locked(out)
+    finally:
+        for r in ranks:
+            if not gone(r):
+                os.killpg(r, signal.SIGKILL)

@@ -14,7 +14,7 @@ ones not started and re-raises in the caller; Ctrl-C stops the workers.
 Workers die with the process that started them, even when it is killed with SIGKILL (the
 OOM killer's signal, which runs no cleanup): on Linux the kernel sends each worker SIGKILL
 when its parent dies (``prctl(PR_SET_PDEATHSIG)``), and everywhere a watchdog thread in
-each worker exits it once its parent is gone (:func:`_watch_parent`). A worker that
+each worker exits it once its parent is gone (:mod:`posenc.train.lifeline`). A worker that
 outlived its run would go on writing checkpoints into a folder whose lock it does not hold.
 """
 
@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+
+from ..train.lifeline import die_with
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -53,38 +55,9 @@ def _init_worker(threads: int, parent: int) -> None:
 
     import torch
 
-    _die_with(parent)
+    die_with(parent)
     torch.set_num_threads(threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
-
-
-def _die_with(parent: int) -> None:
-    """End this process when ``parent`` (the pid that started it) dies."""
-    import signal
-    import sys
-
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:  # PR_SET_PDEATHSIG = 1: the kernel's SIGKILL when the parent thread exits
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # it died before the line above
-        os._exit(1)
-    import threading
-
-    threading.Thread(target=_watch_parent, args=(parent,), name="posenc-parent-watchdog", daemon=True).start()
-
-
-def _watch_parent(parent: int, every: float = 0.5) -> None:
-    """Exit this process (no cleanup: the parent's files are not ours) once ``parent`` is gone:
-    a worker is re-parented when its parent dies, so ``getppid`` changes."""
-    import time
-
-    while os.getppid() == parent:
-        time.sleep(every)
-    os._exit(1)
 
 
 def _call(item):

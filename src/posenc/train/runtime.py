@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .lifeline import die_with
+
 __all__ = ["Runtime", "resolve_device", "setup"]
 
 
@@ -103,11 +105,17 @@ def map_tensors(batch: Any, fn) -> Any:
 
 def setup(device: str = "auto") -> Runtime:
     """The runtime of this process: join the process group when launched by ``torchrun``
-    (``WORLD_SIZE > 1``; gloo on CPU, nccl on CUDA), else one process on ``device``."""
+    (``WORLD_SIZE > 1``; gloo on CPU, nccl on CUDA), else one process on ``device``.
+
+    A rank dies with its launcher (:func:`~posenc.train.lifeline.die_with`): ``torchrun``
+    starts each rank in a session of its own, so killing ``torchrun`` would otherwise leave
+    the ranks training on, rank 0 holding the run folder's lock against the ``--resume``.
+    """
     dev = resolve_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return Runtime(dev)
     if not dist.is_initialized():
+        die_with(os.getppid(), kernel=False)  # the launcher's threads are not ours: the watchdog only
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
