@@ -40,6 +40,7 @@ from tests.test_hf_families import (  # noqa: E402
     VL,
     V,
     family_n,
+    greedy,
     image_positions,
     logits,
     stock_model,
@@ -51,13 +52,6 @@ from transformers.masking_utils import AttentionMaskInterface  # noqa: E402
 import posenc.hf as ph  # noqa: E402
 
 
-def _generate(model, ids, **kw):
-    out = model.generate(
-        ids, max_new_tokens=14, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True, **kw
-    )
-    return out.sequences, torch.stack(out.logits, 1)
-
-
 def _bound(expected: torch.Tensor, cfg, length: int) -> float:
     """The suite's float32 atol for these logits (tests/conftest.py tolerance, family_n)."""
     magnitude = max(1.0, float(expected.abs().amax()))
@@ -66,8 +60,8 @@ def _bound(expected: torch.Tensor, cfg, length: int) -> float:
 
 def _cached_vs_uncached(model) -> str:
     ids = torch.randint(1, V, (2, 5))
-    cached, a = _generate(model, ids, cache=DynamicCache(config=model.config))
-    uncached, b = _generate(model, ids, use_cache=False)
+    cached, a = greedy(model, ids, 14, cache=DynamicCache(config=model.config))
+    uncached, b = greedy(model, ids, 14, use_cache=False)
     same = "tokens equal" if torch.equal(cached, uncached) else "TOKENS DIFFER"
     return f"{(a - b).abs().max().item():.1e} (≤ {_bound(b, model.config, 19):.0e}), {same}"
 

@@ -44,21 +44,24 @@ HIDDEN_STATE = [
 ENCODINGS = list(posenc.available())
 
 
+# the tiny decoder every HF family's test config starts from (tests/test_hf_families.py too)
+TINY_DECODER = dict(
+    vocab_size=V,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+    initializer_range=0.3,  # sharp attention: logits that depend on every position term
+)
+
+
 def llama_config(**kw) -> LlamaConfig:
-    base = dict(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        initializer_range=0.3,  # sharp attention: logits that depend on every position term
-    )
-    return LlamaConfig(**(base | kw))
+    return LlamaConfig(**(TINY_DECODER | kw))
 
 
 def gpt2_config(**kw) -> GPT2Config:

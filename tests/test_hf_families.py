@@ -18,6 +18,7 @@ import torch
 from tests.conftest import assert_close, attention_n
 
 transformers = pytest.importorskip("transformers")
+from tests.test_hf import TINY_DECODER  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, DynamicCache  # noqa: E402
 
 import posenc.hf as ph  # noqa: E402
@@ -25,19 +26,7 @@ import posenc.hf as ph  # noqa: E402
 V = 96
 L = 20  # tokens per parity check: past every window below
 WINDOW = 6  # HF sliding_window of the windowed families
-COMMON = dict(
-    vocab_size=V,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    bos_token_id=None,
-    eos_token_id=None,
-    pad_token_id=None,
-    initializer_range=0.3,  # sharp attention: logits that depend on every position term
-)
+COMMON = TINY_DECODER | dict(vocab_size=V)  # test_hf.py's tiny decoder at this file's vocabulary
 SLIDING_FULL = ["sliding_attention", "full_attention"]
 
 
@@ -206,6 +195,14 @@ def family_n(cfg, length: int) -> int:
 def logits(model, ids, **kw) -> torch.Tensor:
     with torch.no_grad():
         return model(ids, **kw).logits
+
+
+def greedy(model, ids, new: int = 16, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    """``new`` greedily generated tokens and the logits of each step, ``(B, new, V)``."""
+    out = model.generate(
+        ids, max_new_tokens=new, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True, **kw
+    )
+    return out.sequences, torch.stack(out.logits, 1)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -107,11 +107,6 @@ def _per_document(enc: PositionEncoding, x: Tensor, pos: Tensor, documents: Tens
     return torch.cat(rows, dim=0)  # (B, L, D)
 
 
-def input_history(enc: PositionEncoding) -> InputHistory | None:
-    """A fresh history for ``enc``'s input stage; None when it reads no preceding inputs."""
-    return InputHistory(enc.input_context) if enc.input_context > 0 else None
-
-
 class KVCache(nn.Module):
     """Keys, values and key positions of past tokens for one attention layer.
 
