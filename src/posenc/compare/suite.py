@@ -1,0 +1,139 @@
+"""Kazemnejad et al. 2023's claim over their suite, from the finished runs of several tasks.
+
+Their Fig. 3 ranks the encodings on each task past the training length and reports the
+mean reciprocal rank over the tasks (NoPE 0.69, T5 0.55, ALiBi 0.50, RoPE 0.33, APE 0.22).
+One ``--task kaz-*`` run speaks for one task (:mod:`posenc.compare.paper_findings`); this
+module joins the ``results.json`` of runs of different tasks:
+
+* a task counts when at least one healthy encoding learned it (>= 90 % exact match at the
+  training length) and two or more healthy encodings ran it; otherwise it is listed as
+  skipped, with why (a task no encoding learned ranks nothing but noise);
+* on a counted task every healthy encoding is ranked at every length past the training
+  length (1 = best; encodings whose intervals overlap share the mean of the places they
+  span; one that cannot run at a length is 0 % there), as the per-task reading does, but
+  without leaving out the encodings that did not learn the task: the paper ranks every model;
+* an encoding's suite rank is the mean over every (task, length) cell it was ranked in,
+  and its mean reciprocal rank the mean of ``1 / rank`` over the same cells.
+
+``scripts/kazemnejad_suite.py RUN ...`` prints the table and the reading (docs/compare.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .paper_findings import KAZEMNEJAD_TIERS, NOT_RUN, SOLVED
+from .reading import summarize
+from .stats import rank_with_ties
+
+__all__ = ["suite_ranks", "suite_finding", "suite_table_md"]
+
+
+def _task_ranks(results: dict[str, Any]) -> dict[str, Any]:
+    """One task's ranks: ``{"task", "ranks": {enc: [rank per past length]}, "learned": [...],
+    "skipped": why or None, "left_out": {enc: why}}``."""
+    task = results["config"].get("task") or ""
+    s = summarize(results)
+    left_out = {e: s.why.get(e, s.flagged[e]) for e in s.flagged}
+    names = [e for e in s.encodings if e not in s.flagged]
+    learned = [e for e in names if (c := s.cells[e].get(s.train_len)) is not None and c.mean >= SOLVED]
+    out: dict[str, Any] = {"task": task, "train_len": s.train_len, "past": list(s.past), "ranks": {},
+                           "learned": learned, "skipped": None, "left_out": left_out}  # fmt: skip
+    if not s.past:
+        out["skipped"] = f"no evaluation length past n={s.train_len}"
+    elif not learned:
+        out["skipped"] = f"no encoding reached {SOLVED:.0%} exact match at n={s.train_len}"
+    elif len(names) < 2:
+        out["skipped"] = "fewer than two healthy encodings"
+    if out["skipped"]:
+        return out
+    ranks: dict[str, list[float]] = {e: [] for e in names}
+    for n in s.past:
+        place = 1
+        for group in rank_with_ties({e: s.cells[e].get(n) or NOT_RUN for e in names}, higher_is_better=True):
+            for e in group:
+                ranks[e].append(place + (len(group) - 1) / 2)
+            place += len(group)
+    out["ranks"] = ranks
+    return out
+
+
+def suite_ranks(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The suite's ranks from the ``results.json`` dicts of ``kaz-*`` runs, one per task:
+    ``{"tasks": [per task], "rank": {enc: mean rank}, "mrr": {enc: mean 1/rank},
+    "cells": {enc: cells ranked}}``.
+
+    Raises:
+        ValueError: a run is not of a ``kaz-*`` task, or two runs are of the same task.
+    """
+    tasks = [r["config"].get("task") or "" for r in runs]
+    bad = [t for t in tasks if not t.startswith("kaz-")]
+    if bad:
+        raise ValueError(f"the suite joins runs of Kazemnejad et al.'s tasks (--task kaz-*), got task {bad[0]!r}")
+    dup = sorted({t for t in tasks if tasks.count(t) > 1})
+    if dup:
+        raise ValueError(f"one run per task: {dup[0]!r} is given {tasks.count(dup[0])} times (merge its shards first)")
+    per = [_task_ranks(r) for r in runs]
+    cells: dict[str, list[float]] = {}
+    for t in per:
+        for e, rs in t["ranks"].items():
+            cells.setdefault(e, []).extend(rs)
+    return {
+        "tasks": per,
+        "rank": {e: sum(v) / len(v) for e, v in cells.items()},
+        "mrr": {e: sum(1 / r for r in v) / len(v) for e, v in cells.items()},
+        "cells": {e: len(v) for e, v in cells.items()},
+    }
+
+
+def suite_finding(suite: dict[str, Any]) -> dict[str, Any] | None:
+    """The paper's ordering checked on the suite's mean ranks, as a ``findings`` entry
+    (``agrees``/``partly``/``disagrees``/``undecided``); None when fewer than two of the
+    paper's encodings were ranked."""
+    tier = {e: i for i, t in enumerate(KAZEMNEJAD_TIERS) for e in t}
+    rank = suite["rank"]
+    names = sorted((e for e in rank if e in tier), key=rank.get)
+    checks = []
+    for a in names:
+        for b in names:
+            if tier[a] < tier[b]:
+                agrees = None if abs(rank[a] - rank[b]) < 1e-9 else rank[a] < rank[b]
+                checks.append({"pair": (a, b), "agrees": agrees, "values": (rank[a], rank[b])})
+    if not checks:
+        return None
+    decided = [c["agrees"] for c in checks if c["agrees"] is not None]
+    verdict = ("undecided" if not decided else "agrees" if all(decided) else "disagrees" if not any(decided)
+               else "partly")  # fmt: skip
+    counted = [t["task"] for t in suite["tasks"] if not t["skipped"]]
+    evidence = (f"mean rank over {len(counted)} task(s) ({', '.join(counted) or 'none'}), past the training "
+                "length (1 = best): " + ", ".join(f"{e} {rank[e]:.2f}" for e in names)
+                + "; mean reciprocal rank: " + ", ".join(f"{e} {suite['mrr'][e]:.2f}" for e in names))  # fmt: skip
+    skipped = [f"{t['task']} ({t['skipped']})" for t in suite["tasks"] if t["skipped"]]
+    if skipped:
+        evidence += "; not counted: " + "; ".join(skipped)
+    return {"source": "Kazemnejad et al. 2023, Fig. 3 (over the suite)",
+            "claim": "by mean rank over the tasks past the training length: NoPE ≈ T5 > ALiBi > rotary ≈ APE",
+            "verdict": verdict, "evidence": evidence, "checks": checks}  # fmt: skip
+
+
+def suite_table_md(suite: dict[str, Any]) -> str:
+    """A markdown table: one row per encoding, its mean rank on each counted task, then over
+    the suite (rank and reciprocal rank); the skipped tasks below it."""
+    counted = [t for t in suite["tasks"] if not t["skipped"]]
+    encs = sorted(suite["rank"], key=suite["rank"].get)
+    head = ["encoding", *(f"`{t['task']}`" for t in counted), "suite rank", "suite MRR"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for e in encs:
+        row = [f"`{e}`"]
+        for t in counted:
+            rs = t["ranks"].get(e)
+            row.append(f"{sum(rs) / len(rs):.2f}" if rs else "—")
+        row += [f"{suite['rank'][e]:.2f}", f"{suite['mrr'][e]:.2f}"]
+        lines.append("| " + " | ".join(row) + " |")
+    for t in suite["tasks"]:
+        if t["skipped"]:
+            lines.append(f"\n`{t['task']}` not counted: {t['skipped']}.")
+        for e, why in t["left_out"].items():
+            lines.append(f"\n`{t['task']}`: `{e}` left out ({why}).")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,71 @@
+"""Kazemnejad et al.'s ordering over the suite (``posenc.compare.suite``,
+``scripts/kazemnejad_suite.py``): ranks computed by hand, the verdict flips with the numbers,
+tasks nobody learned are not counted, bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.test_compare_paper_findings import AS_PUBLISHED
+from tests.test_compare_reading import _results
+
+from posenc.compare.suite import suite_finding, suite_ranks, suite_table_md
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kazemnejad_suite.py"
+# a second task, 20 points between neighbours (over 256 samples no intervals overlap): alibi
+# best at 128, rope best at 512
+SECOND = {"nope": [1.0, 0.5, 0.5], "t5": [1.0, 0.7, 0.7], "alibi": [1.0, 0.9, 0.1],
+          "rope": [1.0, 0.2, 0.9], "learned": [0.5, None, None]}  # fmt: skip
+
+
+def test_ranks_by_hand_over_two_tasks():
+    suite = suite_ranks([_results(AS_PUBLISHED, task="kaz-copy"), _results(SECOND, task="kaz-sum")])
+    # kaz-copy, at 128: nope = t5 (1.5), alibi 3, rope 4, learned 5 (n/a); at 512 the same.
+    # kaz-sum, at 128: alibi 1, t5 2, nope 3, rope 4, learned 5; at 512: rope 1, t5 2, nope 3,
+    # alibi 4, learned 5 (learned did not learn kaz-sum, but the paper ranks every model)
+    assert suite["rank"] == {"nope": (1.5 + 1.5 + 3 + 3) / 4, "t5": (1.5 + 1.5 + 2 + 2) / 4,
+                             "alibi": (3 + 3 + 1 + 4) / 4, "rope": (4 + 4 + 4 + 1) / 4, "learned": 5.0}  # fmt: skip
+    assert suite["mrr"]["rope"] == pytest.approx((1 / 4 + 1 / 4 + 1 / 4 + 1) / 4)
+    assert suite["cells"] == dict.fromkeys(AS_PUBLISHED, 4)
+    f = suite_finding(suite)
+    # t5 1.75 < nope 2.25 < alibi 2.75 < rope 3.25 < learned 5: every tier pair in order
+    assert f["verdict"] == "agrees"
+    assert f["evidence"].startswith("mean rank over 2 task(s) (kaz-copy, kaz-sum), past the training length")
+    table = suite_table_md(suite)
+    assert table.splitlines()[0] == "| encoding | `kaz-copy` | `kaz-sum` | suite rank | suite MRR |"
+    assert "| `t5` | 1.50 | 2.00 | 1.75 | 0.58 |" in table
+
+
+def test_reversed_suite_disagrees_and_unlearned_tasks_are_not_counted():
+    reversed_ = {"nope": [1.0, 0.1, 0.05], "t5": [1.0, 0.1, 0.05], "alibi": [1.0, 0.5, 0.4],
+                 "rope": [1.0, 0.9, 0.8], "learned": [1.0, 0.95, 0.9]}  # fmt: skip
+    nobody = {e: [0.3, 0.0, 0.0] for e in AS_PUBLISHED}  # a task no encoding learned
+    suite = suite_ranks([_results(reversed_, task="kaz-copy"), _results(nobody, task="kaz-addition")])
+    f = suite_finding(suite)
+    assert f["verdict"] == "disagrees"
+    assert f["evidence"].endswith("not counted: kaz-addition (no encoding reached 90% exact match at n=64)")
+    assert "`kaz-addition`" not in suite_table_md(suite).splitlines()[0]
+
+
+def test_one_run_per_kazemnejad_task():
+    with pytest.raises(ValueError, match="one run per task: 'kaz-copy' is given 2 times"):
+        suite_ranks([_results(AS_PUBLISHED, task="kaz-copy")] * 2)
+    with pytest.raises(ValueError, match="got task 'count'"):
+        suite_ranks([_results(AS_PUBLISHED, task="count")])
+
+
+def test_script_prints_the_table_and_refuses_a_folder_without_results(tmp_path):
+    for task, table in (("kaz-copy", AS_PUBLISHED), ("kaz-sum", SECOND)):
+        (tmp_path / task).mkdir()
+        (tmp_path / task / "results.json").write_text(json.dumps(_results(table, task=task)))
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "kaz-copy"), str(tmp_path / "kaz-sum")],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Reading: **agrees**" in proc.stdout
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "nothing")], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and "nothing/results.json" in proc.stderr
