@@ -108,6 +108,7 @@ def test_paper_preset_is_press_et_al_setup():
     cfg = preset_config("paper", data_dir="/somewhere")
     assert (cfg.depth, cfg.dim, cfg.heads, cfg.mlp_ratio * cfg.dim) == (16, 1024, 8, 4096)
     assert cfg.final_norm is False and cfg.adaptive_cutoffs == [20000, 60000] and cfg.dropout == 0.3
+    assert cfg.attn_dropout == cfg.activation_dropout == 0.1  # fairseq's attention/activation dropout
     assert cfg.train_len * cfg.batch_size == cfg.tokens_per_update == 73728 and cfg.steps == 286000
     assert cfg.grad_clip == 0.1 and cfg.dtype == "bfloat16"
     assert cfg.eval_lens == [512, 1012, 2512, 5512, 10512]
@@ -115,7 +116,8 @@ def test_paper_preset_is_press_et_al_setup():
     # the new fields at their defaults are not written: an older config reads, fingerprints and
     # compares as it did (its run folders resume)
     quick = preset_config("quick")
-    new = {"data_dir", "tokens_per_update", "micro_batch", "final_norm", "adaptive_cutoffs"}
+    new = {"data_dir", "tokens_per_update", "micro_batch", "final_norm", "adaptive_cutoffs", "attn_dropout",
+           "activation_dropout"}  # fmt: skip
     assert not new & set(quick.to_dict()) and new - {"micro_batch"} <= set(cfg.to_dict())
     assert from_dict(quick.to_dict()).fingerprint() == quick.fingerprint()
     assert cfg.differing_fields(quick.to_dict()) != [] and quick.differing_fields(quick.to_dict()) == []

@@ -23,9 +23,9 @@ from test_paper_preset_data import write_corpus
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 # 8 sequences of 16 tokens per update: one process runs 4 micro-batches of 2, two run 2 each.
-# Dropout 0: each process draws its own dropout masks, so with the preset's 0.3 the two runs
-# would differ by their masks, not by their arithmetic
-TINY = ["--preset", "paper", "--dropout", "0", "--dim", "16", "--depth", "1", "--heads", "2", "--train-len", "16", "--batch-size", "8",
+# Dropout 0 (residual, attention, activation): each process draws its own dropout masks, so with
+# the preset's 0.3/0.1/0.1 the two runs would differ by their masks, not by their arithmetic
+TINY = ["--preset", "paper", "--dropout", "0", "--attn-dropout", "0", "--activation-dropout", "0", "--dim", "16", "--depth", "1", "--heads", "2", "--train-len", "16", "--batch-size", "8",
         "--tokens-per-update", "128", "--micro-batch", "2", "--warmup", "2", "--eval-lens", "16,32",
         "--eval-tokens", "256", "--eval-batch-size", "4", "--adaptive-cutoffs", "20,80", "--dtype", "float32",
         "--device", "cpu", "--encodings", "rope,alibi", "--no-progress"]  # fmt: skip

@@ -152,6 +152,8 @@ FLAGS: dict[str, dict[str, list[str]]] = {
         "--heads": [*POS, "3"],
         "--mlp-ratio": ["", "0", "-1", "nan", "inf", "abc"],
         "--dropout": ["", "-0.1", "1", "nan", "inf", "abc"],
+        "--attn-dropout": ["", "-0.1", "1", "nan", "inf", "abc"],
+        "--activation-dropout": ["", "-0.1", "1", "nan", "inf", "abc"],
         "--embed-std": ["", "0", "-1", "nan", "inf", "abc"],
         "--encoding-options": [
             "",

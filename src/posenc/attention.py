@@ -32,7 +32,7 @@ from .layer_cache import layer_cache
 from .mask import AttentionMask
 from .qk_norm import check_qk_norm, qk_norms
 from .score_sum import expand_kv
-from .validate import check_args
+from .validate import check_args, check_dropout
 
 __all__ = ["Attention", "Projection"]
 
@@ -85,6 +85,9 @@ class Attention(MaskAndBackend, nn.Module):
             or ``"after"`` the q/k stage, ``qk_norm_eps``.
         score_scale, softcap: the score scale in place of ``Dh^-1/2`` and tanh logit
             soft-capping, set on the encoding (:meth:`PositionEncoding.set_scores`).
+        attn_dropout: dropout on the attention probabilities in training (fairseq's
+            ``attention_dropout``, HF's ``attention_dropout``/``attn_pdrop``), in ``[0, 1)``;
+            every backend but ``flex`` runs it (``"auto"`` then picks another).
         **options: encoding options (``base``, ``num_buckets``, ...).
 
     Shape notation: ``x``: ``(B, L, D)`` -> ``(B, L, D)``; ``pos``: ``(L,)`` or ``(B, L)``
@@ -118,6 +121,7 @@ class Attention(MaskAndBackend, nn.Module):
         qk_norm_eps: float = 1e-6,
         score_scale: float | None = None,
         softcap: float | None = None,
+        attn_dropout: float = 0.0,
         **options,
     ) -> None:
         super().__init__()
@@ -152,6 +156,9 @@ class Attention(MaskAndBackend, nn.Module):
         self.key_heads = heads if self.encoding.per_head_keys else self.kv_heads
         if backend != "auto":
             require_backend(self.encoding, backend)
+        self.attn_dropout = check_dropout(attn_dropout, "attn_dropout")
+        if self.attn_dropout and backend == "flex":
+            raise ValueError(f"backend 'flex' has no attention dropout, got attn_dropout={attn_dropout}")
         inner = heads * head_dim
         self.q_proj = nn.Linear(dim, inner, bias=qkv_bias)
         self.k_proj = nn.Linear(dim, self.kv_heads * head_dim, bias=qkv_bias)
@@ -163,6 +170,7 @@ class Attention(MaskAndBackend, nn.Module):
         extra = "".join(f", {k}={getattr(self, k)!r}" for k in named if getattr(self, k) is not None)
         extra += ", sinks=True" if self.sinks is not None else ""
         extra += f", kv_heads={self.kv_heads}" if self.kv_heads != self.heads else ""
+        extra += f", attn_dropout={self.attn_dropout}" if self.attn_dropout else ""
         return f"backend={self.backend!r}, causal={self.causal}{extra}"
 
     @property
@@ -372,6 +380,8 @@ class Attention(MaskAndBackend, nn.Module):
         if cache is not None:
             mask = replace(mask, **cache.mask_fields(Lk))
         mask.check(B, L, Lk)
-        name = self.resolve_backend(backend, x.device.type, L, Lk, causal=mask.causal)
-        out = attend(self.encoding, *p[:5], mask, ctx=p.ctx, backend=name, options=self.block_options, sinks=self.sinks)
+        drop = self.attn_dropout if self.training else 0.0
+        name = self.resolve_backend(backend, x.device.type, L, Lk, causal=mask.causal, dropout=drop > 0)
+        kw = {"ctx": p.ctx, "backend": name, "options": self.block_options, "sinks": self.sinks, "dropout": drop}
+        out = attend(self.encoding, *p[:5], mask, **kw)
         return self.o_proj(out.transpose(1, 2).reshape(B, L, self.heads * self.head_dim))  # (B, L, D)

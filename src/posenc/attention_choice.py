@@ -46,12 +46,13 @@ class MaskAndBackend:
         k_len: int | None = None,
         *,
         causal: bool | None = None,
+        dropout: bool = False,
     ) -> str:
         """The backend a call runs: ``backend`` (or the layer's), ``"auto"`` resolved for
         ``device_type`` and ``q_len`` queries over ``k_len`` keys, causal or not (None: the
-        layer's own ``causal``) (:func:`posenc.select_backend`)."""
+        layer's own ``causal``), with attention dropout or not (:func:`posenc.select_backend`)."""
         name = canonical_backend(backend or self.backend)
         if name == "auto":
             causal = self.causal if causal is None else causal
-            return select_backend(self.encoding, device_type, q_len, k_len, causal=causal)
+            return select_backend(self.encoding, device_type, q_len, k_len, causal=causal, dropout=dropout)
         return require_backend(self.encoding, name)

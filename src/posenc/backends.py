@@ -5,7 +5,8 @@ API reference (what :class:`posenc.Attention` calls, and what other code may cal
     posenc.scores(enc, q, k, q_pos, k_pos, *, qk_proj=None, parts=False)
         # the pre-softmax score sum  s = scale·(q̃·k̃ + score_terms) + bias, float32 (B, H, Lq, Lk);
         # parts=True: {"qk": scale·q̃·k̃, "terms": scale·score_terms, "bias": bias}, the stages it has
-    posenc.BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask, *, ctx=None, qk_proj=None, options=None, sinks=None)
+    posenc.BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask, *, ctx=None, qk_proj=None, options=None, sinks=None,
+                          dropout=0.0)
         # -> (B, H, Lq, Dh)
         # q (B, H, Lq, Dh), k, v (B, H, Lk, Dh): after the q/k stage (Attention.project);
         # q_pos (B|1, Lq), k_pos (B|1, Lk) int64; mask: a posenc.AttentionMask;
@@ -14,9 +15,10 @@ API reference (what :class:`posenc.Attention` calls, and what other code may cal
         # qk_proj: the layer's (W_Q, W_K), when ctx does not carry them;
         # options: a BlockOptions (query block sizes, recompute budget)
         # sinks: (H,) learned sink logits (gpt-oss, posenc.sinks) or None
+        # dropout: attention-probability dropout (training only; flex has none and refuses it)
     posenc.supported_backends(enc) -> list[str]     # every one of them equals "eager"
         # an encoding with a softcap (enc.set_scores): flex (no vector stage), chunked, eager
-    posenc.select_backend(enc, device_type, q_len=None, k_len=None, *, causal=None) -> str
+    posenc.select_backend(enc, device_type, q_len=None, k_len=None, *, causal=None, dropout=False) -> str
         # what backend="auto" runs
 
 ============  ======================================  =====================================
@@ -61,7 +63,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import PositionEncoding, Stage
+from .backend_choice import (
+    BLOCKWISE_MIN_SCORES,
+    BLOCKWISE_MIN_SCORES_BIDIR,
+    require_backend,
+    select_backend,
+    supported_backends,
+)
+from .base import PositionEncoding
 from .flex import flex
 from .kernels.backend import blockwise_attention
 from .kernels.flash import needs_upcast, propagate_nonfinite
@@ -69,7 +78,7 @@ from .mask import AttentionMask
 from .mask import in_query_blocks as _in_query_blocks
 from .score_sum import expand_kv, materialized, saved_score_bytes, scores
 from .sinks import append_sink_key, sink_bias
-from .validate import check_device_type
+from .validate import check_dropout
 
 __all__ = [
     "BLOCKWISE_MIN_SCORES",
@@ -88,6 +97,7 @@ __all__ = [
     "supported_backends",
     "require_backend",
     "attend",
+    "check_dropout",
 ]
 
 
@@ -118,7 +128,7 @@ class BlockOptions:
 
 AttendFn = Callable[
     ..., Tensor
-]  # (enc, q, k, v, q_pos, k_pos, mask, *, ctx=None, qk_proj=None, options=None, sinks=None)
+]  # (enc, q, k, v, q_pos, k_pos, mask, *, ctx=None, qk_proj=None, options=None, sinks=None, dropout=0.0)
 
 
 # ============================================================================ helpers
@@ -150,13 +160,13 @@ def _needs_grad(*tensors: Tensor) -> bool:
 
 # ============================================================================ backends
 def sdpa(
-    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None
+    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None, dropout=0.0
 ) -> Tensor:
     """``F.scaled_dot_product_attention``: input and q/k stages only (a window or chunk: in query
     blocks of ``options.dense_chunk`` rows that read only the keys they can see)."""
 
     def block(q, k, v, q_pos, k_pos, m: AttentionMask, _ctx):
-        (B, H, Lq, _), Lk, kw = q.shape, k.shape[2], {"scale": enc.scale}
+        (B, H, Lq, _), Lk, kw = q.shape, k.shape[2], {"scale": enc.scale, "dropout_p": dropout}
         if sinks is not None:  # one zero key whose score is the sink logit
             kw["attn_mask"] = sink_bias(None, m.dense(Lq, Lk, q.device), sinks, (B, H, Lq, Lk)).to(q.dtype)
             k, v = append_sink_key(k, v)
@@ -172,7 +182,7 @@ def sdpa(
 
 
 def dense(
-    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None
+    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None, dropout=0.0
 ) -> Tensor:
     """SDPA with the bias as a float mask, in query blocks of ``options.dense_chunk`` rows.
 
@@ -193,7 +203,7 @@ def dense(
             kb, vb = append_sink_key(kb, vb)
         elif keep is not None:
             bias = bias.masked_fill(~keep, float("-inf"))
-        return _sdpa(qb, kb, vb, attn_mask=bias.to(qb.dtype), scale=scale)
+        return _sdpa(qb, kb, vb, attn_mask=bias.to(qb.dtype), scale=scale, dropout_p=dropout)
 
     learned_bias = _needs_grad(q, k, v) and any(p.requires_grad for p in enc.parameters())
     recompute = learned_bias and saved_score_bytes(q, k, mask) > o.checkpoint_bytes
@@ -217,7 +227,7 @@ def chunked_rows(k_len: int, chunk_size: int) -> int:
 
 
 def chunked(
-    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None
+    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None, dropout=0.0
 ) -> Tensor:
     """:func:`scores`, softmax and values in query blocks of :func:`chunked_rows` rows.
 
@@ -229,7 +239,7 @@ def chunked(
     recompute = _needs_grad(q, k, v) and saved_score_bytes(q, k, mask) > o.checkpoint_bytes
 
     def block(qb, kb, vb, qp, kp, m, bctx):
-        return materialized(enc, qb, kb, vb, qp, kp, m, qk_proj, sinks, bctx)
+        return materialized(enc, qb, kb, vb, qp, kp, m, qk_proj, sinks, bctx, dropout=dropout)
 
     rows = min(o.chunk_size, CHUNKED_ROWS)
     out = _in_query_blocks(block, rows, recompute, q, k, v, q_pos, k_pos, mask, scores=CHUNKED_SCORES, ctx=ctx)
@@ -237,22 +247,23 @@ def chunked(
 
 
 def eager(
-    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None
+    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None, dropout=0.0
 ) -> Tensor:
     """The oracle: every term materialised at once, float32 throughout."""
-    out = materialized(enc, q.float(), k.float(), v.float(), q_pos, k_pos, mask, qk_proj, sinks, ctx)
+    out = materialized(enc, q.float(), k.float(), v.float(), q_pos, k_pos, mask, qk_proj, sinks, ctx, dropout=dropout)
     return propagate_nonfinite(out, q, k, v).to(q.dtype)
 
 
 def blockwise(
-    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None
+    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None, dropout=0.0
 ) -> Tensor:
     """:mod:`posenc.kernels` for encodings with ``distance_terms``: no ``L×L`` tensor, the fused
     kernel wherever the terms fold into ``q``/``k``/``v``. Where
     :func:`~posenc.kernels.backend.blockwise_attention` does not apply (or with learned
-    ``sinks``), the general backend runs (``dense`` for a scalar bias, else ``chunked``)."""
+    ``sinks``, or attention dropout), the general backend runs (``dense`` for a scalar bias,
+    else ``chunked``)."""
     o = options or BlockOptions()
-    if sinks is None:  # (learned sinks: the general backend)
+    if sinks is None and not dropout:  # (learned sinks, dropout: the general backend)
         # the explicit parts' probabilities are kept for backward within the layer's
         # saved-score budget (BlockOptions.checkpoint_bytes), as dense/chunked keep their
         # scores (what recomputing them cost: docs/bench.md, "Kept probabilities")
@@ -272,7 +283,8 @@ def blockwise(
         if out is not None:
             return propagate_nonfinite(out, q, k, v)  # the fused calls would hide a NaN row
     general = dense if "dense" in supported_backends(enc) else chunked
-    return general(enc, q, k, v, q_pos, k_pos, mask, ctx=ctx, qk_proj=qk_proj, options=options, sinks=sinks)
+    kw = {"ctx": ctx, "qk_proj": qk_proj, "options": options, "sinks": sinks, "dropout": dropout}
+    return general(enc, q, k, v, q_pos, k_pos, mask, **kw)
 
 
 BACKENDS: dict[str, AttendFn] = {
@@ -298,22 +310,6 @@ def canonical_backend(name: str) -> str:
     return BACKEND_ALIASES.get(name, name)
 
 
-def supported_backends(enc: PositionEncoding) -> list[str]:
-    """Backends able to run ``enc`` (every one of them equals ``eager``)."""
-    st = enc.stages
-    vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES)) or enc.rotates_value
-    if enc.softcap is not None:  # only a score_mod or the materialised scores can cap
-        return (["flex"] if not vector else []) + ["chunked", "eager"]
-    out = []
-    if not st & Stage.BIAS and not vector:
-        out.append("sdpa")
-    if type(enc).distance_terms is not PositionEncoding.distance_terms and not enc.rotates_value:
-        out.append("blockwise")
-    if st & Stage.BIAS and not vector:
-        out += ["flex", "dense"]
-    return out + ["chunked", "eager"]
-
-
 def attend(
     enc: PositionEncoding,
     q: Tensor,
@@ -327,6 +323,7 @@ def attend(
     backend: str = "auto",
     options: BlockOptions | None = None,
     sinks: Tensor | None = None,
+    dropout: float = 0.0,
 ) -> Tensor:
     """The attend step every caller runs (:class:`posenc.Attention`, so :class:`posenc.TransformerLM`,
     and ``posenc.hf``): ``backend`` (``"auto"``: :func:`select_backend` for this call's
@@ -334,65 +331,18 @@ def attend(
     after the q/k stage -> ``(B, H, Lq, Dh)``. ``k``/``v`` may have ``Hk`` heads, ``Hk`` dividing
     ``H`` (grouped- and multi-query attention): query head ``h`` reads key head ``h // (H/Hk)``;
     this is the one place they are expanded (:func:`posenc.score_sum.expand_kv`; ``sdpa`` passes
-    ``enable_gqa=True`` instead), so every backend and every encoding's score side sees ``H``."""
+    ``enable_gqa=True`` instead), so every backend and every encoding's score side sees ``H``.
+
+    ``dropout``: attention-probability dropout in ``[0, 1)``, applied as given (the caller passes
+    0 outside training, as HF's attention modules do); every backend but ``flex`` runs it.
+    """
+    check_dropout(dropout)
     name = canonical_backend(backend)
     if name == "auto":
-        name = select_backend(enc, q.device.type, q.shape[2], k.shape[2], causal=mask.causal)
+        name = select_backend(enc, q.device.type, q.shape[2], k.shape[2], causal=mask.causal, dropout=dropout > 0)
     else:
         require_backend(enc, name)
     if k.shape[1] != q.shape[1] and name != "sdpa":  # grouped k/v (sdpa: enable_gqa)
         k, v = expand_kv(k, v, q.shape[1])
-    return BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask, ctx=ctx, options=options, sinks=sinks)
-
-
-def require_backend(enc: PositionEncoding, name: str) -> str:
-    """``name`` when it can run ``enc``; else a ``ValueError`` listing the backends that can."""
-    if name not in supported_backends(enc):
-        raise ValueError(f"backend {name!r} cannot run encoding {enc.name!r}; supported: {supported_backends(enc)}")
-    return name
-
-
-# ``blockwise`` pays for its per-block fused calls only from about this many scores per
-# head (q_len * k_len); below it the one-shot dense/chunked backends are faster (the
-# measurements: docs/bench.md, "When auto picks blockwise").
-BLOCKWISE_MIN_SCORES = 512 * 512
-# Bidirectional calls pay more for blockwise's explicit parts (a band or strip on both
-# sides of the diagonal, and the right far field's own fused calls), against a baseline
-# kernel that skips nothing: there the one-shot backends win up to about 2048 x 2048
-# (docs/bench.md, "When auto picks blockwise", bidirectional table).
-BLOCKWISE_MIN_SCORES_BIDIR = 2048 * 2048
-
-
-def select_backend(
-    enc: PositionEncoding,
-    device_type: str,
-    q_len: int | None = None,
-    k_len: int | None = None,
-    *,
-    causal: bool | None = None,
-) -> str:
-    """The backend ``"auto"`` runs for ``enc`` on ``device_type`` (``"cpu"``, ``"cuda"``, ...)
-    for ``q_len`` queries over ``k_len`` keys (None: long; the choice for long sequences).
-
-    FlexAttention is chosen on CUDA only: on CPU it has no backward, and its compiled
-    forward costs a long compile for each new shape. ``blockwise`` is chosen on CPU only
-    (its fused calls are CPU SDPA's flash kernel), and only from
-    :data:`BLOCKWISE_MIN_SCORES` scores per head (:data:`BLOCKWISE_MIN_SCORES_BIDIR` when
-    ``causal`` is False), where it measured faster. ``causal=None`` (not known) takes the
-    causal rule.
-    """
-    if causal is not None and not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool or None, got {causal!r}")
-    check_device_type(device_type)
-    ok = supported_backends(enc)
-    if "sdpa" in ok:
-        return "sdpa"
-    if "flex" in ok and (enc.has_score_mod or not enc.stages & Stage.BIAS) and device_type == "cuda":
-        return "flex"
-    least = BLOCKWISE_MIN_SCORES_BIDIR if causal is False else BLOCKWISE_MIN_SCORES
-    short = q_len is not None and k_len is not None and q_len * k_len < least
-    if "blockwise" in ok and device_type == "cpu" and not short:
-        return "blockwise"
-    if "dense" in ok:
-        return "dense"
-    return "chunked"
+    extra = {"dropout": dropout} if dropout else {}  # (a backend written before dropout existed still runs)
+    return BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask, ctx=ctx, options=options, sinks=sinks, **extra)

@@ -55,6 +55,9 @@ class ModelConfig:
         causal: causal LM (True) or a bidirectional encoder stack (False).
         mlp_ratio: MLP hidden width over ``D``.
         dropout: residual and MLP dropout.
+        attn_dropout: dropout on the attention probabilities of every layer (fairseq's
+            ``attention_dropout``; :class:`posenc.Attention`).
+        activation_dropout: dropout after the MLP's activation (fairseq's ``activation_dropout``).
         backend: attention backend of every layer (``"auto"`` or a :data:`posenc.BACKENDS` name).
         share_encoding: one encoding instance for all layers with the same spec; None
             follows the encoding (T5 shares its table, as the paper does).
@@ -88,6 +91,8 @@ class ModelConfig:
     causal: bool = True
     mlp_ratio: float = 4.0
     dropout: float = 0.0
+    attn_dropout: float = 0.0
+    activation_dropout: float = 0.0
     backend: str = "auto"
     share_encoding: bool | None = None
     tie_embeddings: bool = True
@@ -119,8 +124,10 @@ class ModelConfig:
             not isinstance(self.max_len, int) or isinstance(self.max_len, bool) or self.max_len < 1
         ):
             raise ValueError(f"max_len must be a positive int or None, got {self.max_len!r}")
-        if not _number(self.dropout) or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be a finite number in [0, 1), got {self.dropout!r}")
+        for name in ("dropout", "attn_dropout", "activation_dropout"):
+            p = getattr(self, name)
+            if not _number(p) or not 0.0 <= p < 1.0:
+                raise ValueError(f"{name} must be a finite number in [0, 1), got {p!r}")
         if not _number(self.mlp_ratio) or not (self.mlp_ratio > 0 and int(self.dim * self.mlp_ratio) >= 1):
             raise ValueError(
                 f"mlp_ratio must be a finite number > 0 with int(dim * mlp_ratio) >= 1 (dim={self.dim}), "
@@ -169,7 +176,8 @@ class ModelConfig:
         """The :class:`posenc.Attention` keywords of the layer ``spec`` (its fields over the model's)."""
         pick = {n: getattr(spec, n) if getattr(spec, n) is not None else getattr(self, n) for n in _OWN}
         norm = {"qk_norm": self.qk_norm, "qk_norm_position": self.qk_norm_position, "qk_norm_eps": self.qk_norm_eps}
-        return {"window": spec.window, "chunk": spec.chunk, "sinks": spec.sinks, **pick, **norm}
+        return {"window": spec.window, "chunk": spec.chunk, "sinks": spec.sinks, **pick, **norm,
+                "attn_dropout": self.attn_dropout}  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only (JSON-ready when the options are)."""

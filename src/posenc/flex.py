@@ -53,10 +53,21 @@ def flex_score_mod(enc, q_pos: Tensor, k_pos: Tensor, ctx=None):
 
 
 def flex(
-    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None
+    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None, dropout=0.0
 ) -> Tensor:
-    """FlexAttention with the encoding's ``score_mod`` and the mask's ``mask_mod``."""
+    """FlexAttention with the encoding's ``score_mod`` and the mask's ``mask_mod``.
+
+    Raises:
+        ValueError: attention dropout (``dropout > 0``): FlexAttention has none (a ``score_mod``
+            changes scores before the softmax; dropout acts on the probabilities after it).
+    """
     from torch.nn.attention.flex_attention import create_block_mask
+
+    if dropout:
+        raise ValueError(
+            f"backend 'flex' has no attention dropout (FlexAttention acts before the softmax), got dropout={dropout}; "
+            "use backend='auto', 'dense' or 'chunked'"
+        )
 
     (B, _, Lq, _), Lk = q.shape, k.shape[2]
     score_mod = flex_score_mod(enc, q_pos.expand(B, Lq), k_pos.expand(B, Lk), ctx)

@@ -35,25 +35,29 @@ __all__ = ["TransformerLM", "Block"]
 
 
 class MLP(nn.Module):
-    def __init__(self, dim: int, hidden: int, dropout: float):
+    """``drop(proj(act_drop(gelu(fc(x)))))``: ``activation_dropout`` after the activation, as
+    fairseq's ``activation_dropout``."""
+
+    def __init__(self, dim: int, hidden: int, dropout: float, activation_dropout: float = 0.0):
         super().__init__()
         self.fc = nn.Linear(dim, hidden)
         self.proj = nn.Linear(hidden, dim)
         self.drop = nn.Dropout(dropout)
+        self.act_drop = nn.Dropout(activation_dropout) if activation_dropout else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.drop(self.proj(F.gelu(self.fc(x))))
+        return self.drop(self.proj(self.act_drop(F.gelu(self.fc(x)))))
 
 
 class Block(nn.Module):
     """Pre-norm block: ``x + attn(LN(x))``, then ``x + mlp(LN(x))``."""
 
-    def __init__(self, dim: int, attn: Attention, mlp_ratio: float, dropout: float):
+    def __init__(self, dim: int, attn: Attention, mlp_ratio: float, dropout: float, activation_dropout: float = 0.0):
         super().__init__()
         self.ln1 = nn.LayerNorm(dim)
         self.attn = attn
         self.ln2 = nn.LayerNorm(dim)
-        self.mlp = MLP(dim, int(dim * mlp_ratio), dropout)
+        self.mlp = MLP(dim, int(dim * mlp_ratio), dropout, activation_dropout)
         self.drop = nn.Dropout(dropout)
         enc = attn.encoding
         self.layer_input = bool(enc.stages & Stage.INPUT) and enc.input_at == "layer"
@@ -140,7 +144,7 @@ class TransformerLM(nn.Module):
             attn = Attention(
                 cfg.dim, cfg.heads, encs.of(i), head_dim=cfg.head_dim, causal=cfg.causal, backend=cfg.backend, **kw
             )
-            blocks.append(Block(cfg.dim, attn, cfg.mlp_ratio, cfg.dropout))
+            blocks.append(Block(cfg.dim, attn, cfg.mlp_ratio, cfg.dropout, cfg.activation_dropout))
         # input stages the model runs on the residual stream: block index -> encodings
         self.stages_before: dict[int, list[PositionEncoding]] = {}
         for enc in encs.firsts:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import PositionEncoding, Stage
@@ -114,8 +115,12 @@ def _qk(enc: PositionEncoding, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tenso
     return q @ k.transpose(-1, -2)
 
 
-def materialized(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, qk_proj=None, sinks=None, ctx=None) -> Tensor:
-    """Scores, mask, softmax and output for a block of queries against the keys given."""
+def materialized(
+    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, qk_proj=None, sinks=None, ctx=None, *, dropout: float = 0.0
+) -> Tensor:
+    """Scores, mask, softmax and output for a block of queries against the keys given;
+    ``dropout``: attention-probability dropout (HF's eager attention: after the softmax,
+    before the values and, here, the value stage)."""
     Lq, Lk = q.shape[2], k.shape[2]
     dense = mask.dense(Lq, Lk, q.device)
     s = scores(enc, q, k, q_pos, k_pos, qk_proj=qk_proj, mask=dense, ctx=ctx)
@@ -128,6 +133,8 @@ def materialized(enc, q, k, v, q_pos, k_pos, mask: AttentionMask, qk_proj=None, 
     attn = torch.softmax(s, dim=-1) if sinks is None else sink_softmax(s, sinks)
     if blind is not None:
         attn = attn.masked_fill(blind, 0.0)  # output 0, as SDPA and FlexAttention give
+    if dropout:
+        attn = F.dropout(attn, dropout)
     attn = attn.to(v.dtype)
     out = attn @ v  # (B, H, Lq, Dh)
     if enc.stages & Stage.VALUE:

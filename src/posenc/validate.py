@@ -31,6 +31,7 @@ import torch
 __all__ = [
     "check_args",
     "check_device_type",
+    "check_dropout",
     "check_finite",
     "checked_init",
     "hints_of",
@@ -245,3 +246,10 @@ def score_setting(name: str, value: Any) -> float | None:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
     return float(value)
+
+
+def check_dropout(p, name: str = "dropout") -> float:
+    """``p`` when it is a dropout probability (a finite number in ``[0, 1)``); else ``ValueError``."""
+    if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p < 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1), got {p!r}")
+    return float(p)

@@ -47,7 +47,8 @@ _INTS: dict[str, tuple[int, int]] = {
 # float fields: (low, high, low included, high included)
 _FLOATS: dict[str, tuple[float, float, bool, bool]] = {
     "val_fraction": (0.0, 1.0, False, False), "mlp_ratio": (0.0, 64.0, False, True),
-    "dropout": (0.0, 1.0, True, False), "embed_std": (0.0, 100.0, False, True), "lr": (0.0, 100.0, False, True),
+    "dropout": (0.0, 1.0, True, False), "attn_dropout": (0.0, 1.0, True, False),
+    "activation_dropout": (0.0, 1.0, True, False), "embed_std": (0.0, 100.0, False, True), "lr": (0.0, 100.0, False, True),
     "min_lr_ratio": (0.0, 1.0, True, True), "weight_decay": (0.0, 100.0, True, True),
     "grad_clip": (0.0, 1e9, True, True),
 }  # fmt: skip
@@ -202,6 +203,8 @@ ATTENTION_DEFAULTS: dict[str, Any] = {
     "qk_norm_position": "before",
     "score_scale": None,
     "softcap": None,
+    "attn_dropout": 0.0,
+    "activation_dropout": 0.0,
 }
 
 

@@ -59,6 +59,9 @@ _HELP = {
     "heads": "attention heads",
     "mlp_ratio": "MLP hidden width over D",
     "dropout": "dropout of residual branches and the MLP",
+    "attn_dropout": "dropout on the attention probabilities in training (fairseq's attention_dropout; the paper "
+    "preset: 0.1); every backend but flex runs it",
+    "activation_dropout": "dropout after the MLP's activation (fairseq's activation_dropout; the paper preset: 0.1)",
     "tie_embeddings": "share the token embedding with the output layer",
     "embed_std": "std of the token embeddings (1.0 matches unit-amplitude sinusoids)",
     "encoding_options": "per-encoding options, merged per key over the preset's: ENCODING.OPTION=VALUE,... "

@@ -105,6 +105,8 @@ class CompareConfig:
     qk_norm_position: str = "before"  # before | after the q/k stage
     score_scale: float | None = None  # replaces the Dh^-1/2 factor of every encoding's score scale
     softcap: float | None = None  # tanh logit soft-capping c*tanh(s/c) (Gemma 2)
+    attn_dropout: float = 0.0  # dropout on the attention probabilities (fairseq's attention_dropout)
+    activation_dropout: float = 0.0  # dropout after the MLP's activation (fairseq's activation_dropout)
 
     def __post_init__(self) -> None:
         self.validate()

@@ -4,9 +4,9 @@ What the preset holds, and what differs from Press et al. (docs/compare.md, "The
 
 * the model: 16 blocks, D = 1024, 8 heads, FFN 4096, pre-norm without a final norm, adaptive
   input and adaptive softmax with cutoffs 20 000 / 60 000 (factor 4; the tail bands tied to
-  the input bands), dropout 0.3. posenc's attention has no attention-probability dropout
-  (fairseq: 0.1), fairseq's activation dropout (0.1) and adaptive-softmax dropout (0.2)
-  have no place here either;
+  the input bands), dropout 0.3, attention dropout 0.1 and activation dropout 0.1 (fairseq's
+  ``attention_dropout``/``activation_dropout``); fairseq's adaptive-softmax dropout (0.2,
+  inside the tail bands' projections) is not reproduced;
 * the data: ``wiki.{train,valid,test}.tokens`` from ``--data-dir`` (:mod:`posenc.data.wikitext`);
 * training: 512 tokens, 73 728 tokens per update whatever the number of processes
   (gradient accumulation: :func:`accumulation_steps`), 286 000 updates, gradient clipping 0.1,
@@ -39,7 +39,8 @@ PAPER_DEFAULTS: dict[str, Any] = {
 
 PAPER_PRESET: dict[str, Any] = dict(
     encodings=["sinusoidal", "rope", "t5", "alibi"],  # Press et al.'s Table 2 rows
-    dim=1024, depth=16, heads=8, mlp_ratio=4.0, dropout=0.3, tie_embeddings=True,
+    dim=1024, depth=16, heads=8, mlp_ratio=4.0, dropout=0.3, attn_dropout=0.1, activation_dropout=0.1,
+    tie_embeddings=True,
     final_norm=False, adaptive_cutoffs=[20000, 60000],
     train_len=512, batch_size=144, tokens_per_update=73728, steps=286000,
     lr=1e-3, warmup=16000, min_lr_ratio=0.0, weight_decay=0.0, grad_clip=0.1,

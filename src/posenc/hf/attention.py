@@ -78,15 +78,10 @@ def attention_forward(
     narrower of the two windows; HF's learned sinks (gpt-oss's ``s_aux``) or the layer's.
 
     Raises:
-        ValueError: no posenc encoding on ``module``, attention dropout, a prepared 4-D
-            tensor mask (posenc builds its masks from positions and padding), or a score
+        ValueError: no posenc encoding on ``module``, a prepared 4-D tensor mask (posenc builds its masks from positions and padding), or a score
             scale / soft-cap other than the one the encoding was set up with.
     """
     enc = layer_encoding(module)
-    if dropout:
-        raise ValueError(
-            f"posenc backends have no attention dropout; got dropout={dropout} (set it to 0 in the config)"
-        )
     own = module.__dict__.get("posenc_layer", {})
     _check_scores(module, own, scaling, kwargs.get("softcap"))
     B, H, Lq, _ = query.shape
@@ -146,7 +141,8 @@ def attention_forward(
         chunk=own.get("chunk"),
         key_start=mask.kv_offset,
     )
-    out = attend(enc, query, key, value, q_pos, k_pos, amask, ctx=ctx, sinks=sinks)  # the layer's own attend step
+    # the layer's own attend step; HF passes the attention dropout in training and 0 otherwise
+    out = attend(enc, query, key, value, q_pos, k_pos, amask, ctx=ctx, sinks=sinks, dropout=dropout)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -56,8 +56,8 @@ def convert(model: nn.Module, encoding=None, *, share: bool | None = None, **opt
 
     Raises:
         TypeError: an unsupported model class.
-        ValueError: an unknown encoding or option, attention dropout in the config, an
-            encoding posenc.hf cannot run (``complex-order``).
+        ValueError: an unknown encoding or option, an encoding posenc.hf cannot run
+            (``complex-order``).
     """
     family = family_of(model)
     config_cls, model_cls = posenc_classes(family)

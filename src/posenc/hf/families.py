@@ -3,9 +3,9 @@
 What the families share is one code path (:mod:`posenc.hf.models`, :mod:`posenc.hf.convert`);
 what differs between them is a row of :data:`FAMILIES`: where the base model, its layers, their
 attention modules and the model's own position encoding live, how ``W_Q``/``W_K`` are stored
-(separate, fused ``Linear``, GPT-2's fused ``Conv1D``), whether the model is causal, which
-config field holds attention dropout, and whether HF's default RoPE honours
-``partial_rotary_factor``. A new family with HF's usual attention interface is one row.
+(separate, fused ``Linear``, GPT-2's fused ``Conv1D``), whether the model is causal and whether HF's
+default RoPE honours ``partial_rotary_factor``. (Attention dropout needs no row: HF's modules
+pass their own to the attention function in training.) A new family with HF's usual attention interface is one row.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ class Family:
         attention: attribute of a layer: its attention module.
         positions: attribute of the base model: the model's own encoding, switched off.
         off: ``"rotary"`` (identity rotation) or ``"zero"`` (an absolute table adding 0).
-        dropout: config field of the attention-probability dropout.
         qk: how the attention module stores ``W_Q``/``W_K``: ``("q_proj", "k_proj")``,
             ``("fused", name)`` (one ``Linear``: q rows, then k rows, then v rows) or
             ``("conv1d", name)`` (GPT-2's ``Conv1D``, columns q, k, v).
@@ -56,7 +55,6 @@ class Family:
     attention: str = "self_attn"
     positions: str = "rotary_emb"
     off: str = "rotary"
-    dropout: str = "attention_dropout"
     qk: tuple[str, str] = ("q_proj", "k_proj")
     causal: bool = True
     partial_rotary: bool = False
@@ -118,7 +116,6 @@ FAMILIES: dict[str, Family] = {
             attention="attn",
             positions="wpe",
             off="zero",
-            dropout="attn_pdrop",
             qk=("conv1d", "c_attn"),
             default="gpt2",
         ),

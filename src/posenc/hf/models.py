@@ -54,13 +54,6 @@ class _PosencModel:
 
     def _posenc_attach(self) -> None:
         config, fam = self.config, self.family
-        text = fam.text_config(config)
-        if getattr(text, fam.dropout, 0.0):
-            where = f"{fam.sub}." if fam.sub else ""
-            raise ValueError(
-                f"posenc backends have no attention dropout; set config.{where}{fam.dropout}=0 "
-                f"(got {getattr(text, fam.dropout)})"
-            )
         base = _path(self, fam.base)
         blocks = list(getattr(base, fam.layers))
         layers = check_layers(config.posenc_layers, len(blocks))

@@ -1,0 +1,91 @@
+"""Which backends can run an encoding, and which one ``backend="auto"`` runs.
+
+Kept apart from :mod:`posenc.backends` (which re-exports every name here) so that the
+backends themselves stay one readable file.
+"""
+
+from __future__ import annotations
+
+from .base import PositionEncoding, Stage
+from .validate import check_device_type
+
+__all__ = [
+    "BLOCKWISE_MIN_SCORES",
+    "BLOCKWISE_MIN_SCORES_BIDIR",
+    "supported_backends",
+    "require_backend",
+    "select_backend",
+]
+
+
+def supported_backends(enc: PositionEncoding) -> list[str]:
+    """Backends able to run ``enc`` (every one of them equals ``eager``)."""
+    st = enc.stages
+    vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES)) or enc.rotates_value
+    if enc.softcap is not None:  # only a score_mod or the materialised scores can cap
+        return (["flex"] if not vector else []) + ["chunked", "eager"]
+    out = []
+    if not st & Stage.BIAS and not vector:
+        out.append("sdpa")
+    if type(enc).distance_terms is not PositionEncoding.distance_terms and not enc.rotates_value:
+        out.append("blockwise")
+    if st & Stage.BIAS and not vector:
+        out += ["flex", "dense"]
+    return out + ["chunked", "eager"]
+
+
+def require_backend(enc: PositionEncoding, name: str) -> str:
+    """``name`` when it can run ``enc``; else a ``ValueError`` listing the backends that can."""
+    if name not in supported_backends(enc):
+        raise ValueError(f"backend {name!r} cannot run encoding {enc.name!r}; supported: {supported_backends(enc)}")
+    return name
+
+
+# ``blockwise`` pays for its per-block fused calls only from about this many scores per
+# head (q_len * k_len); below it the one-shot dense/chunked backends are faster (the
+# measurements: docs/bench.md, "When auto picks blockwise").
+BLOCKWISE_MIN_SCORES = 512 * 512
+# Bidirectional calls pay more for blockwise's explicit parts (a band or strip on both
+# sides of the diagonal, and the right far field's own fused calls), against a baseline
+# kernel that skips nothing: there the one-shot backends win up to about 2048 x 2048
+# (docs/bench.md, "When auto picks blockwise", bidirectional table).
+BLOCKWISE_MIN_SCORES_BIDIR = 2048 * 2048
+
+
+def select_backend(
+    enc: PositionEncoding,
+    device_type: str,
+    q_len: int | None = None,
+    k_len: int | None = None,
+    *,
+    causal: bool | None = None,
+    dropout: bool = False,
+) -> str:
+    """The backend ``"auto"`` runs for ``enc`` on ``device_type`` (``"cpu"``, ``"cuda"``, ...)
+    for ``q_len`` queries over ``k_len`` keys (None: long; the choice for long sequences);
+    ``dropout``: with attention dropout (never ``flex``, which has none).
+
+    FlexAttention is chosen on CUDA only: on CPU it has no backward, and its compiled
+    forward costs a long compile for each new shape. ``blockwise`` is chosen on CPU only
+    (its fused calls are CPU SDPA's flash kernel), and only from
+    :data:`BLOCKWISE_MIN_SCORES` scores per head (:data:`BLOCKWISE_MIN_SCORES_BIDIR` when
+    ``causal`` is False), where it measured faster. ``causal=None`` (not known) takes the
+    causal rule.
+    """
+    if causal is not None and not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool or None, got {causal!r}")
+    check_device_type(device_type)
+    ok = supported_backends(enc)
+    if "sdpa" in ok:
+        return "sdpa"
+    if dropout:
+        ok = [b for b in ok if b != "flex"]
+    if "flex" in ok and (enc.has_score_mod or not enc.stages & Stage.BIAS) and device_type == "cuda":
+        return "flex"
+    least = BLOCKWISE_MIN_SCORES_BIDIR if causal is False else BLOCKWISE_MIN_SCORES
+    short = q_len is not None and k_len is not None and q_len * k_len < least
+    if "blockwise" in ok and device_type == "cpu" and not short:
+        return "blockwise"
+    if "dense" in ok:
+        return "dense"
+    return "chunked"
