@@ -205,6 +205,7 @@ def test_kazemnejad_ordering_on_tasks():
            "sinusoidal": [0.95, 0.1, 0.0]}  # fmt: skip
     res = _results(acc, lengths=(16, 32, 64), task="copy")
     assert _finding(res, "Kazemnejad")["verdict"] == "agrees"
+    assert _finding(res, "Kazemnejad")["evidence"].startswith("n=32: nope 90.0% vs t5 70.0%")  # sizes, not tokens
     flipped = dict(acc, nope=[1.0, 0.9, 0.0])  # NoPE collapses at 4x only
     assert _finding(_results(flipped, lengths=(16, 32, 64), task="copy"), "Kazemnejad")["verdict"] == "partly"
     # an encoding that never learned the task in-distribution takes no part in the ordering

@@ -179,14 +179,16 @@ def _pair_text(c: dict[str, Any], fmt) -> str:
     return f"{a} {fmt(va)} vs {b} {fmt(vb)} ({mark})"
 
 
-def _ordering(s: Summary, table, order, *, first_larger: bool, fmt) -> tuple[str, str, list] | None:
+def _ordering(s: Summary, table, order, *, first_larger: bool, fmt, unit: str = "L") -> tuple[str, str, list] | None:
+    """The ordering ``order`` checked at every length past training; ``unit``: how the lengths
+    are named (``L`` tokens, ``n`` a task's problem size)."""
     checks, parts = [], []
     for n in s.past:
         cells = {e: t[n] for e, t in table.items() if t.get(n) is not None}
         pairs = _chain(cells, order, first_larger=first_larger)
         if pairs:
             checks += [{**p, "length": n} for p in pairs]
-            parts.append(f"L={n}: " + "; ".join(_pair_text(p, fmt) for p in pairs))
+            parts.append(f"{unit}={n}: " + "; ".join(_pair_text(p, fmt) for p in pairs))
     return (_verdict(checks), " | ".join(parts), checks) if checks else None
 
 
@@ -233,7 +235,7 @@ def findings(results: dict[str, Any]) -> list[dict[str, Any]]:
     if s.metric == "accuracy" and task != "passkey" and s.past:
         learned = {e for e, c in healthy.items() if c.get(s.train_len) is not None and c[s.train_len].mean >= SOLVED}
         table = {e: c for e, c in healthy.items() if e in learned}
-        o = _ordering(s, table, KAZEMNEJAD_ORDER, first_larger=True, fmt=lambda v: _fmt(v, "accuracy"))
+        o = _ordering(s, table, KAZEMNEJAD_ORDER, first_larger=True, fmt=lambda v: _fmt(v, "accuracy"), unit="n")
         skipped = sorted(set(healthy) & set(KAZEMNEJAD_ORDER) - learned)
         note = f" (left out, not learned at the training length: {', '.join(skipped)})" if skipped else ""
         note += _left_out(s, KAZEMNEJAD_ORDER)
