@@ -235,8 +235,13 @@ def test_flip_flop_answers_by_an_independent_interpreter():
 def test_presets_of_the_paper_tasks():
     c = preset_config("quick", task="count")
     f = preset_config("quick", task="flip-flop")
-    assert c.train_len == 16 and c.eval_lens == [8, 16, 32, 64] and c.steps == 3000
-    assert f.train_len == 16 and f.eval_lens == [16, 32, 64] and f.steps == 3000
+    assert c.train_len == 16 and c.eval_lens == [8, 16, 32, 64] and (c.steps, c.lr) == (6000, 3e-3)
+    assert f.train_len == 16 and f.eval_lens == [16, 32, 64] and (f.steps, f.lr) == (6000, 3e-3)
+    # what the papers compare: CoPE, absolute and relative positions (count: NoPE too)
+    assert c.encodings == ["nope", "learned", "rope", "alibi", "t5", "cope"]
+    assert f.encodings == ["learned", "rope", "alibi", "t5", "cope"]
+    assert preset_config("quick", task="kaz-sort").encodings == ["nope", "t5", "alibi", "rope", "learned"]
+    assert preset_config("quick", task="count", encodings=["rope"]).encodings == ["rope"]  # the user's list wins
     assert preset_config("quick", task="copy").train_len == 16  # the synthetic entry still applies
 
 
