@@ -241,6 +241,13 @@ def test_presets_of_the_paper_tasks():
     assert c.encodings == ["nope", "learned", "rope", "alibi", "t5", "cope"]
     assert f.encodings == ["learned", "rope", "alibi", "t5", "cope"]
     assert preset_config("quick", task="kaz-sort").encodings == ["nope", "t5", "alibi", "rope", "learned"]
+    # Kazemnejad et al.'s splits: copy and reverse "tr20_ts40", the arithmetic tasks "tr8_ts16"
+    for task in ("kaz-copy", "kaz-copy-2x", "kaz-reverse", "kaz-reverse-2x"):
+        k = preset_config("quick", task=task)
+        assert (k.train_len, k.eval_lens) == (20, [10, 20, 30, 40]), task
+    for task in ("kaz-addition", "kaz-poly", "kaz-sort", "kaz-sort-multi", "kaz-sum", "kaz-parity", "kaz-lego"):
+        k = preset_config("quick", task=task)
+        assert (k.train_len, k.eval_lens) == (8, [4, 8, 12, 16]), task
     assert preset_config("quick", task="count", encodings=["rope"]).encodings == ["rope"]  # the user's list wins
     assert preset_config("quick", task="copy").train_len == 16  # the synthetic entry still applies
 

@@ -21,6 +21,9 @@ from .paper import PAPER_DEFAULTS, PAPER_PRESET, check_paper_fields
 
 __all__ = ["CompareConfig", "PRESETS", "CORE_ENCODINGS", "EXTEND_METHODS", "from_dict", "resolve_eval_lens"]
 
+# the tasks Kazemnejad et al. train up to size 20 and test to 40 (the rest: up to 8, to 16)
+KAZEMNEJAD_TR20 = ("kaz-copy", "kaz-copy-2x", "kaz-reverse", "kaz-reverse-2x")
+
 # The seven encodings of the core: what `posenc compare` trains by default.
 CORE_ENCODINGS = ["nope", "learned", "sinusoidal", "rope", "alibi", "t5", "shaw"]
 # The length-extension methods `extend` may list (posenc.compare.extend runs them).
@@ -310,17 +313,19 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "encodings": ["learned", "rope", "alibi", "t5", "cope"],
                 "encoding_options": {"t5": {"max_distance": 32}},
             },
-            # Kazemnejad et al.'s suite (posenc.data.kazemnejad): their arithmetic tasks' split
-            # (sizes up to 8, tested to 16 = 2L: "tr8_ts16"), one column per size; T5's buckets
-            # reach 64 tokens (a size-8 sample is 19-92 tokens). lr 3e-3: at 1e-2 rope and nope
-            # never learned kaz-copy (loss ~3.8 after 3 000 steps, 0 % exact match, both seeds).
-            # 6 000 steps: at 3 000 (lr 3e-3) rope and nope were still learning kaz-copy (rope
-            # 53.5 % / 0.4 % at n = 8, seeds 0 / 1); at 6 000 rope seed 0 reaches 100 % from step
-            # 4 800, nope 55.5 % and still rising (docs/compare.md)
+            # Kazemnejad et al.'s suite (posenc.data.kazemnejad), at their splits: the arithmetic
+            # tasks train on sizes up to 8 and test to 16 ("tr8_ts16"), copy and reverse (and their
+            # 2x variants) up to 20, tested to 40 ("cmc_tr20_ts40", "mc_tr20_ts40": their
+            # download_and_prepare_datasets / notebooks name them so; an earlier preset trained
+            # copy at 8, where no encoding copied past 8 -- docs/compare.md). One column per size;
+            # T5's buckets reach 64 tokens (a size-8 sample is 19-92 tokens, a size-20 copy 43).
+            # lr 3e-3: at 1e-2 rope and nope never learned kaz-copy (loss ~3.8 after 3 000 steps,
+            # 0 % exact match, both seeds). 6 000 steps: at 3 000 (lr 3e-3) rope and nope were
+            # still learning kaz-copy at 8 (docs/compare.md)
             **{
                 t: {
-                    "train_len": 8,
-                    "eval_lens": [4, 8, 12, 16],
+                    "train_len": 20 if t in KAZEMNEJAD_TR20 else 8,
+                    "eval_lens": [10, 20, 30, 40] if t in KAZEMNEJAD_TR20 else [4, 8, 12, 16],
                     "steps": 6000,
                     "lr": 3e-3,
                     "encodings": ["nope", "t5", "alibi", "rope", "learned"],  # their five (APE: learned)
