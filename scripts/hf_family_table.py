@@ -35,12 +35,12 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from tests.conftest import tolerance  # noqa: E402
+from tests.test_hf import greedy  # noqa: E402
 from tests.test_hf_families import (  # noqa: E402
     FAMILIES,
     VL,
     V,
     family_n,
-    greedy,
     image_positions,
     logits,
     stock_model,

@@ -147,6 +147,39 @@ def test_kv_cache_decoding_equals_full_forward(name):
 
 
 @pytest.mark.parametrize("name", [n for n, _ in CAUSAL])
+def test_head_dim_other_than_dim_over_heads(name):
+    """``heads·head_dim != dim`` (an explicit ``head_dim``: Qwen3-0.6B, Gemma): what acts on the
+    layer's input gets the layer's width (posenc.attention_setup.build_for_layer), the model runs
+    forward and decodes with its cache as it runs whole."""
+    torch.manual_seed(0)
+    kw = dict(vocab_size=32, dim=DIM, depth=2, heads=HEADS, head_dim=2 * HEAD_DIM, encoding=name, max_len=MAX_LEN)
+    lm = posenc.TransformerLM(**kw)
+    _randomize(lm)
+    lm.eval()
+    t = torch.randint(0, 32, (2, 10))
+    with torch.no_grad():
+        full = lm(t)
+        cache = lm.init_cache(batch_size=2, max_len=12)
+        steps = torch.cat([lm(t[:, i : i + 1], cache=cache) for i in range(10)], dim=1)
+    assert torch.isfinite(full).all()
+    assert_close(steps, full, n=lm_n(dim=2 * HEADS * HEAD_DIM, depth=2, length=L + 2), msg=name)
+
+
+def test_an_input_and_score_encoding_that_is_not_told_the_width_is_refused():
+    """No registered encoding is one (DeBERTa's EMD takes ``hidden_size``): a user's encoding with
+    an input stage and a bias, whose input table is ``heads·head_dim`` wide, cannot serve a layer
+    of another width, and says so before anything runs."""
+    from posenc.attention_setup import _sizes
+
+    class Both(posenc.PositionEncoding):
+        stages = Stage.INPUT | Stage.BIAS
+
+    with pytest.raises(ValueError, match=r"encoding 'both' has an input stage and a score stage: .* 2 x 16 != 16"):
+        _sizes(Both, "both", HEADS, 2 * HEAD_DIM, DIM)
+    assert _sizes(Both, "both", HEADS, HEAD_DIM, DIM) == (HEADS, HEAD_DIM)  # widths agree: as built
+
+
+@pytest.mark.parametrize("name", [n for n, _ in CAUSAL])
 def test_windowed_kv_cache_decoding_equals_full_forward(name):
     """A window (3) in layer 0 and chunks (4) in layer 1: the rolling caches keep O(W) keys."""
     torch.manual_seed(0)

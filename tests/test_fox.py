@@ -203,10 +203,12 @@ def test_errors():
     read = enc.read_input(torch.randn(1, 4, DIM), None, None)
     with pytest.raises(ValueError, match="states of 4 queries and 4 keys, positions of 3 and 4"):
         enc.bias(pos[:3], pos, ctx=posenc.Context(pos, pos, q_state=read.state, k_state=read.state))
-    # a layer wider than heads*head_dim must say how wide its input is
+    # a layer wider than heads*head_dim builds it for its own width (attention_setup.build_for_layer);
+    # the bare encoding, built for 16, refuses a 24-wide input in one line
+    attn = posenc.Attention(24, HEADS, "fox", head_dim=HEAD_DIM)
+    assert attn.encoding.hidden_size == 24 and attn(torch.randn(1, 4, 24)).shape[-1] == 24
     with pytest.raises(ValueError, match=r"hidden_size=16\), got \(1, 4, 24\); build it with hidden_size="):
-        posenc.Attention(24, HEADS, "fox", head_dim=HEAD_DIM)(torch.randn(1, 4, 24))
-    assert posenc.Attention(24, HEADS, "fox", head_dim=HEAD_DIM, hidden_size=24)(torch.randn(1, 4, 24)).shape[-1] == 24
+        enc.read_input(torch.randn(1, 4, 24), None, None)
     with pytest.raises(ValueError, match="hidden_size must be a positive int or None, got 0"):
         FoX(heads=HEADS, head_dim=HEAD_DIM, hidden_size=0)
     with pytest.raises(ValueError, match="bias_init"):

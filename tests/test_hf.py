@@ -184,11 +184,12 @@ def _generate(model, ids, **kw):
     return model.generate(ids, max_new_tokens=32, do_sample=False, pad_token_id=0, **kw)
 
 
-def _generate_with_logits(model, ids, **kw):
+def greedy(model, ids, new: int = 32, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    """``new`` greedily generated tokens and each step's next-token logits, ``(B, new, V)``."""
     out = model.generate(
-        ids, max_new_tokens=32, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True, **kw
+        ids, max_new_tokens=new, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True, **kw
     )
-    return out.sequences, torch.stack(out.logits, 1)  # (B, 32, V): each step's next-token logits
+    return out.sequences, torch.stack(out.logits, 1)
 
 
 @pytest.mark.parametrize("name", ENCODINGS)
@@ -197,8 +198,8 @@ def test_cached_generation_equals_uncached(name):
     model = ph.convert(LlamaForCausalLM(cfg), encoding=name).eval()
     perturb(model)
     ids = torch.randint(1, V, (2, 7))
-    cached, cached_logits = _generate_with_logits(model, ids, past_key_values=DynamicCache(config=model.config))
-    uncached, uncached_logits = _generate_with_logits(model, ids, use_cache=False)
+    cached, cached_logits = greedy(model, ids, past_key_values=DynamicCache(config=model.config))
+    uncached, uncached_logits = greedy(model, ids, use_cache=False)
     assert cached.shape == (2, 7 + 32)
     assert torch.equal(cached, uncached)
     assert_close(cached_logits, uncached_logits, n=llama_n(cfg, 7 + 32))
@@ -209,8 +210,8 @@ def test_static_cache_generation_equals_uncached(name):
     model = ph.convert(LlamaForCausalLM(llama_config()), encoding=name).eval()
     perturb(model)
     ids = torch.randint(1, V, (2, 5))
-    static, static_logits = _generate_with_logits(model, ids, cache_implementation="static")
-    uncached, uncached_logits = _generate_with_logits(model, ids, use_cache=False)
+    static, static_logits = greedy(model, ids, cache_implementation="static")
+    uncached, uncached_logits = greedy(model, ids, use_cache=False)
     assert torch.equal(static, uncached)
     assert_close(static_logits, uncached_logits, n=llama_n(model.config, 5 + 32))
 
@@ -220,8 +221,8 @@ def test_gpt2_cached_generation_equals_uncached(name):
     model = ph.convert(GPT2LMHeadModel(gpt2_config()), encoding=name).eval()
     perturb(model)
     ids = torch.randint(1, V, (2, 6))
-    cached, cached_logits = _generate_with_logits(model, ids)
-    uncached, uncached_logits = _generate_with_logits(model, ids, use_cache=False)
+    cached, cached_logits = greedy(model, ids)
+    uncached, uncached_logits = greedy(model, ids, use_cache=False)
     assert torch.equal(cached, uncached)
     D = model.config.n_embd
     n = model.config.n_layer * (attention_n(dim=D, length=6 + 32) + 7 * D) + 2 * D

@@ -18,9 +18,10 @@ import torch
 from tests.conftest import assert_close, attention_n
 
 transformers = pytest.importorskip("transformers")
-from tests.test_hf import TINY_DECODER  # noqa: E402
+from tests.test_hf import TINY_DECODER, greedy  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, DynamicCache  # noqa: E402
 
+import posenc  # noqa: E402
 import posenc.hf as ph  # noqa: E402
 
 V = 96
@@ -197,14 +198,6 @@ def logits(model, ids, **kw) -> torch.Tensor:
         return model(ids, **kw).logits
 
 
-def greedy(model, ids, new: int = 16, **kw) -> tuple[torch.Tensor, torch.Tensor]:
-    """``new`` greedily generated tokens and the logits of each step, ``(B, new, V)``."""
-    out = model.generate(
-        ids, max_new_tokens=new, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True, **kw
-    )
-    return out.sequences, torch.stack(out.logits, 1)
-
-
 @pytest.fixture(scope="module", params=FAMILIES)
 def pair(request):
     """(family, stock model, the same model converted with encoding="rope")."""
@@ -241,13 +234,6 @@ def image_positions(batch: int) -> torch.Tensor:
     return pos[:, None].expand(3, batch, 12)
 
 
-def _generate(model, ids, **kw):
-    out = model.generate(
-        ids, max_new_tokens=14, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True, **kw
-    )
-    return out.sequences, torch.stack(out.logits, 1)
-
-
 @pytest.mark.parametrize("encoding", ["rope", "alibi"])
 def test_cached_generation_equals_uncached_past_the_window(pair, encoding):
     family, stock, ours = pair
@@ -256,15 +242,15 @@ def test_cached_generation_equals_uncached_past_the_window(pair, encoding):
     model = ours if encoding == "rope" else ph.convert(stock, encoding=encoding).eval()
     ids = torch.randint(1, V, (2, 5))
     cache = DynamicCache(config=model.config)
-    cached, cached_logits = _generate(model, ids, cache=cache)
-    uncached, uncached_logits = _generate(model, ids, use_cache=False)
+    cached, cached_logits = greedy(model, ids, 14, cache=cache)
+    uncached, uncached_logits = greedy(model, ids, 14, use_cache=False)
     assert cached.shape == (2, 5 + 14) and torch.equal(cached, uncached)
     assert_close(cached_logits, uncached_logits, n=family_n(model.config, 5 + 14))
     sliding = [type(layer).__name__ == "DynamicSlidingWindowLayer" for layer in cache.layers]
     if family in ("mistral", "gemma2", "gemma3", "gpt_oss"):  # HF's cache kept only what the window sees
         assert any(sliding) and min(layer.keys.shape[2] for layer in cache.layers) == WINDOW - 1
     if encoding == "rope":  # and the stock model generates the same tokens
-        want, _ = _generate(stock, ids, cache=DynamicCache(config=stock.config))
+        want, _ = greedy(stock, ids, 14, cache=DynamicCache(config=stock.config))
         assert torch.equal(cached, want)
 
 
@@ -326,3 +312,39 @@ def test_alibi_swap_trains_one_trainer_step(pair, tmp_path):
     loss, change = trainer_step(model, tmp_path)
     assert 0 < loss < 50 and change > 0  # a finite loss from HF's own loss function, and AdamW moved weights
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("encoding", ["fox", "inkling"])
+def test_hidden_state_encodings_in_every_family(pair, encoding):
+    """FoX and Inkling read the attention module's hidden states (a pre-hook, posenc.hf.hidden)
+    in every family, built for the model's hidden width (Qwen3's and Gemma's heads x head_dim is
+    not hidden_size): a forward and backward with left padding that reaches the encoding's
+    weights, and (decoders) cached greedy generation equal to uncached. Inkling is causal only:
+    refused for ModernBERT in one line; Gemma 4's KV-sharing layers reuse another layer's keys,
+    whose hidden states they never see: refused at conversion."""
+    family, stock, _ = pair
+    if family == "gemma4" and any(getattr(m, "is_kv_shared_layer", False) for m in stock.modules()):
+        with pytest.raises(ValueError, match=f"'{encoding}' reads the hidden state of the layer's own keys"):
+            ph.convert(stock, encoding=encoding)  # refused when converted, not at the first forward
+        return
+    if family == "modernbert" and encoding == "inkling":
+        with pytest.raises(ValueError, match="'inkling' is causal only, and this layer attends both ways"):
+            ph.convert(stock, encoding=encoding)
+        return
+    model = ph.convert(stock, encoding=encoding)
+    ids = torch.randint(1, V, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    out = model.train()(ids, attention_mask=mask, labels=ids if family != "modernbert" else None)
+    loss = out.loss if out.loss is not None else out.logits.square().mean()
+    loss.backward()
+    encs = [m for m in model.modules() if isinstance(m, posenc.PositionEncoding)]
+    assert torch.isfinite(loss) and encs and all(p.grad is not None for e in encs for p in e.parameters())
+    if family == "modernbert":
+        return  # an encoder: no generation
+    model.eval()
+    prompt = torch.randint(1, V, (2, 5))
+    cached, cached_logits = greedy(model, prompt, 14, cache=DynamicCache(config=model.config))
+    uncached, uncached_logits = greedy(model, prompt, 14, use_cache=False)
+    assert torch.equal(cached, uncached)
+    assert_close(cached_logits, uncached_logits, n=family_n(model.config, 5 + 14))

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 from tests.conftest import assert_close
-from tests.test_hf import V, llama_config, llama_n, logits, perturb
+from tests.test_hf import V, greedy, llama_config, llama_n, logits, perturb
 from tests.test_hf_families import V as FV
-from tests.test_hf_families import family_n, greedy, stock_model
+from tests.test_hf_families import family_n, stock_model
 
 transformers = pytest.importorskip("transformers")
 from transformers import (  # noqa: E402
@@ -44,8 +44,8 @@ def test_layer_window_equals_stock_mistral_sliding_window():
     assert_close(logits(ours, ids), logits(mistral.eval(), ids), n=llama_n(cfg, 20))
     assert not torch.allclose(logits(ours, ids), logits(llama, ids), atol=1e-3)  # the window matters here
     ids = torch.randint(1, V, (2, 4))
-    cached, cached_logits = greedy(ours, ids, cache=DynamicCache(config=ours.config))
-    uncached, uncached_logits = greedy(ours, ids, use_cache=False)
+    cached, cached_logits = greedy(ours, ids, 16, cache=DynamicCache(config=ours.config))
+    uncached, uncached_logits = greedy(ours, ids, 16, use_cache=False)
     assert torch.equal(cached, uncached)
     assert_close(cached_logits, uncached_logits, n=llama_n(cfg, 20))
 
@@ -61,8 +61,8 @@ def test_layer_chunks_equal_a_written_out_chunk_mask():
     additive = torch.zeros(18, 18).masked_fill(~keep, float("-inf"))[None, None].expand(2, 1, 18, 18)
     want = logits(stock, ids, attention_mask=additive)
     assert_close(logits(ours, ids), want, n=llama_n(cfg, 18))
-    cached, _ = greedy(ours, ids[:, :3], cache=DynamicCache(config=ours.config))
-    assert torch.equal(cached, greedy(ours, ids[:, :3], use_cache=False)[0])
+    cached, _ = greedy(ours, ids[:, :3], 16, cache=DynamicCache(config=ours.config))
+    assert torch.equal(cached, greedy(ours, ids[:, :3], 16, use_cache=False)[0])
 
 
 def test_layer_sinks_equal_gpt_oss_sink_softmax():
@@ -99,8 +99,8 @@ def test_presets_convert_and_cached_generation_equals_uncached(preset, depth):
     specs = model.config.posenc_layers
     assert any(s.get("window") == 4 or s.get("chunk") == 4 for s in specs)
     ids = torch.randint(1, V, (2, 5))
-    cached, cached_logits = greedy(model, ids, cache=DynamicCache(config=model.config))
-    uncached, uncached_logits = greedy(model, ids, use_cache=False)
+    cached, cached_logits = greedy(model, ids, 16, cache=DynamicCache(config=model.config))
+    uncached, uncached_logits = greedy(model, ids, 16, use_cache=False)
     assert torch.equal(cached, uncached)
     assert_close(cached_logits, uncached_logits, n=llama_n(model.config, 21))
 
@@ -145,7 +145,9 @@ def test_static_cache_with_sliding_windows_equals_uncached(family):
     stock = stock_model(family)
     model = ph.convert(stock).eval()
     ids = torch.randint(1, FV, (2, 5))
-    static, static_logits = greedy(model, ids, cache_implementation="static")
-    uncached, uncached_logits = greedy(model, ids, use_cache=False)
-    assert torch.equal(static, uncached) and torch.equal(static, greedy(stock, ids, cache_implementation="static")[0])
+    static, static_logits = greedy(model, ids, 16, cache_implementation="static")
+    uncached, uncached_logits = greedy(model, ids, 16, use_cache=False)
+    assert torch.equal(static, uncached) and torch.equal(
+        static, greedy(stock, ids, 16, cache_implementation="static")[0]
+    )
     assert_close(static_logits, uncached_logits, n=family_n(model.config, 5 + 16))

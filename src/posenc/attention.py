@@ -150,7 +150,7 @@ class Attention(MaskAndBackend, nn.Module):
         self.qk_norm, self.qk_norm_position = qk_norm, qk_norm_position
         self.q_norm, self.k_norm = qk_norms(qk_norm, head_dim, qk_norm_eps)
         scores = {"score_scale": score_scale, "softcap": softcap}
-        kw = {"heads": heads, "head_dim": head_dim, "causal": causal, "max_len": max_len, **scores}
+        kw = {"heads": heads, "head_dim": head_dim, "dim": dim, "causal": causal, "max_len": max_len, **scores}
         self.encoding = layer_encoding(encoding, options=options, **kw)
         # heads of the keys the encoding's key side, and so the cache, holds
         self.key_heads = heads if self.encoding.per_head_keys else self.kv_heads

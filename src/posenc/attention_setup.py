@@ -14,11 +14,51 @@ k/v projections are shared within each group, and its cache holds ``H`` heads.
 
 from __future__ import annotations
 
-from .base import PositionEncoding
-from .registry import build
+from .base import PositionEncoding, Stage
+from .registry import build, options_of, resolve
 from .validate import score_setting
 
-__all__ = ["check_kv_heads", "layer_encoding"]
+__all__ = ["build_for_layer", "check_kv_heads", "layer_encoding"]
+
+
+def build_for_layer(
+    name: str,
+    options: dict,
+    *,
+    heads: int,
+    head_dim: int,
+    dim: int,
+    max_len: int | None,
+    causal: bool,
+    vocab_size: int | None = None,
+) -> PositionEncoding:
+    """``name`` built for a layer of width ``dim`` with ``heads`` heads of ``head_dim`` (the one
+    rule :class:`posenc.Attention`, :class:`posenc.TransformerLM` and ``posenc.hf`` share).
+
+    Where ``heads·head_dim`` is not ``dim`` (an explicit ``head_dim``: Qwen3-0.6B, Gemma), what
+    acts on the layer's input gets its width: an encoding that takes ``hidden_size`` (FoX's
+    gates, Inkling's ``r_proj``, DeBERTa's table and its EMD) gets ``hidden_size=dim`` unless the
+    options give it, and one with only an input stage is built as one head of ``dim`` (it adds
+    to or reads ``(B, L, dim)``). ``vocab_size`` goes to an encoding that
+    embeds token ids (``complex-order``) unless given.
+
+    Raises:
+        ValueError: a causal-only encoding in a bidirectional layer; an encoding with an input
+            stage *and* a score-side stage and no ``hidden_size`` where
+            ``heads·head_dim != dim`` (its absolute table would be of neither width); and
+            what :func:`posenc.build` raises.
+    """
+    options = dict(options)
+    cls = resolve(name, options)
+    if cls.causal_only and not causal:
+        raise ValueError(f"encoding {name!r} is causal only, and this layer attends both ways (an encoder)")
+    heads, head_dim = _sizes(cls, name, heads, head_dim, dim)
+    takes = options_of(cls)
+    if "hidden_size" in takes:
+        options.setdefault("hidden_size", dim)
+    if vocab_size is not None and "vocab_size" in takes:
+        options.setdefault("vocab_size", vocab_size)
+    return build(name, heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
 
 
 def check_kv_heads(heads: int, kv_heads: int | None) -> int:
@@ -32,11 +72,25 @@ def check_kv_heads(heads: int, kv_heads: int | None) -> int:
     return kv_heads
 
 
+def _sizes(cls: type[PositionEncoding], name: str, heads: int, head_dim: int, dim: int) -> tuple[int, int]:
+    """The ``(heads, head_dim)`` an encoding of class ``cls`` is built with in a layer of width ``dim``
+    (one that takes ``hidden_size`` is told ``dim`` that way and keeps the layer's heads)."""
+    if cls.stages & Stage.INPUT and heads * head_dim != dim and "hidden_size" not in options_of(cls):
+        if cls.stages != Stage.INPUT:
+            raise ValueError(
+                f"encoding {name!r} has an input stage and a score stage: it needs heads x head_dim = dim, "
+                f"got {heads} x {head_dim} != {dim}"
+            )
+        return 1, dim
+    return heads, head_dim
+
+
 def layer_encoding(
     encoding: str | PositionEncoding,
     *,
     heads: int,
     head_dim: int,
+    dim: int,
     causal: bool,
     max_len: int | None,
     options: dict,
@@ -48,10 +102,13 @@ def layer_encoding(
     encoding keeps its own settings: a ``score_scale``/``softcap`` given with it must equal
     them (None: the encoding's), since it may serve other layers too."""
     if not isinstance(encoding, PositionEncoding):
-        enc = build(encoding, heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
+        enc = build_for_layer(
+            encoding, options, heads=heads, head_dim=head_dim, dim=dim, max_len=max_len, causal=causal
+        )
         return enc.set_scores(scale=score_scale, softcap=softcap)
     if options:
         raise ValueError(f"options {sorted(options)} given with an already built encoding")
+    heads, head_dim = _sizes(type(encoding), encoding.name, heads, head_dim, dim)
     if (encoding.heads, encoding.head_dim) != (heads, head_dim):
         raise ValueError(
             f"encoding built for heads={encoding.heads}, head_dim={encoding.head_dim}; "

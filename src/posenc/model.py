@@ -23,13 +23,13 @@ from torch import Tensor, nn
 
 from .adaptive import AdaptiveInput, adaptive_head, tie_bands
 from .attention import Attention
+from .attention_setup import build_for_layer
 from .base import PositionEncoding, Stage, as_positions, check_lengths
 from .cache import InputHistory, KVCache, ModelCache, SegmentMemory, run_input_stage
 from .config import ModelConfig
 from .context import Tables
 from .layer_encodings import layer_encodings
 from .positions import document_positions
-from .registry import build, get_class, options_of
 
 __all__ = ["TransformerLM", "Block"]
 
@@ -182,12 +182,8 @@ class TransformerLM(nn.Module):
     def _build_encoding(self, spec, args: dict) -> PositionEncoding:
         """A new encoding for layer ``spec`` (:func:`posenc.layer_encodings.layer_encodings` decides sharing)."""
         cfg = self.config
-        options = dict(spec.options)
-        if "vocab_size" in options_of(get_class(spec.encoding)):
-            options.setdefault("vocab_size", cfg.vocab_size)  # an encoding that embeds token ids
-        enc = build(
-            spec.encoding, heads=cfg.heads, head_dim=cfg.head_dim, max_len=cfg.max_len, causal=cfg.causal, **options
-        )
+        size = {"heads": cfg.heads, "head_dim": cfg.head_dim, "dim": cfg.dim, "max_len": cfg.max_len}
+        enc = build_for_layer(spec.encoding, spec.options, causal=cfg.causal, vocab_size=cfg.vocab_size, **size)
         return enc.set_scores(scale=args["score_scale"], softcap=args["softcap"])
 
     @classmethod

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..attention_setup import build_for_layer
 from ..base import PositionEncoding, Stage
 from ..cache import InputHistory, run_input_stage
 from ..layer_encodings import layer_encodings
-from ..registry import build, resolve
 from .hidden import HiddenReads, capture
 from .history import PositionHistory
 from .masks import PosencMask
@@ -135,7 +135,8 @@ def _find(kind, args: tuple, kwargs: dict):
 def build_encoding(spec: dict, dims: Dims, causal: bool = True) -> PositionEncoding:
     """One encoding for a layer spec ``{"encoding": name, "options": {...}}``.
 
-    Input-stage encodings act on the hidden states: they are built for width ``hidden``.
+    Built by :func:`posenc.attention_setup.build_for_layer`, the rule ``posenc.Attention`` uses:
+    what acts on the hidden states gets their width ``hidden``.
 
     Raises:
         ValueError: an unknown name or option, or an encoding that builds the token
@@ -143,11 +144,8 @@ def build_encoding(spec: dict, dims: Dims, causal: bool = True) -> PositionEncod
             ``vocab_size``; the embedding module sees no positions).
     """
     name, options = spec["encoding"], dict(spec.get("options") or {})
-    cls = resolve(name, options)  # (a variant named by an option has its own stages)
-    heads, head_dim = dims.heads, dims.head_dim
-    if cls.stages & Stage.INPUT and heads * head_dim != dims.hidden:
-        heads, head_dim = 1, dims.hidden
-    enc = build(name, heads=heads, head_dim=head_dim, max_len=dims.max_len, causal=causal, **options)
+    size = {"heads": dims.heads, "head_dim": dims.head_dim, "dim": dims.hidden, "max_len": dims.max_len}
+    enc = build_for_layer(name, options, causal=causal, **size)  # (the layer's widths: posenc.attention_setup)
     if enc.input_at == "tokens":
         raise ValueError(
             f"encoding {name!r} with these options builds the token embedding from ids and positions together; "
@@ -237,6 +235,12 @@ class PosencStack(nn.Module):
             if rotary is not None:
                 attn.__dict__["posenc_rotary"] = rotary
             if enc.reads_input:  # the attention function needs the module's hidden states
+                if getattr(attn, "is_kv_shared_layer", False):  # (Gemma 4: another layer's keys)
+                    raise ValueError(
+                        f"encoding {enc.name!r} reads the hidden state of the layer's own keys, and layer {i} "
+                        "reuses another layer's keys and values (num_kv_shared_layers): give it an encoding "
+                        "that reads no hidden state"
+                    )
                 attn.__dict__["posenc_hidden"] = self.hidden
                 self._handles.append(attn.register_forward_pre_hook(capture, with_kwargs=True))
             self._set_scores(i, attn, enc, scores)
