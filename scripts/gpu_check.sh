@@ -8,7 +8,11 @@
 #    up to L = 16384, profiles, references) against plain SDPA/FlashAttention.
 # Writes benchmarks/RESULTS-cuda.md (+ benchmarks/results-cuda/: tests.txt, JSON/CSV, plot).
 # Env: PY (interpreter; default .venv/bin/python, else python3), LENGTHS, NOTES;
-#      MEMORY_LENGTHS (16384); DEVICE=cpu runs everything on the CPU (a dry run of this script).
+#      MEMORY_LENGTHS (16384); DEVICE=cpu runs everything on the CPU (a dry run of this script);
+#      PYTEST_ARGS (extra arguments of the default suite, e.g. "-n 14" on a many-core GPU host);
+#      CUDA_TESTS_TIMEOUT, TESTS_TIMEOUT, BENCH_TIMEOUT: seconds each part may run (per dtype for
+#      the benchmark; default: no limit), for a GPU lent by the minute. A part cut off is recorded
+#      as such in RESULTS-cuda.md and in the exit status (124), never as passed.
 # Exit status: 3 without a CUDA device; else that of the tests, or of the benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,18 +30,24 @@ status=0
 set +e
 {
     "$PY" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')"
-    "$PY" -m pytest -q -p no:cacheprovider -m cuda -rs tests/test_cuda.py
+    timeout "${CUDA_TESTS_TIMEOUT:-0}" "$PY" -m pytest -q -p no:cacheprovider -m cuda -rs tests/test_cuda.py
     cuda_tests=$?
-    "$PY" -m pytest -q -p no:cacheprovider
-    exit $(( cuda_tests | $? ))
+    [ $cuda_tests = 124 ] && echo "gpu_check: the CUDA tests ran past CUDA_TESTS_TIMEOUT=${CUDA_TESTS_TIMEOUT}s and were stopped"
+    # shellcheck disable=SC2086
+    timeout "${TESTS_TIMEOUT:-0}" "$PY" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-}
+    suite=$?
+    [ $suite = 124 ] && echo "gpu_check: the default suite ran past TESTS_TIMEOUT=${TESTS_TIMEOUT}s and was stopped"
+    [ $cuda_tests = 0 ] && exit $suite
+    exit $cuda_tests
 } 2>&1 | tee "$OUT/tests.txt"
 status=${PIPESTATUS[0]}
 set -e
 for dtype in float32 bfloat16; do
-    "$PY" -m posenc.cli bench --device "${DEVICE:-cuda}" --dtype "$dtype" --masks causal,bidir --lengths "$LENGTHS" \
+    rm -f "$OUT/RESULTS-$dtype.md"
+    timeout "${BENCH_TIMEOUT:-0}" "$PY" -m posenc.cli bench --device "${DEVICE:-cuda}" --dtype "$dtype" --masks causal,bidir --lengths "$LENGTHS" \
         --memory-lengths "${MEMORY_LENGTHS:-16384}" --profile --warmup 2 --repeats 10 --no-throughput \
         --out "$OUT/$dtype" --markdown "$OUT/RESULTS-$dtype.md" --quiet \
-        --notes "GPU check (scripts/gpu_check.sh), $dtype. ${NOTES:-}" || status=$?
+        --notes "GPU check (scripts/gpu_check.sh), $dtype. ${NOTES:-}" || { rc=$?; [ $status = 0 ] && status=$rc; echo "gpu_check: bench $dtype exited $rc" >&2; }
 done
 {
     echo "# posenc on CUDA: scripts/gpu_check.sh"
@@ -45,14 +55,20 @@ done
     echo "Tests (\`pytest -m cuda tests/test_cuda.py\`, then the default suite), last lines:"
     echo
     echo '```'
-    grep -E "^([0-9]+ (passed|failed|skipped|error)|FAILED |ERROR )" "$OUT/tests.txt" | tail -n 20
+    grep -E "^(torch |[0-9]+ (passed|failed|skipped|error)|FAILED |ERROR |gpu_check: )" "$OUT/tests.txt" | tail -n 20
     echo '```'
     echo
     echo "Full log: results-cuda/tests.txt."
     for dtype in float32 bfloat16; do
         echo
-        sed -e 's/^## /### /' -e '1s/^# .*/## '"$dtype"'/' -e "s#]($dtype/#](results-cuda/$dtype/#" \
-            "$OUT/RESULTS-$dtype.md"
+        if [ -f "$OUT/RESULTS-$dtype.md" ]; then
+            sed -e 's/^## /### /' -e '1s/^# .*/## '"$dtype"'/' -e "s#]($dtype/#](results-cuda/$dtype/#" \
+                "$OUT/RESULTS-$dtype.md"
+        else
+            echo "## $dtype"
+            echo
+            echo "The benchmark did not finish (stopped after BENCH_TIMEOUT=${BENCH_TIMEOUT:-none} s, or failed): no numbers."
+        fi
     done
 } > benchmarks/RESULTS-cuda.md
 rm -f "$OUT"/RESULTS-*.md

@@ -17,8 +17,9 @@ from posenc.bench.measure import machine_record, peak_memory, time_runs
 
 
 def _small(name: str, causal: bool = True):
+    """Heads of 16 channels: the least FlexAttention's CUDA kernel runs (FLEX_MIN_HEAD_DIM)."""
     cls = posenc.get_class(name)
-    return posenc.build(name, heads=2, head_dim=8, max_len=64, causal=causal or cls.causal_only)
+    return posenc.build(name, heads=2, head_dim=16, max_len=64, causal=causal or cls.causal_only)
 
 
 @pytest.mark.parametrize("name", posenc.available())
@@ -129,7 +130,7 @@ def test_chunked_blocks_keep_to_a_score_budget(monkeypatch):
     monkeypatch.setattr(B, "materialized", spy)
     enc = _small("cope")
     L = 1000
-    q, k, v = (torch.randn(1, 2, L, 8) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, L, 16) for _ in range(3))
     pos = torch.arange(L)[None]
     out = B.chunked(enc, q, k, v, pos, pos, posenc.AttentionMask(causal=True))
     rows = [r for r, _ in blocks]
@@ -148,11 +149,13 @@ def test_chunked_blocks_keep_to_a_score_budget(monkeypatch):
 def test_bench_resolves_auto_backend_per_device():
     from posenc.bench.layers import posenc_case, resolved_backend
 
-    case = posenc_case("alibi", heads=2, head_dim=8, causal=True, max_len=64, device="cpu", dtype=torch.float32)
+    case = posenc_case("alibi", heads=2, head_dim=16, causal=True, max_len=64, device="cpu", dtype=torch.float32)
     module, _ = case.make(16)
     assert resolved_backend(case, module, torch.device("cpu"), 1024) == "blockwise"
     assert resolved_backend(case, module, torch.device("cpu"), 64) == "dense"
     assert resolved_backend(case, module, torch.device("cuda"), 64) == "flex"
+    narrow = posenc_case("alibi", heads=2, head_dim=8, causal=True, max_len=64, device="cpu", dtype=torch.float32)
+    assert resolved_backend(narrow, narrow.make(16)[0], torch.device("cuda"), 64) == "dense"  # FLEX_MIN_HEAD_DIM
 
 
 def test_peak_memory_cpu_counts_live_bytes():

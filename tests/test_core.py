@@ -8,6 +8,7 @@ from tests.conftest import assert_close, attention_n
 
 import posenc
 from posenc.base import PositionEncoding, Stage
+from posenc.flex import check_flex_heads
 
 
 def test_build_unknown_name_lists_available():
@@ -58,9 +59,28 @@ def test_learned_needs_max_len():
     ],
 )
 def test_backend_dispatch(name, cpu, cuda):
-    enc = posenc.build(name, heads=2, head_dim=8, max_len=16)
+    enc = posenc.build(name, heads=2, head_dim=16, max_len=16)
     assert posenc.select_backend(enc, "cpu") == cpu
     assert posenc.select_backend(enc, "cuda") == cuda
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire", "kerple"])
+def test_auto_leaves_flex_out_on_cuda_for_heads_under_16(name):
+    """FlexAttention's compiled CUDA kernel refuses heads under 16 channels ("NYI: embedding
+    dimension ... must be at least 16", seen on an H100): auto picks the next backend there, and
+    an explicit flex says why instead of failing inside inductor."""
+    wide, narrow = (posenc.build(name, heads=2, head_dim=d, max_len=16) for d in (16, 8))
+    assert posenc.backends.FLEX_MIN_HEAD_DIM == 16
+    assert posenc.select_backend(wide, "cuda") == "flex"
+    assert posenc.select_backend(narrow, "cuda") == "dense"
+    assert posenc.select_backend(narrow, "cpu") == posenc.select_backend(wide, "cpu")
+    assert "flex" in posenc.supported_backends(narrow)  # runs on the CPU (the unfused reference)
+    with pytest.raises(ValueError, match=r"backend 'flex' on CUDA needs heads of at least 16 channels .* got head_dim=8"):
+        check_flex_heads("cuda", 8, 8)
+    with pytest.raises(ValueError, match=r"got head_dim=16 \(values 8\)"):
+        check_flex_heads("cuda", 16, 8)
+    check_flex_heads("cuda", 16, 16)
+    check_flex_heads("cpu", 8, 8)  # the unfused reference runs any width
 
 
 def test_forced_backend_must_support_encoding():

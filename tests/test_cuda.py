@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.conftest import DIM, HEAD_DIM, HEADS, attention_n, encoding_modes, mode_id, tolerance
+from tests.conftest import HEADS, attention_n, encoding_modes, mode_id, tolerance
 
 import posenc
 
@@ -23,14 +23,16 @@ pytestmark = [
 ]
 
 L = 48  # past FlexAttention's 16-row minimum block and every small table's far field
+HEAD_DIM = 16  # FlexAttention's compiled kernel refuses narrower heads (posenc.backends.FLEX_MIN_HEAD_DIM)
+DIM = HEADS * HEAD_DIM
 MAX_LEN = 64
 CUDA = torch.device("cuda")
 SCALAR = [(n, c) for n, c in encoding_modes() if posenc.get_class(n).score_mod is not posenc.PositionEncoding.score_mod]
 
 
-def make_attn(name: str, causal: bool, dtype=torch.float32) -> posenc.Attention:
+def make_attn(name: str, causal: bool, dtype=torch.float32, head_dim: int = HEAD_DIM) -> posenc.Attention:
     torch.manual_seed(0)
-    attn = posenc.Attention(DIM, HEADS, name, head_dim=HEAD_DIM, causal=causal, max_len=MAX_LEN)
+    attn = posenc.Attention(HEADS * head_dim, HEADS, name, head_dim=head_dim, causal=causal, max_len=MAX_LEN)
     with torch.no_grad():
         for p in attn.parameters():
             p.add_(0.2 * torch.randn_like(p))
@@ -66,6 +68,18 @@ def test_flex_equals_eager_on_cuda(mode, dtype):
     assert attn.resolve_backend("auto", "cuda") == "flex"
     x = torch.randn(2, L, DIM, device=CUDA, dtype=dtype)
     assert_same(outputs_and_grads(attn, x, "flex"), outputs_and_grads(attn, x, "eager"), dtype=dtype, msg=name)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire"])
+def test_heads_under_16_run_without_flex_on_cuda(name):
+    """Inductor refuses FlexAttention for heads under 16 channels: auto runs another backend
+    (equal to eager), and an explicit flex says so in one line."""
+    attn = make_attn(name, True, head_dim=8)
+    assert attn.resolve_backend("auto", "cuda") == "dense"
+    x = torch.randn(2, L, HEADS * 8, device=CUDA)
+    assert_same(outputs_and_grads(attn, x, "auto"), outputs_and_grads(attn, x, "eager"), dtype=torch.float32, msg=name)
+    with pytest.raises(ValueError, match="backend 'flex' on CUDA needs heads of at least 16 channels"):
+        attn(x, backend="flex")
 
 
 @pytest.mark.parametrize("mode", encoding_modes(), ids=mode_id)

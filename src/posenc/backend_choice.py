@@ -12,6 +12,7 @@ from .validate import check_device_type
 __all__ = [
     "BLOCKWISE_MIN_SCORES",
     "BLOCKWISE_MIN_SCORES_BIDIR",
+    "FLEX_MIN_HEAD_DIM",
     "supported_backends",
     "require_backend",
     "select_backend",
@@ -52,6 +53,13 @@ BLOCKWISE_MIN_SCORES = 512 * 512
 BLOCKWISE_MIN_SCORES_BIDIR = 2048 * 2048
 
 
+# FlexAttention's compiled CUDA kernel (Triton's tl.dot) needs q/k and v heads of at least 16
+# channels: inductor refuses smaller ones at compile time ("NYI: embedding dimension of the
+# query, key, and value must be at least 16"; seen on an H100 with torch 2.11, and the same
+# check is in torch 2.13's torch/_inductor/kernel/flex/flex_attention.py).
+FLEX_MIN_HEAD_DIM = 16
+
+
 def select_backend(
     enc: PositionEncoding,
     device_type: str,
@@ -66,7 +74,8 @@ def select_backend(
     ``dropout``: with attention dropout (never ``flex``, which has none).
 
     FlexAttention is chosen on CUDA only: on CPU it has no backward, and its compiled
-    forward costs a long compile for each new shape. ``blockwise`` is chosen on CPU only
+    forward costs a long compile for each new shape; and only for heads of at least
+    :data:`FLEX_MIN_HEAD_DIM` channels (``enc.head_dim``), which its compiled kernel needs. ``blockwise`` is chosen on CPU only
     (its fused calls are CPU SDPA's flash kernel), and only from
     :data:`BLOCKWISE_MIN_SCORES` scores per head (:data:`BLOCKWISE_MIN_SCORES_BIDIR` when
     ``causal`` is False), where it measured faster. ``causal=None`` (not known) takes the
@@ -79,6 +88,8 @@ def select_backend(
     if "sdpa" in ok:
         return "sdpa"
     if dropout:
+        ok = [b for b in ok if b != "flex"]
+    if enc.head_dim < FLEX_MIN_HEAD_DIM:
         ok = [b for b in ok if b != "flex"]
     if "flex" in ok and (enc.has_score_mod or not enc.stages & Stage.BIAS) and device_type == "cuda":
         return "flex"

@@ -66,6 +66,7 @@ from torch import Tensor
 from .backend_choice import (
     BLOCKWISE_MIN_SCORES,
     BLOCKWISE_MIN_SCORES_BIDIR,
+    FLEX_MIN_HEAD_DIM,
     require_backend,
     select_backend,
     supported_backends,
@@ -83,6 +84,7 @@ from .validate import check_dropout
 __all__ = [
     "BLOCKWISE_MIN_SCORES",
     "BLOCKWISE_MIN_SCORES_BIDIR",
+    "FLEX_MIN_HEAD_DIM",
     "CHUNKED_ROWS",
     "CHUNKED_SCORES",
     "chunked_rows",

@@ -19,7 +19,7 @@ from .kernels.flash import propagate_nonfinite
 from .mask import AttentionMask
 from .sinks import append_sink_key, sink_mods
 
-__all__ = ["flex", "flex_score_mod"]
+__all__ = ["flex", "flex_score_mod", "check_flex_heads"]
 
 
 _compiled_flex = None
@@ -35,6 +35,19 @@ def _flex_attention(device_type: str):
     if _compiled_flex is None:
         _compiled_flex = torch.compile(flex_attention, dynamic=False)
     return _compiled_flex
+
+
+def check_flex_heads(device_type: str, head_dim: int, value_dim: int) -> None:
+    """On CUDA, a ``ValueError`` for heads narrower than :data:`~posenc.backend_choice.FLEX_MIN_HEAD_DIM`
+    channels (q/k ``head_dim`` or values ``value_dim``), which FlexAttention's compiled kernel
+    refuses (inside inductor, with a lowering error); elsewhere (the unfused reference) nothing."""
+    from .backend_choice import FLEX_MIN_HEAD_DIM
+
+    if device_type == "cuda" and min(head_dim, value_dim) < FLEX_MIN_HEAD_DIM:
+        raise ValueError(
+            f"backend 'flex' on CUDA needs heads of at least {FLEX_MIN_HEAD_DIM} channels (FlexAttention's compiled "
+            f"kernel), got head_dim={head_dim} (values {value_dim}); use backend='auto', 'dense' or 'chunked'"
+        )
 
 
 def flex_score_mod(enc, q_pos: Tensor, k_pos: Tensor, ctx=None):
@@ -59,7 +72,9 @@ def flex(
 
     Raises:
         ValueError: attention dropout (``dropout > 0``): FlexAttention has none (a ``score_mod``
-            changes scores before the softmax; dropout acts on the probabilities after it).
+            changes scores before the softmax; dropout acts on the probabilities after it);
+            on CUDA, heads narrower than :data:`~posenc.backend_choice.FLEX_MIN_HEAD_DIM`
+            channels, which its compiled kernel cannot run.
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -69,6 +84,7 @@ def flex(
             "use backend='auto', 'dense' or 'chunked'"
         )
 
+    check_flex_heads(q.device.type, q.shape[-1], v.shape[-1])
     (B, _, Lq, _), Lk = q.shape, k.shape[2]
     score_mod = flex_score_mod(enc, q_pos.expand(B, Lq), k_pos.expand(B, Lk), ctx)
     mask_mod = mask.mask_mod()
