@@ -75,7 +75,9 @@ def test_auto_leaves_flex_out_on_cuda_for_heads_under_16(name):
     assert posenc.select_backend(narrow, "cuda") == "dense"
     assert posenc.select_backend(narrow, "cpu") == posenc.select_backend(wide, "cpu")
     assert "flex" in posenc.supported_backends(narrow)  # runs on the CPU (the unfused reference)
-    with pytest.raises(ValueError, match=r"backend 'flex' on CUDA needs heads of at least 16 channels .* got head_dim=8"):
+    with pytest.raises(
+        ValueError, match=r"backend 'flex' on CUDA needs heads of at least 16 channels .* got head_dim=8"
+    ):
         check_flex_heads("cuda", 8, 8)
     with pytest.raises(ValueError, match=r"got head_dim=16 \(values 8\)"):
         check_flex_heads("cuda", 16, 8)
