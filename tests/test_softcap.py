@@ -132,7 +132,10 @@ def test_softcap_drops_backends_that_cannot_express_it():
     rope.set_scores(softcap=30.0)
     assert posenc.supported_backends(rope) == ["flex", "chunked", "eager"]
     assert posenc.select_backend(rope, "cpu") == "chunked"
-    assert posenc.select_backend(rope, "cuda") == "flex"
+    assert posenc.select_backend(rope, "cuda") == ("flex" if rope.head_dim >= 16 else "chunked")
+    wide = posenc.build("rope", heads=2, head_dim=16)
+    wide.set_scores(softcap=30.0)
+    assert posenc.select_backend(wide, "cuda") == "flex"  # FlexAttention's kernel: heads of 16+ channels
     assert posenc.supported_backends(_enc("cope", softcap=3.0)) == ["chunked", "eager"]
     q, k, v = _qkv()
     qp, kp = _pos()
