@@ -51,6 +51,22 @@ def test_reversed_suite_disagrees_and_unlearned_tasks_are_not_counted():
     assert "`kaz-addition`" not in suite_table_md(suite).splitlines()[0]
 
 
+def test_a_task_where_all_tie_is_not_counted_and_unfinished_models_are_named():
+    """A task every encoding fails past the training length (kaz-copy here at this scale: all
+    0 %) ranks nothing; a counted task's unconverged encodings are named in the evidence."""
+    tie = {e: [1.0, 0.0, 0.0] for e in AS_PUBLISHED}
+    suite = suite_ranks([_results(tie, task="kaz-copy"), _results(SECOND, task="kaz-sum", converged=False)])
+    assert [t["task"] for t in suite["tasks"] if not t["skipped"]] == ["kaz-sum"]
+    assert suite["cells"] == dict.fromkeys(AS_PUBLISHED, 2)
+    f = suite_finding(suite)
+    assert (
+        "still improving when training stopped (ranked unfinished): kaz-sum: nope, t5, alibi, rope, learned"
+        in f["evidence"]
+    )
+    assert f["evidence"].endswith("not counted: kaz-copy (every encoding ties at every length past n=64)")
+    assert "still improving" not in suite_finding(suite_ranks([_results(SECOND, task="kaz-sum")]))["evidence"]
+
+
 def test_one_run_per_kazemnejad_task():
     with pytest.raises(ValueError, match="one run per task: 'kaz-copy' is given 2 times"):
         suite_ranks([_results(AS_PUBLISHED, task="kaz-copy")] * 2)

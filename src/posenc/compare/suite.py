@@ -6,14 +6,17 @@ One ``--task kaz-*`` run speaks for one task (:mod:`posenc.compare.paper_finding
 module joins the ``results.json`` of runs of different tasks:
 
 * a task counts when at least one healthy encoding learned it (>= 90 % exact match at the
-  training length) and two or more healthy encodings ran it; otherwise it is listed as
-  skipped, with why (a task no encoding learned ranks nothing but noise);
+  training length), two or more healthy encodings ran it, and they do not all tie at every
+  length past the training length; otherwise it is listed as skipped, with why (a task no
+  encoding learned ranks nothing but noise; one where all tie, e.g. all at 0 %, ranks nothing);
 * on a counted task every healthy encoding is ranked at every length past the training
   length (1 = best; encodings whose intervals overlap share the mean of the places they
   span; one that cannot run at a length is 0 % there), as the per-task reading does, but
   without leaving out the encodings that did not learn the task: the paper ranks every model;
 * an encoding's suite rank is the mean over every (task, length) cell it was ranked in,
-  and its mean reciprocal rank the mean of ``1 / rank`` over the same cells.
+  and its mean reciprocal rank the mean of ``1 / rank`` over the same cells;
+* encodings still improving when training stopped (the convergence check) are named per
+  counted task in the reading's evidence: their ranks are those of unfinished models.
 
 ``scripts/kazemnejad_suite.py RUN ...`` prints the table and the reading (docs/compare.md).
 """
@@ -32,14 +35,15 @@ __all__ = ["suite_ranks", "suite_finding", "suite_table_md"]
 
 def _task_ranks(results: dict[str, Any]) -> dict[str, Any]:
     """One task's ranks: ``{"task", "ranks": {enc: [rank per past length]}, "learned": [...],
-    "skipped": why or None, "left_out": {enc: why}}``."""
+    "skipped": why or None, "left_out": {enc: why}, "unconverged": [enc]}``."""
     task = results["config"].get("task") or ""
     s = summarize(results)
     left_out = {e: s.why.get(e, s.flagged[e]) for e in s.flagged}
     names = [e for e in s.encodings if e not in s.flagged]
     learned = [e for e in names if (c := s.cells[e].get(s.train_len)) is not None and c.mean >= SOLVED]
     out: dict[str, Any] = {"task": task, "train_len": s.train_len, "past": list(s.past), "ranks": {},
-                           "learned": learned, "skipped": None, "left_out": left_out}  # fmt: skip
+                           "learned": learned, "skipped": None, "left_out": left_out,
+                           "unconverged": [e for e in names if s.converged.get(e) is False]}  # fmt: skip
     if not s.past:
         out["skipped"] = f"no evaluation length past n={s.train_len}"
     elif not learned:
@@ -55,6 +59,9 @@ def _task_ranks(results: dict[str, Any]) -> dict[str, Any]:
             for e in group:
                 ranks[e].append(place + (len(group) - 1) / 2)
             place += len(group)
+    if all(len(set(col)) == 1 for col in zip(*ranks.values())):
+        out["skipped"] = f"every encoding ties at every length past n={s.train_len}"
+        return out
     out["ranks"] = ranks
     return out
 
@@ -109,6 +116,11 @@ def suite_finding(suite: dict[str, Any]) -> dict[str, Any] | None:
     evidence = (f"mean rank over {len(counted)} task(s) ({', '.join(counted) or 'none'}), past the training "
                 "length (1 = best): " + ", ".join(f"{e} {rank[e]:.2f}" for e in names)
                 + "; mean reciprocal rank: " + ", ".join(f"{e} {suite['mrr'][e]:.2f}" for e in names))  # fmt: skip
+    still = [
+        f"{t['task']}: {', '.join(t['unconverged'])}" for t in suite["tasks"] if not t["skipped"] and t["unconverged"]
+    ]
+    if still:
+        evidence += "; still improving when training stopped (ranked unfinished): " + "; ".join(still)
     skipped = [f"{t['task']} ({t['skipped']})" for t in suite["tasks"] if t["skipped"]]
     if skipped:
         evidence += "; not counted: " + "; ".join(skipped)
