@@ -75,8 +75,8 @@ def select_backend(
 
     FlexAttention is chosen on CUDA only: on CPU it has no backward, and its compiled
     forward costs a long compile for each new shape; and only for heads of at least
-    :data:`FLEX_MIN_HEAD_DIM` channels (``enc.head_dim``), which its compiled kernel needs. ``blockwise`` is chosen on CPU only
-    (its fused calls are CPU SDPA's flash kernel), and only from
+    :data:`FLEX_MIN_HEAD_DIM` channels (``enc.head_dim``), which its compiled kernel needs.
+    ``blockwise`` is chosen on CPU only (its fused calls are CPU SDPA's flash kernel), and only from
     :data:`BLOCKWISE_MIN_SCORES` scores per head (:data:`BLOCKWISE_MIN_SCORES_BIDIR` when
     ``causal`` is False), where it measured faster. ``causal=None`` (not known) takes the
     causal rule.
@@ -87,9 +87,7 @@ def select_backend(
     ok = supported_backends(enc)
     if "sdpa" in ok:
         return "sdpa"
-    if dropout:
-        ok = [b for b in ok if b != "flex"]
-    if enc.head_dim < FLEX_MIN_HEAD_DIM:
+    if dropout or enc.head_dim < FLEX_MIN_HEAD_DIM:
         ok = [b for b in ok if b != "flex"]
     if "flex" in ok and (enc.has_score_mod or not enc.stages & Stage.BIAS) and device_type == "cuda":
         return "flex"

@@ -14,6 +14,7 @@ import warnings
 import torch
 from torch import Tensor
 
+from .backend_choice import FLEX_MIN_HEAD_DIM
 from .base import Stage
 from .kernels.flash import propagate_nonfinite
 from .mask import AttentionMask
@@ -41,8 +42,6 @@ def check_flex_heads(device_type: str, head_dim: int, value_dim: int) -> None:
     """On CUDA, a ``ValueError`` for heads narrower than :data:`~posenc.backend_choice.FLEX_MIN_HEAD_DIM`
     channels (q/k ``head_dim`` or values ``value_dim``), which FlexAttention's compiled kernel
     refuses (inside inductor, with a lowering error); elsewhere (the unfused reference) nothing."""
-    from .backend_choice import FLEX_MIN_HEAD_DIM
-
     if device_type == "cuda" and min(head_dim, value_dim) < FLEX_MIN_HEAD_DIM:
         raise ValueError(
             f"backend 'flex' on CUDA needs heads of at least {FLEX_MIN_HEAD_DIM} channels (FlexAttention's compiled "
