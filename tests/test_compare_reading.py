@@ -84,6 +84,14 @@ def test_convergence_flags_a_model_still_improving():
     c = convergence(flat, rising)
     assert c["converged"] is False and c["val_accuracy_gain"] == pytest.approx(0.55)
     assert still_improving([c]) == "exact match rose 55.0 points over the last 20%"
+    # exact match cannot pass 100 %: a steep rise that ends within the threshold of it has
+    # nothing left to gain (converged); one that ends further below it is still improving
+    ceiling = [{"step": 800, "loss": 0.009, "accuracy": 0.95}, {"step": 1000, "loss": 0.0, "accuracy": 1.0}]
+    assert convergence(flat, ceiling)["converged"] is True
+    assert convergence(flat, ceiling)["val_accuracy_gain"] == pytest.approx(0.05)
+    for end, done in ((0.985, True), (0.975, False)):
+        pts = [{"step": 800, "loss": 0.2, "accuracy": 0.85}, {"step": 1000, "loss": 0.05, "accuracy": end}]
+        assert convergence(flat, pts)["converged"] is done, end
     # not solved, exact match flat near 0 while the loss still falls 12 %: still learning
     stuck = [{"step": 800, "loss": 1.65, "accuracy": 0.004}, {"step": 1000, "loss": 1.448, "accuracy": 0.004}]
     c = convergence(flat, stuck)
