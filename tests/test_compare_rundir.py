@@ -178,8 +178,11 @@ def test_ctrl_c_says_how_to_resume_and_resume_finishes(tmp_path):
     out = tmp_path / "int"
     argv = [*TINY, "--encodings", "rope", "--steps", "400", "--checkpoint-every", "5"]
     env = {**os.environ, "PYTHONPATH": SRC}
+    # a shell starts a background job with SIGINT ignored, and a child inherits that (Python then
+    # installs no KeyboardInterrupt handler): give the child the default, as a terminal would
     proc = subprocess.Popen([sys.executable, "-m", "posenc.cli", "compare", *argv, "--out", str(out)], env=env,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.time() + 300
     while not (out / "checkpoints" / "rope.pt").exists() and time.time() < deadline:
         time.sleep(0.05)
