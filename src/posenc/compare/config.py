@@ -328,10 +328,11 @@ PRESETS: dict[str, dict[str, Any]] = {
             # chance at 8 000 and 6 000 steps) (docs/compare.md, "The Kazemnejad runs")
             **{
                 t: {
-                    "train_len": 20 if t in KAZEMNEJAD_TR20 else 8,
-                    "eval_lens": [10, 20, 30, 40] if t in KAZEMNEJAD_TR20 else [4, 8, 12, 16],
-                    "depth": 4 if t in KAZEMNEJAD_TR20 else 2,
-                    "steps": 8000 if t in KAZEMNEJAD_TR20 else 6000,
+                    **(
+                        {"train_len": 20, "eval_lens": [10, 20, 30, 40], "depth": 4, "steps": 8000}
+                        if t in KAZEMNEJAD_TR20
+                        else {"train_len": 8, "eval_lens": [4, 8, 12, 16], "depth": 2, "steps": 6000}
+                    ),
                     "lr": 3e-3,
                     "encodings": ["nope", "t5", "alibi", "rope", "learned"],  # their five (APE: learned)
                     "encoding_options": {"t5": {"max_distance": 64}},
