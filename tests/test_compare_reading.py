@@ -8,7 +8,14 @@ import math
 import pytest
 
 from posenc import TransformerLM
-from posenc.compare.diagnostics import convergence, matmul_peak_flops, mfu, still_improving, training_flops_per_token
+from posenc.compare.diagnostics import (
+    convergence,
+    matmul_peak_flops,
+    mfu,
+    run_convergence,
+    still_improving,
+    training_flops_per_token,
+)
 from posenc.compare.reading import caveats, findings, passkey_reach, summarize
 from posenc.compare.stats import interval, rank_with_ties, t_quantile, tied, wilson
 
@@ -111,6 +118,32 @@ def test_convergence_flags_a_model_still_improving():
     assert convergence([0.5] * 80 + [0.0] * 920, [])["converged"] is True
     with pytest.raises(ValueError, match="threshold"):
         convergence(flat, [], threshold=0)
+
+
+def test_a_stored_status_is_recomputed_under_the_current_rule():
+    # a run written before d58583e: exact match rose 95 % -> 100 % over the tail and the rule
+    # of then called it still improving; its stored histories say converged under today's rule
+    flat = [3.0 + 0.01 * math.sin(i) for i in range(1000)]
+    curve = [{"step": 800, "loss": 0.009, "accuracy": 0.95}, {"step": 1000, "loss": 0.0, "accuracy": 1.0}]
+    old = {"converged": False, "decided_by": "val_accuracy_gain", "val_accuracy_gain": 0.05, "tail": 0.2,
+           "threshold": 0.02}  # fmt: skip
+    run = {"encoding": "nope", "seed": 0, "convergence": old, "train_loss": flat, "val_curve": curve,
+           "eval": [{"length": 8, "loss": 0.0, "accuracy": 1.0, "applicable": True}]}  # fmt: skip
+    assert run_convergence(run)["converged"] is True and run["convergence"] is old  # the stored dict is untouched
+    results = {"config": {"task": "copy", "train_len": 8, "eval_lens": [8], "encodings": ["nope"], "seeds": [0]},
+               "runs": [run]}  # fmt: skip
+    assert summarize(results).converged["nope"] is True
+    assert not any("not converged" in c for c in caveats(results))
+    # at the stored threshold, not the default: a 3-point rise to 95 % passes at 0.04 (not at 0.02)
+    loose = {**run, "convergence": {**old, "threshold": 0.04},
+             "val_curve": [{**curve[0], "accuracy": 0.92}, {**curve[1], "accuracy": 0.95}]}  # fmt: skip
+    assert run_convergence(loose)["converged"] is True and run_convergence(loose)["threshold"] == 0.04
+    assert convergence(flat, loose["val_curve"])["converged"] is False
+    assert summarize({**results, "runs": [loose]}).converged["nope"] is True
+    # without stored histories the stored dict is all there is
+    bare = {k: v for k, v in run.items() if k not in ("train_loss", "val_curve")}
+    assert run_convergence(bare) is old and summarize({**results, "runs": [bare]}).converged["nope"] is False
+    assert run_convergence({"encoding": "nope"}) == {}
 
 
 # ------------------------------------------------------------------ FLOPs and MFU

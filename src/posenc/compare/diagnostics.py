@@ -19,6 +19,7 @@ from typing import Any
 
 __all__ = [
     "convergence",
+    "run_convergence",
     "training_flops_per_token",
     "matmul_peak_flops",
     "process_matmul_peak",
@@ -137,6 +138,23 @@ def convergence(
     if out["diverged"] is not None:  # a loss that rose or went NaN is not converged, whatever its slope
         out["decided_by"], out["converged"] = "diverged", False
     return out
+
+
+def run_convergence(run: dict[str, Any]) -> dict[str, Any]:
+    """:func:`convergence` of one ``runs`` entry of results.json under this version's rule.
+
+    The check runs when a model finishes, and results.json keeps what it said then; a rule
+    changed since (d58583e: exact-match gain counts at most the room left to 100 %) would
+    leave stored runs with statuses the current code would not give. So the status is
+    recomputed from the stored histories (``train_loss`` and ``val_curve``), at the stored
+    ``tail`` and ``threshold``; an entry without them keeps its stored dict ({} if none).
+    Every reading of a status (the reading, the report, the Kazemnejad suite) goes through here.
+    """
+    stored = run.get("convergence") or {}
+    losses, curve = run.get("train_loss"), run.get("val_curve")
+    if not losses or curve is None:
+        return stored
+    return convergence(losses, curve, tail=stored.get("tail", 0.2), threshold=stored.get("threshold", CONVERGED_DROP))
 
 
 def finite(v: Any) -> float | None:

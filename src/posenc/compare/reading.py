@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .diagnostics import finite, run_health, still_improving
+from .diagnostics import finite, run_convergence, run_health, still_improving
 from .paper_findings import paper_findings
 from .stats import Interval, interval, rank_with_ties, tied, wilson
 
@@ -120,7 +120,7 @@ def summarize(results: dict[str, Any]) -> Summary:
         mine = [r for r, h in zip(mine, health) if h["state"] == "ok"] or [
             r for r, h in zip(mine, health) if h["state"] == "diverged"
         ]
-        flags = [(r.get("convergence") or {}).get("converged") for r in mine]
+        flags = [run_convergence(r).get("converged") for r in mine]
         s.converged[enc] = (
             None if s.health[enc] != "ok" or all(f is None for f in flags) else not any(f is False for f in flags)
         )
@@ -309,7 +309,7 @@ def caveats(results: dict[str, Any]) -> list[str]:
     if still:
         details = []
         for enc in still:
-            conv = [r.get("convergence") or {} for r in results["runs"] if r["encoding"] == enc]
+            conv = [run_convergence(r) for r in results["runs"] if r["encoding"] == enc]
             details.append(f"{enc} ({still_improving(conv)})")
         out.append(f"not converged: train longer — {', '.join(details)}; models still improving are compared "
                    "before they reached their quality")  # fmt: skip

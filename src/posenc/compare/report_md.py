@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from ..data.tasks import depth_axis
-from .diagnostics import finite, mfu, run_health, still_improving
+from .diagnostics import finite, mfu, run_convergence, run_health, still_improving
 from .reading import SPREAD_LIMIT, Summary, caveats, findings, passkey_reach, summarize, train_spread
 from .stats import Interval
 
@@ -45,7 +45,7 @@ def status_of(results: dict[str, Any], encoding: str) -> str:
     if encoding in s.flagged:
         why = s.why[encoding]
         return why if why.startswith(s.health[encoding]) else f"{s.health[encoding]} ({why})"
-    convs = [r.get("convergence") or {} for r in results["runs"] if r["encoding"] == encoding]
+    convs = [run_convergence(r) for r in results["runs"] if r["encoding"] == encoding]
     flags = [c.get("converged") for c in convs]
     why = still_improving(convs)
     if why is not None:
@@ -165,7 +165,7 @@ def report_markdown(results: dict[str, Any], figures: list[str]) -> str:
     lines += ["| encoding | seed | validation loss (step: loss) | validation change, last 20 % "
               "| train-loss change, last 20 % | status |", "|---|---:|---|---:|---:|---|"]  # fmt: skip
     for r in results["runs"]:
-        c = r.get("convergence") or {}
+        c = run_convergence(r)
         curve = ", ".join(f"{p['step']}: {p['loss']:.3f}" for p in r.get("val_curve", []) if p.get("loss") is not None)
         slope, drop = c.get("train_slope"), c.get("val_drop")
         health = run_health(r, cfg)
