@@ -1,0 +1,84 @@
+"""Where one model of a finished ``posenc compare --task kaz-*`` run goes wrong in its
+answers at size N, answer index by answer index (``posenc.compare.answer_errors``).
+
+    python scripts/answer_errors.py runs/kaz-copy nope 30 [--seed 0] [--samples K]
+
+Reads the model's checkpoint from RUN/checkpoints (``weights_only``: nothing in it runs) and
+prints one row per answer index: the share of samples whose prediction is right, ``</s>``
+(the answer stops early), a wrong token from the prompt, or a token from neither. Writes
+nothing. A bad argument or a missing checkpoint is one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from posenc.compare import from_dict
+from posenc.compare.answer_errors import CLASSES, answer_errors
+from posenc.compare.evaluate import not_applicable
+from posenc.compare.train import build_model, checkpoint_path
+from posenc.data import load_source
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="answer_errors.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path)
+    ap.add_argument("encoding")
+    ap.add_argument("n", type=int)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--samples", type=int, help="test samples (default: the run's --eval-samples)")
+    a = ap.parse_args(argv)
+    try:
+        cfg = from_dict(json.loads((a.run / "config.json").read_text()))
+    except (OSError, ValueError, TypeError) as e:
+        print(f"answer_errors: {str(a.run / 'config.json')!r} cannot be read as a compare run's config ({e})",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if not (cfg.task or "").startswith("kaz-"):
+        print(f"answer_errors: the run is of task {cfg.task!r}; this reads runs of --task kaz-*", file=sys.stderr)
+        return 2
+    if a.encoding not in cfg.encodings or a.seed not in cfg.seeds:
+        print(f"answer_errors: encoding {a.encoding!r} seed {a.seed} is not in the run (encodings "
+              f"{', '.join(cfg.encodings)}; seeds {', '.join(map(str, cfg.seeds))})", file=sys.stderr)  # fmt: skip
+        return 2
+    source = load_source(task=cfg.task)
+    a.samples = cfg.eval_samples if a.samples is None else a.samples
+    top = source.max_size if source.max_size is not None else float("inf")
+    if not source.min_size <= a.n <= top or a.samples < 1:
+        sizes = f"in [{source.min_size}, {source.max_size}]" if source.max_size is not None else f">= {source.min_size}"
+        print(f"answer_errors: n must be {sizes} for {cfg.task} and --samples >= 1, got n={a.n}, "
+              f"--samples={a.samples}", file=sys.stderr)  # fmt: skip
+        return 2
+    path = checkpoint_path(a.run / "checkpoints", cfg, a.encoding, a.seed)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError) as e:
+        print(f"answer_errors: {str(path)!r} cannot be read as a checkpoint ({e})", file=sys.stderr)
+        return 2
+    if not ckpt.get("done"):
+        print(f"answer_errors: {str(path)!r} is a model still in training (step {ckpt.get('step')})", file=sys.stderr)
+        return 2
+    model = build_model(cfg, source, a.encoding, a.seed)
+    model.load_state_dict(ckpt["model"])
+    why = not_applicable(model, source.seq_len(a.n))
+    if why is not None:
+        print(f"answer_errors: {a.encoding} cannot run at n={a.n}: {why}", file=sys.stderr)
+        return 2
+    r = answer_errors(model, source, a.n, a.samples)
+    print(f"{cfg.task}, {a.encoding} seed {a.seed}, n = {a.n}, {r['samples']} samples (teacher-forced greedy "
+          "predictions; the last index is the answer's </s>)")  # fmt: skip
+    print("| answer index | " + " | ".join(CLASSES) + " |")
+    print("|---:|" + "---:|" * len(CLASSES))
+    for j, c in enumerate(r["counts"]):
+        total = sum(c.values())
+        print(f"| {j + 1} | " + " | ".join(f"{c[k] / total:.0%}" for k in CLASSES) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,92 @@
+"""Where a task model errs inside its answer (``posenc.compare.answer_errors`` and
+``scripts/answer_errors.py``): the four classes by hand, the counts of a model whose every
+prediction is known, and the script on a tiny finished run and on bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from posenc.cli import main
+from posenc.compare.answer_errors import answer_classes, answer_errors
+from posenc.data import load_source
+from posenc.data.kazemnejad import EOS, PAD, VOCAB
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "answer_errors.py"
+ID = {w: i for i, w in enumerate(VOCAB)}
+
+
+def test_classes_by_hand():
+    # "Copy : <1> <2> [SEP] <1> <2> </s>" then a pad; the answer is scored from [SEP] on
+    words = ["Copy", ":", "<1>", "<2>", "[SEP]", "<1>", "<2>", "</s>"]
+    seq = [ID[w] for w in words] + [PAD]
+    tokens, targets = torch.tensor([seq[:-1]]), torch.tensor([seq[1:]])
+    mask = torch.tensor([[False] * 4 + [True] * 3 + [False]])
+    # predictions at the three answer positions: <2> (a prompt token, wrong), <7> (in neither), </s> (right)
+    pred = torch.zeros_like(tokens)
+    pred[0, 4], pred[0, 5], pred[0, 6] = ID["<2>"], ID["<7>"], EOS
+    assert answer_classes(pred, tokens, targets, mask) == [["prompt", "other", "right"]]
+    pred[0, 4], pred[0, 5] = ID["<1>"], EOS  # right, then an early </s>
+    assert answer_classes(pred, tokens, targets, mask) == [["right", "stop", "right"]]
+    pred[0, 5] = PAD  # the padding is not a prompt token
+    assert answer_classes(pred, tokens, targets, mask)[0][1] == "other"
+    assert answer_classes(pred, tokens, targets, torch.zeros_like(mask)) == [[]]
+
+
+class _Always(torch.nn.Module):
+    """A 'model' that predicts one token everywhere."""
+
+    def __init__(self, token: int):
+        super().__init__()
+        self.token = token
+
+    def forward(self, tokens, pos=None):
+        out = torch.zeros(*tokens.shape, len(VOCAB))
+        out[..., self.token] = 1.0
+        return out
+
+
+def test_counts_of_a_model_that_always_stops():
+    src = load_source(task="kaz-copy")
+    r = answer_errors(_Always(EOS), src, 5, samples=10, batch_size=4)  # three batches: 4 + 4 + 2
+    assert r["samples"] == 10 and len(r["counts"]) == 6  # five symbols and the </s>
+    assert all(c == {"right": 0, "stop": 10, "prompt": 0, "other": 0} for c in r["counts"][:5])
+    assert r["counts"][5] == {"right": 10, "stop": 0, "prompt": 0, "other": 0}
+    r = answer_errors(_Always(ID["Copy"]), src, 5, samples=3)  # the prompt's first word, everywhere
+    assert all(c["prompt"] == 3 for c in r["counts"])
+
+
+def test_script_on_a_finished_run_and_on_bad_input(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["compare", "--task", "kaz-copy", "--encodings", "nope,learned", "--seeds", "0", "--steps", "4",
+            "--dim", "16", "--depth", "1", "--heads", "2", "--eval-samples", "8", "--eval-lens", "20",
+            "--batch-size", "4", "--workers", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    capsys.readouterr()
+
+    spec = importlib.util.spec_from_file_location("answer_errors_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def script(*a):
+        code = mod.main(list(map(str, a)))
+        got = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=got.out, stderr=got.err)
+
+    ok = script(out, "nope", 30, "--samples", 5)
+    assert ok.returncode == 0, ok.stderr
+    rows = [line for line in ok.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 31  # 30 symbols and the </s>
+    for row in rows:  # each row's shares add up to 100 % (within rounding)
+        shares = [int(v.strip().rstrip("%")) for v in row.strip("|").split("|")[1:]]
+        assert 98 <= sum(shares) <= 102
+    for bad, what in (((out, "rope", 30), "encoding 'rope' seed 0 is not in the run"),
+                      ((out, "nope", 0), "n must be >= 1 for kaz-copy and --samples >= 1, got n=0"),
+                      ((out, "nope", 5, "--samples", 0), "got n=5, --samples=0"),
+                      ((out, "learned", 41), "learned cannot run at n=41: "),
+                      ((tmp_path / "nothing", "nope", 30), "cannot be read as a compare run's config")):  # fmt: skip
+        p = script(*bad)
+        assert p.returncode == 2 and what in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
