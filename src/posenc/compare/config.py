@@ -325,9 +325,10 @@ PRESETS: dict[str, dict[str, Any]] = {
             # ln 100; 4 heads of 16 channels did no better), at 4 blocks both learned it (96-99 %
             # at 6 000 steps, seed 0; the jump between steps 3 600 and 6 000). The others: 2
             # blocks, 6 000 steps; 4 blocks did not help kaz-sum or kaz-lego (nope, seed 0:
-            # chance at 8 000 and 6 000 steps). kaz-sum: 12 000 steps -- at 6 000 four of five
-            # encodings were still improving, at 12 000 nope and t5 (seed 0) reach 100 % at
-            # n = 8 (from steps 9 600 and 12 000) (docs/compare.md, "The Kazemnejad runs")
+            # chance at 8 000 and 6 000 steps). kaz-sum: 12 000 steps -- at 6 000 one model of
+            # ten learned it (>= 90 % at n = 8), at 12 000 four of ten do; it does not converge
+            # yet (all five encodings have a seed still improving) (docs/compare.md, "The
+            # Kazemnejad runs")
             **{
                 t: {
                     **(
