@@ -16,12 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
+from posenc.checkpoint import CheckpointError, load_checkpoint
 from posenc.compare import from_dict
 from posenc.compare.answer_errors import CLASSES, answer_errors
 from posenc.compare.evaluate import not_applicable
-from posenc.compare.train import build_model, checkpoint_path
+from posenc.compare.train import checkpoint_path
 from posenc.data import load_source
 
 
@@ -55,21 +54,23 @@ def main(argv: list[str]) -> int:
               f"--samples={a.samples}", file=sys.stderr)  # fmt: skip
         return 2
     path = checkpoint_path(a.run / "checkpoints", cfg, a.encoding, a.seed)
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError) as e:
+    try:  # weights_only; the model is rebuilt from the checkpoint's own config
+        model, extra = load_checkpoint(path)
+    except (CheckpointError, OSError) as e:
         print(f"answer_errors: {str(path)!r} cannot be read as a checkpoint ({e})", file=sys.stderr)
         return 2
-    if not ckpt.get("done"):
-        print(f"answer_errors: {str(path)!r} is a model still in training (step {ckpt.get('step')})", file=sys.stderr)
+    if not extra.get("done"):
+        print(f"answer_errors: {str(path)!r} is a model still in training (step {extra.get('step')})", file=sys.stderr)
         return 2
-    model = build_model(cfg, source, a.encoding, a.seed)
-    model.load_state_dict(ckpt["model"])
     why = not_applicable(model, source.seq_len(a.n))
     if why is not None:
         print(f"answer_errors: {a.encoding} cannot run at n={a.n}: {why}", file=sys.stderr)
         return 2
-    r = answer_errors(model, source, a.n, a.samples)
+    try:
+        r = answer_errors(model, source, a.n, a.samples)
+    except ValueError as e:
+        print(f"answer_errors: {a.encoding} seed {a.seed}: {e}", file=sys.stderr)
+        return 2
     print(f"{cfg.task}, {a.encoding} seed {a.seed}, n = {a.n}, {r['samples']} samples (teacher-forced greedy "
           "predictions; the last index is the answer's </s>)")  # fmt: skip
     print("| answer index | " + " | ".join(CLASSES) + " |")

@@ -5,9 +5,11 @@ prediction is known, and the script on a tiny finished run and on bad input."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from posenc.cli import main
@@ -59,6 +61,15 @@ def test_counts_of_a_model_that_always_stops():
     assert all(c["prompt"] == 3 for c in r["counts"])
 
 
+def test_a_failed_model_is_refused_not_classified():
+    class _NaN(_Always):
+        def forward(self, tokens, pos=None):
+            return super().forward(tokens) * float("nan")
+
+    with pytest.raises(ValueError, match="NaN or infinite at n=5: a failed model"):
+        answer_errors(_NaN(EOS), load_source(task="kaz-copy"), 5, samples=2)
+
+
 def test_script_on_a_finished_run_and_on_bad_input(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["compare", "--task", "kaz-copy", "--encodings", "nope,learned", "--seeds", "0", "--steps", "4",
@@ -90,3 +101,22 @@ def test_script_on_a_finished_run_and_on_bad_input(tmp_path, capsys):
                       ((tmp_path / "nothing", "nope", 30), "cannot be read as a compare run's config")):  # fmt: skip
         p = script(*bad)
         assert p.returncode == 2 and what in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    # a run of another task; a model still in training; a checkpoint that is not one
+    other = tmp_path / "other"
+    other.mkdir()
+    cfg = json.loads((out / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "task": "copy"}))
+    ckpt = out / "checkpoints" / "nope.pt"
+    saved = torch.load(ckpt, weights_only=True)
+    torch.save({**saved, "done": False, "step": 2}, ckpt)
+    bad_bytes = out / "checkpoints" / "learned.pt"
+    bad_bytes.write_bytes(b"not a checkpoint")
+    for bad, what in (((other, "nope", 5), "the run is of task 'copy'; this reads runs of --task kaz-*"),
+                      ((out, "nope", 5), "is a model still in training (step 2)"),
+                      ((out, "learned", 5), "cannot be read as a checkpoint")):  # fmt: skip
+        p = script(*bad)
+        assert p.returncode == 2 and what in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    # a finished model whose weights went NaN: refused, not classified
+    torch.save({**saved, "model": {k: v * float("nan") for k, v in saved["model"].items()}}, ckpt)
+    p = script(out, "nope", 5)
+    assert p.returncode == 2 and "nope seed 0: the model's logits are NaN or infinite at n=5" in p.stderr, p.stderr

@@ -343,7 +343,8 @@ def test_registered_everywhere():
     assert (cfg.train_len, cfg.eval_lens, cfg.steps, cfg.lr) == (8, [4, 8, 12, 16], 6000, 3e-3)
     # kaz-sum trains twice as long (>= 90 % at n = 8: one model of ten at 6 000 steps, four at 12 000)
     assert preset_config("quick", task="kaz-sum").steps == 12000
-    assert (preset_config("quick", task="kaz-copy").steps, preset_config("quick", task="kaz-copy").depth) == (8000, 4)
+    copy = preset_config("quick", task="kaz-copy")
+    assert (copy.steps, copy.depth) == (8000, 4)
 
 
 def test_compare_runs_a_kazemnejad_task(tmp_path):

@@ -58,12 +58,18 @@ def answer_classes(
 def answer_errors(model, source, n: int, samples: int = 64, batch_size: int = 64) -> dict[str, Any]:
     """Counts of each class at each answer index for ``samples`` test samples of size ``n``:
     ``{"n", "samples", "counts": [{class: count} per answer index]}`` (the last index of the
-    longest answer is its ``</s>``; shorter answers count only at the indices they have)."""
+    longest answer is its ``</s>``; shorter answers count only at the indices they have).
+
+    Raises:
+        ValueError: the model's logits are NaN or infinite (a failed model: its argmax says nothing).
+    """
     model.eval()
     counts: list[dict[str, int]] = []
     seen = 0
     for b in source.eval_batches(n, batch_size, samples):
         logits = model(b.tokens)
+        if not torch.isfinite(logits).all():
+            raise ValueError(f"the model's logits are NaN or infinite at n={n}: a failed model, nothing to classify")
         for row in answer_classes(logits.argmax(-1), b.tokens, b.targets, b.mask):
             for j, c in enumerate(row):
                 if j == len(counts):
