@@ -1,11 +1,13 @@
 """Where one model of a finished ``posenc compare --task kaz-*`` run goes wrong in its
 answers at size N, answer index by answer index (``posenc.compare.answer_errors``).
 
-    python scripts/answer_errors.py runs/kaz-copy nope 30 [--seed 0] [--samples K]
+    python scripts/answer_errors.py runs/kaz-copy nope 30 [--seed 0] [--samples K] [--by-category]
 
 Reads the model's checkpoint from RUN/checkpoints (``weights_only``: nothing in it runs) and
 prints one row per answer index: the share of samples whose prediction is right, ``</s>``
-(the answer stops early), a wrong token from the prompt, or a token from neither. Writes
+(the answer stops early), a wrong token from the prompt, or a token from neither. With
+``--by-category``, one row per category of the original builder instead (kaz-lego: the
+query's place in the chain; kaz-addition: the digit counts) with its exact match. Writes
 nothing. A bad argument or a missing checkpoint is one line on stderr and exit 2.
 """
 
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from posenc.checkpoint import CheckpointError, load_checkpoint
 from posenc.compare import from_dict
-from posenc.compare.answer_errors import CLASSES, answer_errors
+from posenc.compare.answer_errors import CLASSES, answer_errors, exact_match_by_category
 from posenc.compare.evaluate import not_applicable
 from posenc.compare.train import checkpoint_path
 from posenc.data import load_source
@@ -31,6 +33,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("n", type=int)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--samples", type=int, help="test samples (default: the run's --eval-samples)")
+    ap.add_argument("--by-category", action="store_true", help="exact match per category of the original builder")
     a = ap.parse_args(argv)
     try:
         cfg = from_dict(json.loads((a.run / "config.json").read_text()))
@@ -67,10 +70,18 @@ def main(argv: list[str]) -> int:
         print(f"answer_errors: {a.encoding} cannot run at n={a.n}: {why}", file=sys.stderr)
         return 2
     try:
-        r = answer_errors(model, source, a.n, a.samples)
+        r = (exact_match_by_category if a.by_category else answer_errors)(model, source, a.n, a.samples)
     except ValueError as e:
         print(f"answer_errors: {a.encoding} seed {a.seed}: {e}", file=sys.stderr)
         return 2
+    if a.by_category:
+        print(f"{cfg.task}, {a.encoding} seed {a.seed}, n = {a.n}, {r['samples']} samples: exact match by "
+              "category (teacher-forced greedy predictions)")  # fmt: skip
+        print("| category | samples | exact match |")
+        print("|---|---:|---:|")
+        for label, c in r["categories"].items():
+            print(f"| {label} | {c['samples']} | {c['solved'] / c['samples']:.1%} |")
+        return 0
     print(f"{cfg.task}, {a.encoding} seed {a.seed}, n = {a.n}, {r['samples']} samples (teacher-forced greedy "
           "predictions; the last index is the answer's </s>)")  # fmt: skip
     print("| answer index | " + " | ".join(CLASSES) + " |")

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from posenc.cli import main
-from posenc.compare.answer_errors import answer_classes, answer_errors
+from posenc.compare.answer_errors import answer_classes, answer_errors, exact_match_by_category
 from posenc.data import load_source
-from posenc.data.kazemnejad import EOS, PAD, VOCAB
+from posenc.data.kazemnejad import EOS, PAD, VOCAB, _rs
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "answer_errors.py"
 ID = {w: i for i, w in enumerate(VOCAB)}
@@ -70,6 +70,55 @@ def test_a_failed_model_is_refused_not_classified():
         answer_errors(_NaN(EOS), load_source(task="kaz-copy"), 5, samples=2)
 
 
+@pytest.mark.parametrize("task,n", [("kaz-lego", 6), ("kaz-addition", 5), ("kaz-copy", 3)])
+def test_eval_records_are_the_samples_evaluate_scores(task, n):
+    # eval_batches draws through eval_records; the samples are those sample() draws from the same stream
+    src = load_source(task=task)
+    rs = _rs(task, "eval", src.seed, n)
+    for got in src.eval_batches(n, 4, 10):
+        want = src.sample(n, got.tokens.shape[0], rs)
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.mask, want.mask)
+    assert len(src.eval_records(n, 10)) == 10
+    with pytest.raises(ValueError, match="size must be an int"):
+        src.eval_records(0, 1)
+
+
+class _Oracle(torch.nn.Module):
+    """Right (the gold next token everywhere) on the samples ``right(record)`` picks, ``</s>``
+    everywhere on the others: it looks each input row up among the records it was given."""
+
+    def __init__(self, src, n, records, right):
+        super().__init__()
+        self.gold = {}
+        for r in records:
+            b = src.batch([r], src.seq_len(n))
+            self.gold[tuple(b.tokens[0].tolist())] = b.targets[0] if right(r) else torch.full_like(b.targets[0], EOS)
+
+    def forward(self, tokens, pos=None):
+        return torch.nn.functional.one_hot(
+            torch.stack([self.gold[tuple(t)] for t in tokens.tolist()]), len(VOCAB)
+        ).float()
+
+
+def test_exact_match_by_category_of_a_model_right_on_one_category():
+    src, n = load_source(task="kaz-lego"), 8
+    records = src.eval_records(n, 40)
+    last = _Oracle(src, n, records, lambda r: r["cat"][1] == n - 1)  # right only when the query is the chain's end
+    r = exact_match_by_category(last, src, n, samples=40, batch_size=16)
+    assert r["samples"] == 40 and list(r["categories"]) == [f"query: variable {q} of 8" for q in (5, 6, 7, 8)]
+    for label, c in r["categories"].items():
+        want = sum(rec["cat"][1] + 1 == int(label.split()[2]) for rec in records)
+        assert c["samples"] == want > 0
+        assert c["solved"] == (want if label.endswith("8 of 8") else 0)
+    # addition: digit pairs in numeric order (10 after 9), every sample counted once
+    src = load_source(task="kaz-addition")
+    r = exact_match_by_category(_Always(EOS), src, 10, samples=64)
+    pairs = [tuple(int(x) for x in label.removeprefix("digits: ").split(" + ")) for label in r["categories"]]
+    assert pairs == sorted(pairs) and all(10 in p for p in pairs) and (9, 10) in pairs and (10, 9) in pairs
+    assert sum(c["samples"] for c in r["categories"].values()) == 64
+    assert all(c["solved"] == 0 for c in r["categories"].values())
+
+
 def test_script_on_a_finished_run_and_on_bad_input(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["compare", "--task", "kaz-copy", "--encodings", "nope,learned", "--seeds", "0", "--steps", "4",
@@ -94,6 +143,9 @@ def test_script_on_a_finished_run_and_on_bad_input(tmp_path, capsys):
     for row in rows:  # each row's shares add up to 100 % (within rounding)
         shares = [int(v.strip().rstrip("%")) for v in row.strip("|").split("|")[1:]]
         assert 98 <= sum(shares) <= 102
+    cat = script(out, "nope", 30, "--samples", 5, "--by-category")  # copy's category is its size
+    assert cat.returncode == 0, cat.stderr
+    assert [line for line in cat.stdout.splitlines() if line.startswith("| 30 ")][0].startswith("| 30 | 5 | ")
     for bad, what in (((out, "rope", 30), "encoding 'rope' seed 0 is not in the run"),
                       ((out, "nope", 0), "n must be >= 1 for kaz-copy and --samples >= 1, got n=0"),
                       ((out, "nope", 5, "--samples", 0), "got n=5, --samples=0"),

@@ -10,8 +10,12 @@ greedy prediction falls in one of four classes:
 * ``prompt``: a wrong token that is in the sample's prompt (copying from the wrong place);
 * ``other``: a token that is in neither (not read from the input at all).
 
-``scripts/answer_errors.py RUN ENCODING N`` prints it for one model of a finished
-``posenc compare --task kaz-*`` run (docs/compare.md, "The Kazemnejad runs").
+:func:`exact_match_by_category` splits exact match by the original builder's ``cat`` of
+each sample instead: for ``kaz-lego`` the query's index in the chain (how many clauses its
+value depends on), for ``kaz-addition`` the operands' digit counts.
+
+``scripts/answer_errors.py RUN ENCODING N [--by-category]`` prints either for one model of a
+finished ``posenc compare --task kaz-*`` run (docs/compare.md, "The Kazemnejad runs").
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 
 from ..data.kazemnejad import EOS, PAD
 
-__all__ = ["CLASSES", "answer_classes", "answer_errors"]
+__all__ = ["CLASSES", "answer_classes", "answer_errors", "exact_match_by_category"]
 
 CLASSES = ("right", "stop", "prompt", "other")
 
@@ -54,6 +58,13 @@ def answer_classes(
     return out
 
 
+def _logits(model, b, n: int) -> torch.Tensor:
+    logits = model(b.tokens)
+    if not torch.isfinite(logits).all():
+        raise ValueError(f"the model's logits are NaN or infinite at n={n}: a failed model, nothing to classify")
+    return logits
+
+
 @torch.no_grad()
 def answer_errors(model, source, n: int, samples: int = 64, batch_size: int = 64) -> dict[str, Any]:
     """Counts of each class at each answer index for ``samples`` test samples of size ``n``:
@@ -67,13 +78,53 @@ def answer_errors(model, source, n: int, samples: int = 64, batch_size: int = 64
     counts: list[dict[str, int]] = []
     seen = 0
     for b in source.eval_batches(n, batch_size, samples):
-        logits = model(b.tokens)
-        if not torch.isfinite(logits).all():
-            raise ValueError(f"the model's logits are NaN or infinite at n={n}: a failed model, nothing to classify")
-        for row in answer_classes(logits.argmax(-1), b.tokens, b.targets, b.mask):
+        for row in answer_classes(_logits(model, b, n).argmax(-1), b.tokens, b.targets, b.mask):
             for j, c in enumerate(row):
                 if j == len(counts):
                     counts.append(dict.fromkeys(CLASSES, 0))
                 counts[j][c] += 1
         seen += b.tokens.shape[0]
     return {"n": n, "samples": seen, "counts": counts}
+
+
+def category_label(task: str, cat) -> str:
+    """A builder's ``cat`` in words: ``kaz-lego``'s ``(n, q)`` is the query's 1-based place in
+    the chain; ``kaz-addition``'s ``"a-by-b"`` the digit counts; anything else as it is."""
+    if task == "kaz-lego":
+        return f"query: variable {cat[1] + 1} of {cat[0]}"
+    if task == "kaz-addition":
+        return "digits: {} + {}".format(*cat.split("-by-"))
+    return str(cat)
+
+
+@torch.no_grad()
+def exact_match_by_category(model, source, n: int, samples: int = 64, batch_size: int = 64) -> dict[str, Any]:
+    """Exact match of the test samples of size ``n`` (``evaluate``'s samples and rule: every
+    answer token's teacher-forced greedy prediction right), split by the record's ``cat``:
+    ``{"n", "samples", "categories": {label: {"solved", "samples"}}}`` in the categories' order
+    (query place; digit counts).
+
+    Args:
+        source: a :class:`posenc.data.kazemnejad.KazemnejadTask` (its ``eval_records``).
+
+    Raises:
+        ValueError: the model's logits are NaN or infinite.
+    """
+    model.eval()
+    records = source.eval_records(n, samples)
+    cats: dict[Any, dict[str, int]] = {}
+    for s in range(0, samples, batch_size):
+        part = records[s : s + batch_size]
+        b = source.batch(part, source.seq_len(n))
+        solved = ((_logits(model, b, n).argmax(-1) == b.targets) | ~b.mask).all(-1).tolist()
+        for r, ok in zip(part, solved):
+            cat = tuple(r["cat"]) if isinstance(r["cat"], list) else r["cat"]
+            c = cats.setdefault(cat, {"solved": 0, "samples": 0})
+            c["solved"] += int(ok)
+            c["samples"] += 1
+
+    def order(cat):  # addition's "a-by-b" by its numbers, not as text
+        return tuple(map(int, cat.split("-by-"))) if isinstance(cat, str) and "-by-" in cat else cat
+
+    labels = {category_label(source.name, c): cats[c] for c in sorted(cats, key=order)}
+    return {"n": n, "samples": len(records), "categories": labels}

@@ -298,8 +298,14 @@ class KazemnejadTask:
         rs = _rs(self.name, self.seed if seed is None else seed, step)
         return self.batch([draw(self.name, rs, self._train_size(rs, length)) for _ in range(batch_size)])
 
+    def eval_records(self, length: int, count: int) -> list[dict]:
+        """The records of :meth:`eval_batches` (same order): each has the builder's ``cat``."""
+        self._check(length, "size")
+        rs = _rs(self.name, "eval", self.seed, length)
+        return [draw(self.name, rs, self._column(rs, length)) for _ in range(count)]
+
     def eval_batches(self, length: int, batch_size: int, count: int) -> Iterator[Batch]:
         """``count`` fixed samples of column ``length`` (seeded apart from training)."""
-        rs = _rs(self.name, "eval", self.seed, length)
+        records = self.eval_records(length, count)
         for s in range(0, count, batch_size):
-            yield self.sample(length, min(batch_size, count - s), rs)
+            yield self.batch(records[s : s + batch_size], self.seq_len(length))
