@@ -118,8 +118,7 @@ def exact_match_by_category(model, source, n: int, samples: int = 64, batch_size
         b = source.batch(part, source.seq_len(n))
         solved = ((_logits(model, b, n).argmax(-1) == b.targets) | ~b.mask).all(-1).tolist()
         for r, ok in zip(part, solved):
-            cat = tuple(r["cat"]) if isinstance(r["cat"], list) else r["cat"]
-            c = cats.setdefault(cat, {"solved": 0, "samples": 0})
+            c = cats.setdefault(r["cat"], {"solved": 0, "samples": 0})
             c["solved"] += int(ok)
             c["samples"] += 1
 

@@ -287,10 +287,14 @@ class KazemnejadTask:
             return int(rs.randint(self.min_size, length + 1)), int(rs.randint(self.min_size, length + 1))
         return int(rs.randint(self.min_size, length + 1))
 
+    def _records(self, n: int, count: int, rs: np.random.RandomState) -> list[dict]:
+        """``count`` records of column ``n`` drawn from ``rs``."""
+        self._check(n, "size")
+        return [draw(self.name, rs, self._column(rs, n)) for _ in range(count)]
+
     def sample(self, n: int, count: int, rs: np.random.RandomState) -> Batch:
         """``count`` samples of column ``n``, padded to ``seq_len(n)``."""
-        self._check(n, "size")
-        return self.batch([draw(self.name, rs, self._column(rs, n)) for _ in range(count)], self.seq_len(n))
+        return self.batch(self._records(n, count, rs), self.seq_len(n))
 
     def train_batch(self, step: int, batch_size: int, length: int, seed: int | None = None) -> Batch:
         """Samples of sizes uniform in ``[min_size, length]``, padded to the longest row."""
@@ -300,9 +304,7 @@ class KazemnejadTask:
 
     def eval_records(self, length: int, count: int) -> list[dict]:
         """The records of :meth:`eval_batches` (same order): each has the builder's ``cat``."""
-        self._check(length, "size")
-        rs = _rs(self.name, "eval", self.seed, length)
-        return [draw(self.name, rs, self._column(rs, length)) for _ in range(count)]
+        return self._records(length, count, _rs(self.name, "eval", self.seed, length))
 
     def eval_batches(self, length: int, batch_size: int, count: int) -> Iterator[Batch]:
         """``count`` fixed samples of column ``length`` (seeded apart from training)."""
