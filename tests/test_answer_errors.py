@@ -14,6 +14,7 @@ import torch
 
 from posenc.cli import main
 from posenc.compare.answer_errors import answer_classes, answer_errors, exact_match_by_category
+from posenc.compare.evaluate import EvalSettings, evaluate
 from posenc.data import load_source
 from posenc.data.kazemnejad import EOS, PAD, VOCAB, _rs
 
@@ -87,12 +88,15 @@ class _Oracle(torch.nn.Module):
     """Right (the gold next token everywhere) on the samples ``right(record)`` picks, ``</s>``
     everywhere on the others: it looks each input row up among the records it was given."""
 
-    def __init__(self, src, n, records, right):
+    def __init__(self, src, n, records, right, prompt_wrong=False):
         super().__init__()
         self.gold = {}
         for r in records:
             b = src.batch([r], src.seq_len(n))
-            self.gold[tuple(b.tokens[0].tolist())] = b.targets[0] if right(r) else torch.full_like(b.targets[0], EOS)
+            gold = b.targets[0] if right(r) else torch.full_like(b.targets[0], EOS)
+            if prompt_wrong:  # wrong where nothing is scored (the prompt, the padding): it must not count
+                gold = torch.where(b.mask[0], gold, (b.targets[0] + 1) % len(VOCAB))
+            self.gold[tuple(b.tokens[0].tolist())] = gold
 
     def forward(self, tokens, pos=None):
         return torch.nn.functional.one_hot(
@@ -117,6 +121,20 @@ def test_exact_match_by_category_of_a_model_right_on_one_category():
     assert pairs == sorted(pairs) and all(10 in p for p in pairs) and (9, 10) in pairs and (10, 9) in pairs
     assert sum(c["samples"] for c in r["categories"].values()) == 64
     assert all(c["solved"] == 0 for c in r["categories"].values())
+
+
+def test_exact_match_by_category_adds_up_to_evaluate_accuracy():
+    # the same samples and the same rule: the categories' solved counts sum to evaluate's
+    # exact match, for a model right on some answers only (the queries at the chain's end)
+    # and wrong on every prompt token
+    src, n, samples = load_source(task="kaz-lego"), 8, 48
+    oracle = _Oracle(src, n, src.eval_records(n, samples), lambda r: r["cat"][1] >= n - 2, prompt_wrong=True)
+    oracle.encodings, oracle.heads = [], 1  # what evaluate reads of a model besides its forward
+    settings = EvalSettings(batch_size=16, samples=samples)
+    acc = evaluate(oracle, src, n, device=torch.device("cpu"), settings=settings)["accuracy"]
+    r = exact_match_by_category(oracle, src, n, samples=samples, batch_size=16)
+    solved = sum(c["solved"] for c in r["categories"].values())
+    assert 0 < solved < samples and acc == solved / samples
 
 
 def test_script_on_a_finished_run_and_on_bad_input(tmp_path, capsys):

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ..data.kazemnejad import EOS, PAD
+from .evaluate import solved_rows
 
 __all__ = ["CLASSES", "answer_classes", "answer_errors", "exact_match_by_category"]
 
@@ -116,7 +117,7 @@ def exact_match_by_category(model, source, n: int, samples: int = 64, batch_size
     for s in range(0, samples, batch_size):
         part = records[s : s + batch_size]
         b = source.batch(part, source.seq_len(n))
-        solved = ((_logits(model, b, n).argmax(-1) == b.targets) | ~b.mask).all(-1).tolist()
+        solved = solved_rows(_logits(model, b, n).argmax(-1) == b.targets, b.mask).tolist()
         for r, ok in zip(part, solved):
             c = cats.setdefault(r["cat"], {"solved": 0, "samples": 0})
             c["solved"] += int(ok)

@@ -15,7 +15,7 @@ from ..model import TransformerLM
 from ..train import autocast, masked_loss
 from .config import CompareConfig
 
-__all__ = ["EvalSettings", "batch_for", "evaluate", "model_axes", "not_applicable"]
+__all__ = ["EvalSettings", "batch_for", "evaluate", "model_axes", "not_applicable", "solved_rows"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,16 @@ def not_applicable(model: TransformerLM, seq_len: int) -> str | None:
     return None
 
 
+def solved_rows(hit: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Exact match per sequence: ``(b,)`` True where every scored target (``mask``) is hit.
+
+    ``hit`` is ``(b, L)``: the greedy prediction is the target. Unscored positions (the
+    prompt, padding) do not count. ``evaluate``'s accuracy and
+    :func:`posenc.compare.answer_errors.exact_match_by_category` both use this rule.
+    """
+    return (hit | ~mask).all(-1)
+
+
 @torch.no_grad()
 def _score(model, batches, device: torch.device, L: int, dtype) -> dict[str, Any]:
     """Loss summed by position, and exact-match counts over the scored targets of ``batches``."""
@@ -85,7 +95,7 @@ def _score(model, batches, device: torch.device, L: int, dtype) -> dict[str, Any
         pos_loss += loss.double().sum(0).cpu()
         pos_count += mask.double().sum(0).cpu()
         hit = torch.zeros_like(mask) if getattr(model, "adaptive", False) else logits.argmax(-1) == targets
-        solved += int((hit | ~mask).all(-1).sum())
+        solved += int(solved_rows(hit, mask).sum())
         correct_tok += int((hit & mask).sum())
         n_seq += tokens.shape[0]
     return {"pos_loss": pos_loss, "pos_count": pos_count, "solved": solved, "seqs": n_seq, "correct": correct_tok}
