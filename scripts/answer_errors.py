@@ -5,7 +5,8 @@ answers at size N, answer index by answer index (``posenc.compare.answer_errors`
 
 Reads the model's checkpoint from RUN/checkpoints (``weights_only``: nothing in it runs) and
 prints one row per answer index: the share of samples whose prediction is right, ``</s>``
-(the answer stops early), a wrong token from the prompt, or a token from neither. With
+(the answer stops early), a wrong token from the prompt, or a token from neither, and the
+most common of those last tokens with its share. With
 ``--by-category``, one row per category of the original builder instead (kaz-lego: the
 query's place in the chain; kaz-addition: the digit counts) with its exact match. Writes
 nothing. A bad argument or a missing checkpoint is one line on stderr and exit 2.
@@ -24,6 +25,7 @@ from posenc.compare.answer_errors import CLASSES, answer_errors, exact_match_by_
 from posenc.compare.evaluate import not_applicable
 from posenc.compare.train import checkpoint_path
 from posenc.data import load_source
+from posenc.data.kazemnejad import VOCAB
 
 
 def main(argv: list[str]) -> int:
@@ -84,11 +86,16 @@ def main(argv: list[str]) -> int:
         return 0
     print(f"{cfg.task}, {a.encoding} seed {a.seed}, n = {a.n}, {r['samples']} samples (teacher-forced greedy "
           "predictions; the last index is the answer's </s>)")  # fmt: skip
-    print("| answer index | " + " | ".join(CLASSES) + " |")
-    print("|---:|" + "---:|" * len(CLASSES))
-    for j, c in enumerate(r["counts"]):
+    print("| answer index | " + " | ".join(CLASSES) + " | most common other |")
+    print("|---:|" + "---:|" * len(CLASSES) + "---|")
+    for j, (c, o) in enumerate(zip(r["counts"], r["other_tokens"])):
         total = sum(c.values())
-        print(f"| {j + 1} | " + " | ".join(f"{c[k] / total:.0%}" for k in CLASSES) + " |")
+        if o:  # the most frequent; a tie goes to the lower token id
+            tok, times = max(o.items(), key=lambda kv: (kv[1], -kv[0]))
+            common = f"`{VOCAB[tok]}` ({times / total:.0%})"
+        else:
+            common = "-"
+        print(f"| {j + 1} | " + " | ".join(f"{c[k] / total:.0%}" for k in CLASSES) + f" | {common} |")
     return 0
 
 

@@ -58,8 +58,11 @@ def test_counts_of_a_model_that_always_stops():
     assert r["samples"] == 10 and len(r["counts"]) == 6  # five symbols and the </s>
     assert all(c == {"right": 0, "stop": 10, "prompt": 0, "other": 0} for c in r["counts"][:5])
     assert r["counts"][5] == {"right": 10, "stop": 0, "prompt": 0, "other": 0}
+    assert r["other_tokens"] == [{}] * 6
     r = answer_errors(_Always(ID["Copy"]), src, 5, samples=3)  # the prompt's first word, everywhere
     assert all(c["prompt"] == 3 for c in r["counts"])
+    r = answer_errors(_Always(ID["[NEXT]"]), src, 5, samples=3)  # in no copy prompt: "other", and which
+    assert all(c["other"] == 3 for c in r["counts"]) and r["other_tokens"] == [{ID["[NEXT]"]: 3}] * 6
 
 
 def test_a_failed_model_is_refused_not_classified():
@@ -159,8 +162,14 @@ def test_script_on_a_finished_run_and_on_bad_input(tmp_path, capsys):
     rows = [line for line in ok.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == 31  # 30 symbols and the </s>
     for row in rows:  # each row's shares add up to 100 % (within rounding)
-        shares = [int(v.strip().rstrip("%")) for v in row.strip("|").split("|")[1:]]
+        cells = row.strip("|").split("|")
+        shares = [int(v.strip().rstrip("%")) for v in cells[1:5]]
         assert 98 <= sum(shares) <= 102
+        common = cells[5].strip()  # the most common "other" token and its share, or "-" when there is none
+        assert (common == "-") == (shares[3] == 0), row
+        if common != "-":
+            word, share = common.rsplit(" ", 1)
+            assert word.strip("`") in ID and 0 < int(share.strip("()%")) <= shares[3]
     cat = script(out, "nope", 30, "--samples", 5, "--by-category")  # copy's category is its size
     assert cat.returncode == 0, cat.stderr
     assert [line for line in cat.stdout.splitlines() if line.startswith("| 30 ")][0].startswith("| 30 | 5 | ")

@@ -20,6 +20,7 @@ finished ``posenc compare --task kaz-*`` run (docs/compare.md, "The Kazemnejad r
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
@@ -69,23 +70,31 @@ def _logits(model, b, n: int) -> torch.Tensor:
 @torch.no_grad()
 def answer_errors(model, source, n: int, samples: int = 64, batch_size: int = 64) -> dict[str, Any]:
     """Counts of each class at each answer index for ``samples`` test samples of size ``n``:
-    ``{"n", "samples", "counts": [{class: count} per answer index]}`` (the last index of the
-    longest answer is its ``</s>``; shorter answers count only at the indices they have).
+    ``{"n", "samples", "counts": [{class: count} per answer index], "other_tokens": [{token id:
+    count} per answer index]}`` (the last index of the longest answer is its ``</s>``; shorter
+    answers count only at the indices they have; ``other_tokens`` says which tokens the
+    ``other`` predictions were).
 
     Raises:
         ValueError: the model's logits are NaN or infinite (a failed model: its argmax says nothing).
     """
     model.eval()
     counts: list[dict[str, int]] = []
+    others: list[Counter] = []
     seen = 0
     for b in source.eval_batches(n, batch_size, samples):
-        for row in answer_classes(_logits(model, b, n).argmax(-1), b.tokens, b.targets, b.mask):
+        pred = _logits(model, b, n).argmax(-1)
+        for p, m, row in zip(pred.tolist(), b.mask.tolist(), answer_classes(pred, b.tokens, b.targets, b.mask)):
+            at = [i for i, on in enumerate(m) if on]  # the answer's positions, in order
             for j, c in enumerate(row):
                 if j == len(counts):
                     counts.append(dict.fromkeys(CLASSES, 0))
+                    others.append(Counter())
                 counts[j][c] += 1
+                if c == "other":
+                    others[j][p[at[j]]] += 1
         seen += b.tokens.shape[0]
-    return {"n": n, "samples": seen, "counts": counts}
+    return {"n": n, "samples": seen, "counts": counts, "other_tokens": [dict(o) for o in others]}
 
 
 def category_label(task: str, cat) -> str:
