@@ -84,15 +84,15 @@ def answer_errors(model, source, n: int, samples: int = 64, batch_size: int = 64
     seen = 0
     for b in source.eval_batches(n, batch_size, samples):
         pred = _logits(model, b, n).argmax(-1)
-        for p, m, row in zip(pred.tolist(), b.mask.tolist(), answer_classes(pred, b.tokens, b.targets, b.mask)):
-            at = [i for i, on in enumerate(m) if on]  # the answer's positions, in order
+        for p, m, row in zip(pred, b.mask, answer_classes(pred, b.tokens, b.targets, b.mask)):
+            answer = p[m].tolist()  # the predictions at the answer's positions, in the order of ``row``
             for j, c in enumerate(row):
                 if j == len(counts):
                     counts.append(dict.fromkeys(CLASSES, 0))
                     others.append(Counter())
                 counts[j][c] += 1
                 if c == "other":
-                    others[j][p[at[j]]] += 1
+                    others[j][answer[j]] += 1
         seen += b.tokens.shape[0]
     return {"n": n, "samples": seen, "counts": counts, "other_tokens": [dict(o) for o in others]}
 
