@@ -92,11 +92,21 @@ def main(argv: list[str]) -> int:
         total = sum(c.values())
         if o:  # the most frequent; a tie goes to the lower token id
             tok, times = max(o.items(), key=lambda kv: (kv[1], -kv[0]))
-            common = f"`{VOCAB[tok]}` ({times / total:.0%})"
+            common = f"`{VOCAB[tok]}` ({share(times / total)})"
         else:
             common = "-"
-        print(f"| {j + 1} | " + " | ".join(f"{c[k] / total:.0%}" for k in CLASSES) + f" | {common} |")
+        print(f"| {j + 1} | " + " | ".join(share(c[k] / total) for k in CLASSES) + f" | {common} |")
     return 0
+
+
+def share(x: float) -> str:
+    """A share as a whole percentage that never rounds a nonzero share to 0 % or a partial one to 100 %."""
+    text = f"{x:.0%}"
+    if x > 0 and text == "0%":
+        return "<1%"
+    if x < 1 and text == "100%":
+        return ">99%"
+    return text
 
 
 if __name__ == "__main__":

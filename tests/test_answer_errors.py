@@ -157,19 +157,27 @@ def test_script_on_a_finished_run_and_on_bad_input(tmp_path, capsys):
         got = capsys.readouterr()
         return SimpleNamespace(returncode=code, stdout=got.out, stderr=got.err)
 
+    def percent(cell):  # "<1%": a nonzero share that rounds to 0 %; ">99%": a partial one that rounds to 100 %
+        v = cell.strip().rstrip("%")
+        return {"<1": 0.5, ">99": 99.5}.get(v) or int(v)
+
+    # a share is never rounded to 0 % when it is not 0, nor to 100 % when it is not 1
+    assert [mod.share(x) for x in (0, 1 / 256, 0.005, 0.5, 0.994, 0.995, 255 / 256, 1)] == [
+        "0%", "<1%", "<1%", "50%", "99%", ">99%", ">99%", "100%"]  # fmt: skip
+
     ok = script(out, "nope", 30, "--samples", 5)
     assert ok.returncode == 0, ok.stderr
     rows = [line for line in ok.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == 31  # 30 symbols and the </s>
     for row in rows:  # each row's shares add up to 100 % (within rounding)
         cells = row.strip("|").split("|")
-        shares = [int(v.strip().rstrip("%")) for v in cells[1:5]]
+        shares = [percent(v) for v in cells[1:5]]
         assert 98 <= sum(shares) <= 102
         common = cells[5].strip()  # the most common "other" token and its share, or "-" when there is none
         assert (common == "-") == (shares[3] == 0), row
         if common != "-":
             word, share = common.rsplit(" ", 1)
-            assert word.strip("`") in ID and 0 < int(share.strip("()%")) <= shares[3]
+            assert word.strip("`") in ID and 0 < percent(share.strip("()")) <= shares[3]
     cat = script(out, "nope", 30, "--samples", 5, "--by-category")  # copy's category is its size
     assert cat.returncode == 0, cat.stderr
     assert [line for line in cat.stdout.splitlines() if line.startswith("| 30 ")][0].startswith("| 30 | 5 | ")
