@@ -57,6 +57,20 @@ def test_kazemnejad_leaves_out_what_was_not_learned():
     assert not [f for f in findings(_results(AS_PUBLISHED, task="copy")) if "Fig. 3" in f["source"]]
 
 
+def test_kazemnejad_undecided_says_why():
+    # two encodings learned the task, but only one can run past the training length
+    # (as kaz-parity at 8 000 steps: alibi and learned learned it, learned is n/a past L)
+    few = {"nope": [0.6, 0.5, 0.4], "t5": [0.5, 0.5, 0.5], "alibi": [1.0, 0.6, 0.3], "learned": [1.0, None, None]}
+    (f,) = [f for f in findings(_results(few, task="kaz-parity")) if f["source"] == "Kazemnejad et al. 2023"]
+    assert f["verdict"] == "undecided"
+    assert f["evidence"] == ("of the encodings that learned the task at the training length (alibi, learned), "
+                             "fewer than two can run past it (n/a past the training length: learned) "
+                             "(left out, not learned at the training length: nope, t5)")  # fmt: skip
+    (f,) = [f for f in findings(_results({**few, "learned": [0.5, None, None]}, task="kaz-parity"))
+            if f["source"] == "Kazemnejad et al. 2023"]  # fmt: skip
+    assert f["evidence"].startswith("fewer than two of its encodings learned the task at the training length (")
+
+
 @pytest.mark.parametrize("rope, verdict, rope_agrees", [([1.0, 0.3, 0.1], "agrees", True),
                                                         ([1.0, 0.99, 0.99], "partly", False),
                                                         ([1.0, 0.9, 0.8], "partly", None)])  # fmt: skip

@@ -245,9 +245,14 @@ def findings(results: dict[str, Any]) -> list[dict[str, Any]]:
                                  "and absolute positions worst (compared: exact-match accuracy)",
                         "verdict": o[0], "evidence": o[1] + note, "checks": o[2]})  # fmt: skip
         elif skipped or _left_out(s, KAZEMNEJAD_ORDER):
+            ours = sorted(learned & set(KAZEMNEJAD_ORDER))
+            why = "fewer than two of its encodings learned the task at the training length"
+            if len(ours) >= 2:  # learned, but no length past training where two of them have an answer
+                na = [e for e in ours if all(table[e].get(n) is None for n in s.past)]
+                why = (f"of the encodings that learned the task at the training length ({', '.join(ours)}), fewer "
+                       f"than two can run past it (n/a past the training length: {', '.join(na)})")  # fmt: skip
             out.append({"source": "Kazemnejad et al. 2023", "claim": "the ordering of length generalisation "
-                        "on synthetic tasks", "verdict": "undecided", "evidence": "fewer than two of its encodings "
-                        f"learned the task at the training length{note}"})  # fmt: skip
+                        "on synthetic tasks", "verdict": "undecided", "evidence": why + note})  # fmt: skip
     out += paper_findings(s, task)  # the claims of the task's own paper (posenc.compare.paper_findings)
     return out
 
