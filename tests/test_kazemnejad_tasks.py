@@ -343,6 +343,9 @@ def test_registered_everywhere():
     assert (cfg.train_len, cfg.eval_lens, cfg.steps, cfg.lr) == (8, [4, 8, 12, 16], 6000, 3e-3)
     # kaz-sum trains twice as long (>= 90 % at n = 8: one model of ten at 6 000 steps, four at 12 000)
     assert preset_config("quick", task="kaz-sum").steps == 12000
+    # kaz-sort: 8 000 (at 6 000 NoPE was still improving; at 8 000 all ten models converge)
+    assert preset_config("quick", task="kaz-sort").steps == 8000
+    assert preset_config("quick", task="kaz-parity").steps == 6000
     copy = preset_config("quick", task="kaz-copy")
     assert (copy.steps, copy.depth) == (8000, 4)
 
