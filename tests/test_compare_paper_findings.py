@@ -64,7 +64,7 @@ def test_kazemnejad_undecided_says_why():
     (f,) = [f for f in findings(_results(few, task="kaz-parity")) if f["source"] == "Kazemnejad et al. 2023"]
     assert f["verdict"] == "undecided"
     assert f["evidence"] == ("of the encodings that learned the task at the training length (alibi, learned), "
-                             "fewer than two can run past it (n/a past the training length: learned) "
+                             "fewer than two have an answer at any one length past it (n/a past the training length: learned) "
                              "(left out, not learned at the training length: nope, t5)")  # fmt: skip
     (f,) = [f for f in findings(_results({**few, "learned": [0.5, None, None]}, task="kaz-parity"))
             if f["source"] == "Kazemnejad et al. 2023"]  # fmt: skip

@@ -250,7 +250,8 @@ def findings(results: dict[str, Any]) -> list[dict[str, Any]]:
             if len(ours) >= 2:  # learned, but no length past training where two of them have an answer
                 na = [e for e in ours if all(table[e].get(n) is None for n in s.past)]
                 why = (f"of the encodings that learned the task at the training length ({', '.join(ours)}), fewer "
-                       f"than two can run past it (n/a past the training length: {', '.join(na)})")  # fmt: skip
+                       "than two have an answer at any one length past it"
+                       + (f" (n/a past the training length: {', '.join(na)})" if na else ""))  # fmt: skip
             out.append({"source": "Kazemnejad et al. 2023", "claim": "the ordering of length generalisation "
                         "on synthetic tasks", "verdict": "undecided", "evidence": why + note})  # fmt: skip
     out += paper_findings(s, task)  # the claims of the task's own paper (posenc.compare.paper_findings)
