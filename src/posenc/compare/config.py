@@ -329,8 +329,9 @@ PRESETS: dict[str, dict[str, Any]] = {
             # ten learned it (>= 90 % at n = 8), at 12 000 four of ten do; it does not converge
             # yet (all five encodings have a seed still improving). kaz-sort: 8 000 steps -- at
             # 6 000 NoPE was still improving (94.5-98.8 % at n = 8), at 8 000 all ten models
-            # converge; kaz-parity did not converge at 8 000 either (which seeds leave chance
-            # changes), so it stays at 6 000 (docs/compare.md, "The Kazemnejad runs")
+            # converge; kaz-parity stays at 6 000: no budget to 12 000 converges it for every
+            # seed pair (RoPE learns it in one late jump whose step the seed and the schedule
+            # redraw: 12 000 converges seeds 0,1 but not 2,3, 6 000 the reverse; docs/compare.md)
             **{
                 t: {
                     **(
