@@ -17,7 +17,7 @@ from posenc.compare.diagnostics import (
     training_flops_per_token,
 )
 from posenc.compare.reading import caveats, findings, passkey_reach, summarize
-from posenc.compare.stats import interval, rank_with_ties, t_quantile, tied, wilson
+from posenc.compare.stats import interval, rank_with_ties, t_quantile, tied, untied_within, wilson
 
 
 # ------------------------------------------------------------------ statistics
@@ -64,6 +64,20 @@ def test_ties_and_ranking():
     assert rank_with_ties(single) == [["c"], ["a", "b"]]
     assert not tied(interval([5.0]), interval([5.11]))
     assert tied(wilson(0.9, 64), wilson(0.95, 64)) and not tied(wilson(0.2, 256), wilson(0.9, 256))
+    assert untied_within(iv, ["a", "b"]) == []
+
+
+def test_a_chain_of_ties_names_the_pairs_it_can_tell_apart():
+    # kaz-parity at 12 000 steps, n = 12, seeds 0 and 1 (min-max ranges): NoPE, RoPE and T5
+    # do not overlap one another, but each overlaps ALiBi, so the four share one rank
+    acc = {"nope": [0.605, 0.867], "alibi": [0.332, 0.695], "rope": [0.473, 0.473], "t5": [0.270, 0.387]}
+    iv = {e: interval(v) for e, v in acc.items()}
+    assert rank_with_ties(iv, higher_is_better=True) == [["nope", "alibi", "rope", "t5"]]
+    pairs = [("nope", "rope"), ("nope", "t5"), ("rope", "t5")]
+    assert untied_within(iv, ["nope", "alibi", "rope", "t5"], higher_is_better=True) == pairs
+    # perplexity: lower is better, so the pair is (lower, higher) whatever the group's order
+    ppl = {"a": interval([10.0, 12.0]), "b": interval([11.5, 13.5]), "c": interval([13.0, 15.0])}
+    assert rank_with_ties(ppl) == [["a", "b", "c"]] and untied_within(ppl, ["c", "b", "a"]) == [("a", "c")]
 
 
 # ------------------------------------------------------------------ convergence
@@ -309,6 +323,14 @@ def test_report_markdown_has_every_part_and_reads_the_numbers():
                  "- L=512: alibi > t5 > rope > sinusoidal", "## Convergence", "| `rope` | 1 | 50: 1.700, 100: 1.600 |",
                  "## Environment", "- torch: 2.x", "## Config", '"train_len": 64'):  # fmt: skip
         assert part in report, part
+    assert "Ties chain, so two members of one rank can differ" in report
+    # a rank that chains two encodings this run tells apart names them (lengths 8..20: seed 1
+    # is 3 points under seed 0 at n = 20, so the ranges are 77-80, 75-78, 73-76 %)
+    chain = _results({"a": [1.0, 1.0, 1.0, 0.80], "b": [1.0, 1.0, 1.0, 0.78], "c": [1.0, 1.0, 1.0, 0.76]},
+                     lengths=(8, 12, 16, 20), seeds=(0, 1), task="copy")  # fmt: skip
+    for r in chain["runs"]:
+        r.update(params=1000, train_seconds=10.0, train_tokens_per_s=1e4, train_flops=6e9)
+    assert "- L=20: a = b = c (within a rank: a > c)" in report_markdown(chain, [])
     # the reading flips with the numbers: rotary breaking worse than sinusoidal
     swapped = _results(dict(PRESS, rope=[4.8, 20.0, 90.0]), seeds=(0, 1, 2))
     assert "- **partly** — Press et al. 2022, Table 2" in report_markdown(swapped, [])

@@ -26,7 +26,7 @@ from typing import Any
 
 from .diagnostics import finite, run_convergence, run_health, still_improving
 from .paper_findings import paper_findings
-from .stats import Interval, interval, rank_with_ties, tied, wilson
+from .stats import Interval, interval, rank_with_ties, tied, untied_within, wilson
 
 __all__ = ["Summary", "summarize", "findings", "caveats", "train_spread", "metric_name", "flagged_text"]
 
@@ -91,6 +91,10 @@ class Summary:
     def ranking(self, length: int) -> list[list[str]]:
         """Encodings best first at ``length``; tied ones share a rank."""
         return rank_with_ties(self.at(length), higher_is_better=self.higher_is_better)
+
+    def untied(self, length: int, group: list[str]) -> list[tuple[str, str]]:
+        """The pairs ``(better, worse)`` of one rank of :meth:`ranking` that are not tied."""
+        return untied_within(self.at(length), group, higher_is_better=self.higher_is_better)
 
 
 def _accuracy_interval(values: list[float], samples: int) -> Interval:

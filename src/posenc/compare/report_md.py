@@ -146,13 +146,17 @@ def report_markdown(results: dict[str, Any], figures: list[str]) -> str:
         lines += ["", "What this run cannot support:", ""] + [f"- {c}" for c in cav]
     heads, rows, notes = table_rows(results)
     lines += ["", "## Results", "", *_md_table(heads, rows), ""] + [f"{n}  " for n in notes]
-    lines += ["", "## Ranking at each length", "", "Best first; `=` joins encodings this run cannot tell apart "
-              "(overlapping 95 % intervals; with one seed, perplexities within 2 % or accuracies whose Wilson "
-              "intervals overlap).", ""]  # fmt: skip
+    lines += ["", "## Ranking at each length", "", "Best first; `=` joins an encoding to the rank before it when "
+              "this run cannot tell it apart from one of that rank (overlapping intervals: the 95 % t-interval of "
+              "three or more seeds, the min–max range of two; with one seed, perplexities within 2 % or "
+              "accuracies whose Wilson intervals overlap). Ties chain, so two members of one rank can differ; "
+              "such pairs follow the ranking in brackets.", ""]  # fmt: skip
     for n in s.lengths:
         ranks = s.ranking(n)
         if ranks:
-            lines.append(f"- L={n}: " + " > ".join(" = ".join(group) for group in ranks))
+            apart = [f"{a} > {b}" for group in ranks for a, b in s.untied(n, group)]
+            within = f" (within a rank: {', '.join(apart)})" if apart else ""
+            lines.append(f"- L={n}: " + " > ".join(" = ".join(group) for group in ranks) + within)
     if s.flagged:
         lines.append("- not ranked: " + ", ".join(f"{e} ({state})" for e, state in s.flagged.items()))
     limit = next((r["convergence"].get("threshold") for r in results["runs"] if r.get("convergence")), None)

@@ -9,7 +9,9 @@ numbers.
   samples: with a single seed, the evaluation sample is the only noise we can measure.
 * :func:`tied` — whether two measurements cannot be told apart: their intervals overlap,
   or, for single values without an interval, they differ by less than ``rel_tol``.
-* :func:`rank_with_ties` — an ordering where tied neighbours share a rank.
+* :func:`rank_with_ties` — an ordering where tied neighbours share a rank;
+  :func:`untied_within` — the pairs of such a rank that are not tied themselves (ties
+  chain: a ~ b and b ~ c put a, b and c in one rank when a and c do not overlap).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-__all__ = ["Interval", "interval", "wilson", "t_quantile", "tied", "rank_with_ties", "SINGLE_REL_TOL"]
+__all__ = ["Interval", "interval", "wilson", "t_quantile", "tied", "rank_with_ties", "untied_within", "SINGLE_REL_TOL"]
 
 # One seed gives no interval. Differences below this relative size are then called ties:
 # Press et al.'s four encodings sit within 2 % of each other at the training length, and a
@@ -136,7 +138,8 @@ def rank_with_ties(
     items: dict[str, Interval], *, higher_is_better: bool = False, rel_tol: float = SINGLE_REL_TOL
 ) -> list[list[str]]:
     """Names best first, grouped into ranks: a name joins the rank before it when it is
-    :func:`tied` with any member of that rank (a difference this run cannot resolve)."""
+    :func:`tied` with any member of that rank (a difference this run cannot resolve). A rank
+    is a chain of ties, so two of its members may themselves differ (:func:`untied_within`)."""
     order = sorted(items, key=lambda k: items[k].mean, reverse=higher_is_better)
     groups: list[list[str]] = []
     for name in order:
@@ -145,3 +148,19 @@ def rank_with_ties(
         else:
             groups.append([name])
     return groups
+
+
+def untied_within(
+    items: dict[str, Interval], group: Sequence[str], *, higher_is_better: bool = False, rel_tol: float = SINGLE_REL_TOL
+) -> list[tuple[str, str]]:
+    """The pairs ``(better, worse)`` of one :func:`rank_with_ties` rank that are not
+    :func:`tied` with each other: the ends of a chain of ties that this run does tell
+    apart (kaz-parity at n = 12, two seeds: 73.6 % (60.5-86.7) and 32.8 % (27.0-38.7) share
+    a rank through 51.4 % (33.2-69.5), which overlaps both). In ``group``'s order."""
+    out = []
+    for i, a in enumerate(group):
+        for b in group[i + 1 :]:
+            if not tied(items[a], items[b], rel_tol):
+                better = items[a].mean > items[b].mean if higher_is_better else items[a].mean < items[b].mean
+                out.append((a, b) if better else (b, a))
+    return out
