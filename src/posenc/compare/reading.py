@@ -92,9 +92,11 @@ class Summary:
         """Encodings best first at ``length``; tied ones share a rank."""
         return rank_with_ties(self.at(length), higher_is_better=self.higher_is_better)
 
-    def untied(self, length: int, group: list[str]) -> list[tuple[str, str]]:
-        """The pairs ``(better, worse)`` of one rank of :meth:`ranking` that are not tied."""
-        return untied_within(self.at(length), group, higher_is_better=self.higher_is_better)
+    def untied(self, length: int, ranks: list[list[str]]) -> list[tuple[str, str]]:
+        """The pairs ``(better, worse)`` inside the ranks of :meth:`ranking` at ``length``
+        that are not tied themselves (ties chain)."""
+        cells = self.at(length)
+        return [p for group in ranks for p in untied_within(cells, group, higher_is_better=self.higher_is_better)]
 
 
 def _accuracy_interval(values: list[float], samples: int) -> Interval:

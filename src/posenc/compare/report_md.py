@@ -154,7 +154,7 @@ def report_markdown(results: dict[str, Any], figures: list[str]) -> str:
     for n in s.lengths:
         ranks = s.ranking(n)
         if ranks:
-            apart = [f"{a} > {b}" for group in ranks for a, b in s.untied(n, group)]
+            apart = [f"{a} > {b}" for a, b in s.untied(n, ranks)]
             within = f" (within a rank: {', '.join(apart)})" if apart else ""
             lines.append(f"- L={n}: " + " > ".join(" = ".join(group) for group in ranks) + within)
     if s.flagged:
