@@ -331,9 +331,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             # 6 000 NoPE was still improving (94.5-98.8 % at n = 8), at 8 000 all ten models
             # converge; kaz-parity stays at 6 000: no budget to 12 000 converges it for every
             # seed pair (RoPE learns it in one late jump whose step the seed and the schedule
-            # redraw: 12 000 converges seeds 0,1 but not 2,3, 6 000 the reverse; weight decay 0.03
-            # or 0.1 moves the late jump to another seed or encoding, 18 of 20 learn it at each;
-            # docs/compare.md)
+            # redraw: 12 000 converges seeds 0,1 but not 2,3, 6 000 the reverse; weight decay
+            # 0.03 or 0.1 moves the jump to another seed or encoding; docs/compare.md)
             **{
                 t: {
                     **(
