@@ -63,7 +63,8 @@ def test_blockwise_only_for_long_sequences(name):
     assert posenc.select_backend(enc, "cpu", 1, 4096) == short
     assert posenc.select_backend(enc, "cpu", side, side) == "blockwise"
     assert posenc.select_backend(enc, "cpu", side - 1, side) == short
-    assert posenc.select_backend(enc, "cuda", 64, 64) == posenc.select_backend(enc, "cuda")
+    # on CUDA the blockwise threshold plays no part (the one length rule there: FLEX_MIN_QUERIES)
+    assert posenc.select_backend(enc, "cuda", side - 1, side) == posenc.select_backend(enc, "cuda")
     attn = posenc.Attention(16, 2, encoding=name, causal=True)
     assert attn.resolve_backend(None, "cpu", 64, 64) == short
     assert attn.resolve_backend(None, "cpu", side, side) == "blockwise"
@@ -85,7 +86,7 @@ def test_blockwise_bidirectional_only_from_its_own_threshold(name):
     assert posenc.select_backend(enc, "cpu", causal_side, causal_side, causal=False) == short
     assert posenc.select_backend(enc, "cpu", causal_side, causal_side, causal=True) == "blockwise"
     assert posenc.select_backend(enc, "cpu", causal_side, causal_side) == "blockwise"  # unknown: causal rule
-    assert posenc.select_backend(enc, "cuda", 64, 64, causal=False) == posenc.select_backend(enc, "cuda")
+    assert posenc.select_backend(enc, "cuda", side - 1, side, causal=False) == posenc.select_backend(enc, "cuda")
     bidir = posenc.Attention(16, 2, encoding=name, causal=False)
     assert bidir.resolve_backend(None, "cpu", causal_side, causal_side) == short
     assert bidir.resolve_backend(None, "cpu", side, side) == "blockwise"
@@ -153,9 +154,10 @@ def test_bench_resolves_auto_backend_per_device():
     module, _ = case.make(16)
     assert resolved_backend(case, module, torch.device("cpu"), 1024) == "blockwise"
     assert resolved_backend(case, module, torch.device("cpu"), 64) == "dense"
-    assert resolved_backend(case, module, torch.device("cuda"), 64) == "flex"
+    assert resolved_backend(case, module, torch.device("cuda"), 1024) == "flex"
+    assert resolved_backend(case, module, torch.device("cuda"), 64) == "dense"  # FLEX_MIN_QUERIES
     narrow = posenc_case("alibi", heads=2, head_dim=8, causal=True, max_len=64, device="cpu", dtype=torch.float32)
-    assert resolved_backend(narrow, narrow.make(16)[0], torch.device("cuda"), 64) == "dense"  # FLEX_MIN_HEAD_DIM
+    assert resolved_backend(narrow, narrow.make(16)[0], torch.device("cuda"), 1024) == "dense"  # FLEX_MIN_HEAD_DIM
 
 
 def test_peak_memory_cpu_counts_live_bytes():

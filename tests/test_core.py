@@ -85,6 +85,56 @@ def test_auto_leaves_flex_out_on_cuda_for_heads_under_16(name):
     check_flex_heads("cpu", 8, 8)  # the unfused reference runs any width
 
 
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire"])
+def test_auto_leaves_flex_out_on_cuda_for_decoding_shapes(name):
+    """posenc compiles FlexAttention for static shapes: a call with fewer queries than one block
+    (the KV cache's decoding steps, whose key count grows every step) runs dense on CUDA."""
+    enc = posenc.build(name, heads=2, head_dim=16, max_len=16)
+    least = posenc.backends.FLEX_MIN_QUERIES
+    assert least == 128
+    assert posenc.select_backend(enc, "cuda", least, least) == "flex"
+    assert posenc.select_backend(enc, "cuda", least, 4 * least) == "flex"
+    assert posenc.select_backend(enc, "cuda") == "flex"  # lengths unknown: the long-sequence choice
+    for q_len, k_len in [(1, 1), (1, 4096), (least - 1, least - 1), (8, 8192)]:
+        assert posenc.select_backend(enc, "cuda", q_len, k_len) == "dense", (q_len, k_len)
+    attn = posenc.Attention(32, 2, name, head_dim=16, max_len=64)
+    assert attn.resolve_backend("auto", "cuda", 1, 40) == "dense"
+    assert attn.resolve_backend("flex", "cuda", 1, 40) == "flex"  # asked for: runs
+
+
+def test_compiled_flex_raises_dynamos_recompile_limit(monkeypatch):
+    """FlexAttention is one compiled function for every score_mod, mask and shape: past dynamo's
+    8 entries it ran uncompiled (the unfused L x L path). posenc's compiled call (CUDA) raises
+    the limit for its own calls only. Run here with dynamo's eager backend on the CPU: the
+    limit is dynamo's, whatever compiles the graph."""
+    import posenc.flex as flex_mod
+
+    real_compile = torch.compile
+    monkeypatch.setattr(flex_mod, "_compiled_flex", None)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
+    run = flex_mod._flex_attention("cuda")  # the wrapper CUDA calls, compiled for the CPU here
+    monkeypatch.setattr(torch, "compile", real_compile)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    before = torch._dynamo.config.recompile_limit
+    assert flex_mod.FLEX_RECOMPILE_LIMIT >= 64 > before
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + (q_idx - kv_idx)
+
+    try:
+        with torch.no_grad():
+            for n in range(1, 13):  # 12 shapes: 12 entries of one function
+                q = torch.randn(1, 2, 16 * n, 16)
+                out = run(q, q, q, score_mod=score_mod)
+                assert out.shape == q.shape
+        frames = dict(torch._dynamo.utils.counters["frames"])
+    finally:
+        torch._dynamo.reset()
+    assert frames.get("ok") == frames.get("total") == 12, frames  # each compiled; none left eager at 8
+    assert torch._dynamo.config.recompile_limit == before  # the user's setting is back
+
+
 def test_forced_backend_must_support_encoding():
     with pytest.raises(ValueError, match="backend 'sdpa' cannot run encoding 'shaw'"):
         posenc.Attention(16, 2, "shaw", backend="sdpa")

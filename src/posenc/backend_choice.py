@@ -13,6 +13,7 @@ __all__ = [
     "BLOCKWISE_MIN_SCORES",
     "BLOCKWISE_MIN_SCORES_BIDIR",
     "FLEX_MIN_HEAD_DIM",
+    "FLEX_MIN_QUERIES",
     "supported_backends",
     "require_backend",
     "select_backend",
@@ -59,6 +60,12 @@ BLOCKWISE_MIN_SCORES_BIDIR = 2048 * 2048
 # check is in torch 2.13's torch/_inductor/kernel/flex/flex_attention.py).
 FLEX_MIN_HEAD_DIM = 16
 
+# posenc compiles FlexAttention for static shapes (posenc.flex): every new (queries, keys) shape
+# is a compile of seconds. A call with fewer queries than one FlexAttention block (decoding
+# with the KV cache: one query over a key count that grows every step) would compile at every
+# step, so auto runs ``dense`` there (its bias is only ``q_len x k_len`` per head).
+FLEX_MIN_QUERIES = 128
+
 
 def select_backend(
     enc: PositionEncoding,
@@ -75,7 +82,9 @@ def select_backend(
 
     FlexAttention is chosen on CUDA only: on CPU it has no backward, and its compiled
     forward costs a long compile for each new shape; and only for heads of at least
-    :data:`FLEX_MIN_HEAD_DIM` channels (``enc.head_dim``), which its compiled kernel needs.
+    :data:`FLEX_MIN_HEAD_DIM` channels (``enc.head_dim``), which its compiled kernel needs, and
+    for at least :data:`FLEX_MIN_QUERIES` queries (``q_len``; None counts as long): a shorter
+    call (KV-cache decoding) runs ``dense`` instead of compiling FlexAttention for each new key count.
     ``blockwise`` is chosen on CPU only (its fused calls are CPU SDPA's flash kernel), and only from
     :data:`BLOCKWISE_MIN_SCORES` scores per head (:data:`BLOCKWISE_MIN_SCORES_BIDIR` when
     ``causal`` is False), where it measured faster. ``causal=None`` (not known) takes the
@@ -87,7 +96,7 @@ def select_backend(
     ok = supported_backends(enc)
     if "sdpa" in ok:
         return "sdpa"
-    if dropout or enc.head_dim < FLEX_MIN_HEAD_DIM:
+    if dropout or enc.head_dim < FLEX_MIN_HEAD_DIM or (q_len is not None and q_len < FLEX_MIN_QUERIES):
         ok = [b for b in ok if b != "flex"]
     if "flex" in ok and (enc.has_score_mod or not enc.stages & Stage.BIAS) and device_type == "cuda":
         return "flex"

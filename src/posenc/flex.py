@@ -20,22 +20,48 @@ from .kernels.flash import propagate_nonfinite
 from .mask import AttentionMask
 from .sinks import append_sink_key, sink_mods
 
-__all__ = ["flex", "flex_score_mod", "check_flex_heads"]
+__all__ = ["flex", "flex_score_mod", "check_flex_heads", "FLEX_RECOMPILE_LIMIT"]
 
 
 _compiled_flex = None
 
+# Dynamo keeps at most ``recompile_limit`` (8) compiled entries per function, and FlexAttention is
+# one function for every encoding's score_mod, every mask and (static shapes) every length: past
+# 8 in one process it ran uncompiled, the unfused L x L path (seen in a CUDA benchmark's log).
+# The compiled call raises the limit to this (never lowers one the user set).
+FLEX_RECOMPILE_LIMIT = 256
+
 
 def _flex_attention(device_type: str):
-    """FlexAttention: compiled on CUDA (fused kernel); the eager reference elsewhere."""
+    """FlexAttention: compiled on CUDA (fused kernel; called under :func:`_recompile_limit`);
+    the eager reference elsewhere."""
     from torch.nn.attention.flex_attention import flex_attention
 
     global _compiled_flex
     if device_type != "cuda":
         return flex_attention
     if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        compiled = torch.compile(flex_attention, dynamic=False)
+
+        def run(*args, **kwargs):
+            if torch.compiler.is_compiling():  # inside the user's compiled model: its limits
+                return compiled(*args, **kwargs)
+            with _recompile_limit():
+                return compiled(*args, **kwargs)
+
+        _compiled_flex = run
     return _compiled_flex
+
+
+def _recompile_limit():
+    """Dynamo's per-function and accumulated recompile limits raised to at least
+    :data:`FLEX_RECOMPILE_LIMIT` and 4x that, for the duration of the block."""
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # torch < 2.7
+    limits = {name: max(getattr(cfg, name), FLEX_RECOMPILE_LIMIT)}
+    if hasattr(cfg, "accumulated_recompile_limit"):
+        limits["accumulated_recompile_limit"] = max(cfg.accumulated_recompile_limit, 4 * FLEX_RECOMPILE_LIMIT)
+    return cfg.patch(**limits)
 
 
 def check_flex_heads(device_type: str, head_dim: int, value_dim: int) -> None:

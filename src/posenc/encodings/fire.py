@@ -157,12 +157,16 @@ class FIRE(PositionEncoding):
         return _per_head(relu_mlp_1d(u, w1, b1, w2, b2))  # (..., H, Lq, Lk)
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
-        """The MLP evaluated inside the closure, unrolled over its hidden units (pointwise only)."""
+        """The MLP evaluated inside the closure, unrolled over its hidden units (pointwise only).
+
+        Each weight the closure reads is its own tensor, indexed at most once (the hidden unit's
+        scalars, one column of head weights per unit): FlexAttention's compiled CUDA backward
+        refuses a ``score_mod`` that indexes one tensor with gradients twice."""
         c = self.c.float()
         threshold = (self.L_multiplier.float() * self.init_L.float()).abs()
-        w1, b1 = self.mlp[0].weight.float()[:, 0], self.mlp[0].bias.float()
-        w2, b2 = self.mlp[2].weight.float(), self.mlp[2].bias.float()
-        eps, width = self.eps, self.mlp_width
+        w1, b1 = self.mlp[0].weight.float()[:, 0].unbind(), self.mlp[0].bias.float().unbind()
+        w2, b2 = self.mlp[2].weight.float().unbind(1), self.mlp[2].bias.float()
+        eps = self.eps
 
         def mod(score, b, h, q_idx, kv_idx):
             i = q_pos[b, q_idx].to(torch.float32)
@@ -170,8 +174,8 @@ class FIRE(PositionEncoding):
             norm = torch.maximum(i, threshold)
             u = torch.log((c * rel).abs() + 1) / (torch.log((c * norm).abs() + 1) + eps)
             out = b2[h]
-            for m in range(width):
-                out = out + torch.relu(u * w1[m] + b1[m]) * w2[h, m]
+            for w1_m, b1_m, w2_m in zip(w1, b1, w2):
+                out = out + torch.relu(u * w1_m + b1_m) * w2_m[h]
             return score + out
 
         return mod

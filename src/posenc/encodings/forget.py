@@ -145,10 +145,14 @@ class FoX(PositionEncoding):
 
             return mod
         tq, tk = qs["t"], ks["t"]
+        # the forward and backward gates' sums as separate tensors, each indexed once: FlexAttention's
+        # compiled CUDA backward refuses a score_mod that indexes one tensor with gradients twice
+        cq_fwd, cq_bwd = cq[:, :H].clone(), cq[:, H:].clone()
+        ck_fwd, ck_bwd = ck[:, :H].clone(), ck[:, H:].clone()
 
         def mod_bidir(score, b, h, q_idx, kv_idx):
-            before = cq[b, h, q_idx] - ck[b, h, kv_idx]
-            after = ck[b, H + h, kv_idx] - cq[b, H + h, q_idx]
+            before = cq_fwd[b, h, q_idx] - ck_fwd[b, h, kv_idx]
+            after = ck_bwd[b, h, kv_idx] - cq_bwd[b, h, q_idx]
             return score + torch.where(tk[b, 0, kv_idx] > tq[b, 0, q_idx], after, before)
 
         return mod_bidir
