@@ -8,6 +8,8 @@
 #    up to L = 16384, profiles, references) against plain SDPA/FlashAttention.
 # Writes benchmarks/RESULTS-cuda.md (+ benchmarks/results-cuda/: tests.txt, JSON/CSV, plot).
 # Env: PY (interpreter; default .venv/bin/python, else python3), LENGTHS, NOTES;
+#      ENCODINGS (the benchmark's, comma-separated; default all); SKIP_SUITE=1 leaves the default
+#      suite out (recorded as not run); CUDA_PYTEST_ARGS (extra arguments of the CUDA tests, "-n 8");
 #      MEMORY_LENGTHS (16384); DEVICE=cpu runs everything on the CPU (a dry run of this script);
 #      PYTEST_ARGS (extra arguments of the default suite, e.g. "-n 14" on a many-core GPU host);
 #      CUDA_TESTS_TIMEOUT, TESTS_TIMEOUT, BENCH_TIMEOUT: seconds each part may run (per dtype for
@@ -30,17 +32,23 @@ status=0
 set +e
 {
     "$PY" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')"
-    timeout "${CUDA_TESTS_TIMEOUT:-0}" "$PY" -m pytest -q -p no:cacheprovider -m cuda -rs tests/test_cuda.py
+    # shellcheck disable=SC2086
+    timeout "${CUDA_TESTS_TIMEOUT:-0}" "$PY" -m pytest -q -p no:cacheprovider -m cuda -rs ${CUDA_PYTEST_ARGS:-} tests/test_cuda.py
     cuda_tests=$?
-    [ $cuda_tests = 124 ] && echo "gpu_check: the CUDA tests ran past CUDA_TESTS_TIMEOUT=${CUDA_TESTS_TIMEOUT}s and were stopped"
+    [ $cuda_tests = 124 ] && echo && echo "gpu_check: the CUDA tests ran past CUDA_TESTS_TIMEOUT=${CUDA_TESTS_TIMEOUT}s and were stopped"
     # with xdist workers (PYTEST_ARGS="-n N"), one torch thread each unless OMP_NUM_THREADS says
     # otherwise: 14 workers of 16 threads on 16 cores reached 15 % of the suite in 160 s (H100 host)
     threads=${OMP_NUM_THREADS:-}
     [ -z "$threads" ] && [ -n "${PYTEST_ARGS:-}" ] && threads=1
-    # shellcheck disable=SC2086
-    env ${threads:+OMP_NUM_THREADS=$threads} timeout "${TESTS_TIMEOUT:-0}" "$PY" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-}
-    suite=$?
-    [ $suite = 124 ] && echo "gpu_check: the default suite ran past TESTS_TIMEOUT=${TESTS_TIMEOUT}s and was stopped"
+    if [ "${SKIP_SUITE:-0}" = 1 ]; then
+        echo "gpu_check: the default suite was not run (SKIP_SUITE=1)"
+        suite=0
+    else
+        # shellcheck disable=SC2086
+        env ${threads:+OMP_NUM_THREADS=$threads} timeout "${TESTS_TIMEOUT:-0}" "$PY" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-}
+        suite=$?
+    fi
+    [ $suite = 124 ] && echo && echo "gpu_check: the default suite ran past TESTS_TIMEOUT=${TESTS_TIMEOUT}s and was stopped"
     [ $cuda_tests = 0 ] && exit $suite
     exit $cuda_tests
 } 2>&1 | tee "$OUT/tests.txt"
@@ -48,7 +56,8 @@ status=${PIPESTATUS[0]}
 set -e
 for dtype in float32 bfloat16; do
     rm -f "$OUT/RESULTS-$dtype.md"
-    timeout "${BENCH_TIMEOUT:-0}" "$PY" -m posenc.cli bench --device "${DEVICE:-cuda}" --dtype "$dtype" --masks causal,bidir --lengths "$LENGTHS" \
+    # shellcheck disable=SC2086
+    timeout "${BENCH_TIMEOUT:-0}" "$PY" -m posenc.cli bench ${ENCODINGS:+--encodings "$ENCODINGS"} --device "${DEVICE:-cuda}" --dtype "$dtype" --masks causal,bidir --lengths "$LENGTHS" \
         --memory-lengths "${MEMORY_LENGTHS:-16384}" --profile --warmup 2 --repeats 10 --no-throughput \
         --out "$OUT/$dtype" --markdown "$OUT/RESULTS-$dtype.md" --quiet \
         --notes "GPU check (scripts/gpu_check.sh), $dtype. ${NOTES:-}" || { rc=$?; [ $status = 0 ] && status=$rc; echo "gpu_check: bench $dtype exited $rc" >&2; }

@@ -1,0 +1,121 @@
+"""FlexAttention's compile cache on CUDA: what a process that runs many shapes pays.
+
+posenc compiles ``flex_attention`` once with static shapes (``posenc.flex``). Two checks:
+
+* ``entries``: one flex call per (encoding, length), forward, in one process: more compiled
+  entries than dynamo's default limit of 8. Prints each case's time after its compile, and
+  dynamo's frame counts. ``--no-limit`` calls the compiled function without posenc's raised
+  limit (the behaviour before ``FLEX_RECOMPILE_LIMIT``): past 8 entries dynamo runs it uncompiled.
+* ``decode``: KV-cache decoding of one attention layer (one query per step over a growing key
+  count), per-step time with ``backend="flex"`` (a compile per new key count), ``"dense"`` and
+  ``"auto"`` (which picks dense for fewer than ``FLEX_MIN_QUERIES`` queries).
+
+    python benchmarks/flex_compile_check.py entries [--no-limit]
+    python benchmarks/flex_compile_check.py decode
+
+Timings are wall-clock with ``torch.cuda.synchronize()``, median of ``--repeats``; read them as
+ratios within one run. ``--device cpu`` runs the same code on the CPU (FlexAttention uncompiled
+there: a dry run of this script, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+import torch
+
+import posenc
+import posenc.flex
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device, repeats: int) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls."""
+    out = []
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def frames() -> str:
+    c = torch._dynamo.utils.counters
+    return f"dynamo frames {dict(c['frames'])}, unique graphs {c['stats'].get('unique_graphs', 0)}"
+
+
+def entries(args, device) -> None:
+    if args.no_limit:  # the compiled call as it was before posenc raised the limit
+        posenc.flex._recompile_limit = contextlib.nullcontext
+    print(f"entries: limit {'dynamo default' if args.no_limit else posenc.flex.FLEX_RECOMPILE_LIMIT}", flush=True)
+    for name in args.encodings.split(","):
+        for L in [int(x) for x in args.lengths.split(",")]:
+            torch.manual_seed(0)
+            attn = posenc.Attention(args.heads * 64, args.heads, name, head_dim=64, max_len=2 * L, backend="flex")
+            attn = attn.to(device=device, dtype=torch.bfloat16).eval()
+            x = torch.randn(1, L, args.heads * 64, device=device, dtype=torch.bfloat16)
+            with torch.no_grad():
+                sync(device)
+                t = time.perf_counter()
+                attn(x)  # the compile (or the uncompiled fallback)
+                sync(device)
+                first = time.perf_counter() - t
+                ms = 1e3 * timed(lambda a=attn, x=x: a(x), device, args.repeats)
+            print(f"  {name:7s} L={L:5d}: first call {first:6.2f} s, then {ms:8.3f} ms", flush=True)
+    print("  " + frames(), flush=True)
+
+
+def decode(args, device) -> None:
+    H, D, P = args.heads, 64, args.prefill
+    for backend in ["flex", "dense", "auto"]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        attn = posenc.Attention(H * D, H, "alibi", head_dim=D, max_len=P + args.steps + 1)
+        attn = attn.to(device=device, dtype=torch.bfloat16).eval()
+        x = torch.randn(1, P + args.steps, H * D, device=device, dtype=torch.bfloat16)
+        cache = attn.init_cache(1, P + args.steps)
+        times = []
+        with torch.no_grad():
+            attn(x[:, :P], cache=cache, backend="dense")  # the prompt: the same for every run
+            for t in range(P, P + args.steps):
+                sync(device)
+                t0 = time.perf_counter()
+                attn(x[:, t : t + 1], cache=cache, backend=backend)
+                sync(device)
+                times.append(time.perf_counter() - t0)
+        ran = attn.resolve_backend(backend, device.type, 1, P + 1)
+        print(
+            f"decode {backend:5s} (runs {ran}): step 1 {1e3 * times[0]:8.1f} ms, steps 2-{args.steps} "
+            f"median {1e3 * statistics.median(times[1:]):8.2f} ms, total {sum(times):6.2f} s; {frames()}",
+            flush=True,
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("check", choices=["entries", "decode"])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--encodings", default="alibi,t5,fire,kerple,fox")
+    ap.add_argument("--lengths", default="1024,2048")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--prefill", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--no-limit", action="store_true")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
+    (entries if args.check == "entries" else decode)(args, device)
+
+
+if __name__ == "__main__":
+    main()
