@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.conftest import HEADS, attention_n, encoding_modes, mode_id, tolerance
+from tests.conftest import HEADS, attention_n, encoding_modes, mode_id, score_mod_modes, tolerance
 
 import posenc
 
@@ -27,7 +27,7 @@ HEAD_DIM = 16  # FlexAttention's compiled kernel refuses narrower heads (posenc.
 DIM = HEADS * HEAD_DIM
 MAX_LEN = 64
 CUDA = torch.device("cuda")
-SCALAR = [(n, c) for n, c in encoding_modes() if posenc.get_class(n).score_mod is not posenc.PositionEncoding.score_mod]
+SCALAR = score_mod_modes()
 
 
 def make_attn(name: str, causal: bool, dtype=torch.float32, head_dim: int = HEAD_DIM) -> posenc.Attention:

@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.conftest import encoding_modes, mode_id
+from tests.conftest import mode_id, score_mod_modes
 
 import posenc
 
-SCALAR = [(n, c) for n, c in encoding_modes() if posenc.get_class(n).score_mod is not posenc.PositionEncoding.score_mod]
+SCALAR = score_mod_modes()
 
 
 class _Checked(Exception):
     """Raised by the backward compiler once the joint graphs are checked (stops the step)."""
 
 
-def joint_graph_errors(name: str, causal: bool, monkeypatch) -> list[str]:
+def joint_graph_verdicts(name: str, causal: bool, monkeypatch) -> list[str]:
     """Inductor's verdict on each FlexAttention joint graph of one forward/backward of ``name``."""
     import torch.nn.attention.flex_attention as fa
     from torch._dynamo.backends.common import aot_autograd
@@ -72,4 +72,5 @@ def joint_graph_errors(name: str, causal: bool, monkeypatch) -> list[str]:
 @pytest.mark.parametrize("mode", SCALAR, ids=mode_id)
 def test_flex_backward_joint_graph_lowers_on_cuda(mode, monkeypatch):
     name, causal = mode
-    assert all(v == "ok" for v in joint_graph_errors(name, causal, monkeypatch)), name
+    verdicts = joint_graph_verdicts(name, causal, monkeypatch)
+    assert all(v == "ok" for v in verdicts), (name, verdicts)
