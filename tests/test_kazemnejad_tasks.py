@@ -345,7 +345,14 @@ def test_registered_everywhere():
     # it; at 0.1 and 18 000, seeds 0-3, 19 of 20 converge); every other task keeps 0.01
     kaz_sum = preset_config("quick", task="kaz-sum")
     assert (kaz_sum.steps, kaz_sum.weight_decay) == (18000, 0.1)
-    assert {preset_config("quick", task=t).weight_decay for t in KAZEMNEJAD_TASKS if t != "kaz-sum"} == {0.01}
+    others = [t for t in KAZEMNEJAD_TASKS if t not in ("kaz-sum", "kaz-addition")]
+    assert {preset_config("quick", task=t).weight_decay for t in others} == {0.01}
+    # kaz-addition: 6 blocks, 18 000 steps, weight decay 0.1 (at 2 blocks and 6 000 steps no model
+    # passed 8.6 % at n = 8; at 6 blocks nine of ten models of seeds 0 and 1 pass 90 %)
+    addition = preset_config("quick", task="kaz-addition")
+    assert (addition.depth, addition.steps, addition.weight_decay) == (6, 18000, 0.1)
+    tr8 = [c for c in (preset_config("quick", task=t) for t in others) if c.train_len == 8]
+    assert len(tr8) == 5 and {c.depth for c in tr8} == {2}  # poly, sort, sort-multi, parity, lego
     # kaz-sort: 8 000 (at 6 000 NoPE was still improving; at 8 000 all ten models converge)
     assert preset_config("quick", task="kaz-sort").steps == 8000
     assert preset_config("quick", task="kaz-parity").steps == 6000
