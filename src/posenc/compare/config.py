@@ -326,12 +326,12 @@ PRESETS: dict[str, dict[str, Any]] = {
             # copy 43). lr 3e-3: at 1e-2 rope and nope never learned kaz-copy (both seeds). Copy
             # and reverse: 4 blocks, 8 000 steps (at 2 blocks and 6 000 nope and rope stayed at
             # 0 % on kaz-copy; 4 heads of 16 channels did no better; at 4 blocks both learned
-            # it, 96-99 % at 6 000 steps, seed 0). KAZEMNEJAD_BUDGETS: kaz-sum at weight decay 0.01 taught
-            # four of ten models by 12 000 (at 0.1 and 18 000, seeds 0-3: 19 of 20 converge);
-            # kaz-sort at 6 000: NoPE still improving (8 000: all ten converge); kaz-addition:
-            # nothing learned it at 2 blocks (<= 8.6 % at n = 8), at 6 blocks 9 of 10 (seeds 0,
-            # 1; T5 seed 1: 30 %), none converged; kaz-parity: no budget to 12 000 converges every seed pair
-            # (a late jump the seed and schedule redraw; docs/compare.md has every run)
+            # it, 96-99 % at 6 000 steps, seed 0). KAZEMNEJAD_BUDGETS: kaz-sum at weight decay
+            # 0.01 taught four of ten models by 12 000 (at 0.1 and 18 000, seeds 0-3: 19 of 20
+            # converge); kaz-sort at 6 000: NoPE still improving (8 000: all ten converge);
+            # kaz-addition: nothing learned it at 2 blocks (<= 8.6 % at n = 8), at 6 blocks 9 of
+            # 10 (seeds 0, 1; T5 seed 1: 30 %), none converged; kaz-parity: no budget to 12 000
+            # converges every seed pair (a late jump the seed and schedule redraw; docs/compare.md)
             **{
                 t: {
                     **(
