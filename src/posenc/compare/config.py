@@ -15,20 +15,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..data import KAZEMNEJAD_TASKS, TASK_NAMES
+from ..data import TASK_NAMES
 from .checks import ATTENTION_DEFAULTS, check_attention_fields, check_encodings, check_fields, check_models, parse_named
+from .kazemnejad import KAZEMNEJAD_QUICK
 from .paper import PAPER_DEFAULTS, PAPER_PRESET, check_paper_fields
 
 __all__ = ["CompareConfig", "PRESETS", "CORE_ENCODINGS", "EXTEND_METHODS", "from_dict", "resolve_eval_lens"]
-
-# the tasks Kazemnejad et al. train up to size 20 and test to 40 (the rest: up to 8, to 16)
-KAZEMNEJAD_TR20 = ("kaz-copy", "kaz-copy-2x", "kaz-reverse", "kaz-reverse-2x")
-# tasks whose budget is not their split's common one (tr8: 2 blocks, 6 000 steps, wd 0.01)
-KAZEMNEJAD_BUDGETS: dict[str, dict[str, Any]] = {
-    "kaz-sum": {"steps": 18000, "weight_decay": 0.1},
-    "kaz-sort": {"steps": 8000},
-    "kaz-addition": {"depth": 6, "steps": 18000, "weight_decay": 0.1},
-}
 
 # The seven encodings of the core: what `posenc compare` trains by default.
 CORE_ENCODINGS = ["nope", "learned", "sinusoidal", "rope", "alibi", "t5", "shaw"]
@@ -319,38 +311,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "encodings": ["learned", "rope", "alibi", "t5", "cope"],
                 "encoding_options": {"t5": {"max_distance": 32}},
             },
-            # Kazemnejad et al.'s suite (posenc.data.kazemnejad), at their splits: the arithmetic
-            # tasks train on sizes up to 8 and test to 16 ("tr8_ts16"), copy and reverse (and their
-            # 2x variants) up to 20, tested to 40 ("cmc_tr20_ts40", "mc_tr20_ts40"). One column
-            # per size; T5's buckets reach 64 tokens (a size-8 sample is 19-92 tokens, a size-20
-            # copy 43). lr 3e-3: at 1e-2 rope and nope never learned kaz-copy (both seeds). Copy
-            # and reverse: 4 blocks, 8 000 steps (at 2 blocks and 6 000 nope and rope stayed at
-            # 0 % on kaz-copy; 4 heads of 16 channels did no better; at 4 blocks both learned
-            # it, 96-99 % at 6 000 steps, seed 0). KAZEMNEJAD_BUDGETS: kaz-sum at weight decay
-            # 0.01 taught four of ten models by 12 000 (at 0.1 and 18 000, seeds 0-3: 19 of 20
-            # converge); kaz-sort at 6 000: NoPE still improving (8 000: all ten converge);
-            # kaz-addition: nothing learned it at 2 blocks (<= 8.6 % at n = 8), at 6 blocks 9 of
-            # 10 (seeds 0, 1; T5 seed 1: 30 %), none converged; kaz-parity: no budget to 12 000
-            # converges every seed pair (a late jump the seed and schedule redraw; docs/compare.md)
-            **{
-                t: {
-                    **(
-                        {"train_len": 20, "eval_lens": [10, 20, 30, 40], "depth": 4, "steps": 8000}
-                        if t in KAZEMNEJAD_TR20
-                        else {
-                            "train_len": 8,
-                            "eval_lens": [4, 8, 12, 16],
-                            "depth": 2,
-                            "steps": 6000,
-                        }
-                    ),
-                    "lr": 3e-3,
-                    "encodings": ["nope", "t5", "alibi", "rope", "learned"],  # their five (APE: learned)
-                    "encoding_options": {"t5": {"max_distance": 64}},
-                    **KAZEMNEJAD_BUDGETS.get(t, {}),  # last: a task's own budget overrides any key
-                }
-                for t in KAZEMNEJAD_TASKS
-            },
+            # Kazemnejad et al.'s suite: their splits and budgets (posenc.compare.kazemnejad)
+            **KAZEMNEJAD_QUICK,
         },  # fmt: skip
     },
     "standard": dict(
