@@ -129,3 +129,38 @@ def test_merge_joins_seeds_of_two_runs(tmp_path):
     assert merged["config"]["seeds"] == [0, 1] and [r["seed"] for r in merged["runs"]] == [0, 1]
     with pytest.raises(ValueError, match="seed 0 appears in more than one run"):
         merge_results([tmp_path / "a", tmp_path / "a"])
+
+
+def test_merge_joins_runs_of_other_encodings_with_the_presets_options(tmp_path, capsys):
+    """The quick preset keeps T5's options only where T5 is compared: a T5 run and a NoPE run
+    of one preset merge (the union of encodings and options); T5 run with other options does not."""
+    from posenc.compare.report import merge_results
+
+    argv = [*TINY, "--steps", "2", "--workers", "1", "--val-points", "0"]
+    assert run_cli(*argv, "--encodings", "t5", "--out", str(tmp_path / "t5")) == 0
+    assert run_cli(*argv, "--encodings", "nope,rope", "--seeds", "1", "--out", str(tmp_path / "rest")) == 0
+    assert load(tmp_path / "t5")["config"]["encoding_options"] == {"t5": {"max_distance": 64}}
+    assert (
+        "encoding_options" not in load(tmp_path / "rest")["config"]
+        or not load(tmp_path / "rest")["config"]["encoding_options"]
+    )
+    capsys.readouterr()
+    assert run_cli("--merge", str(tmp_path / "t5"), str(tmp_path / "rest"), "--out", str(tmp_path / "m")) == 0
+    assert "merged 3 models from 2 run folders" in capsys.readouterr().out
+    merged = load(tmp_path / "m")
+    assert merged["config"]["encodings"] == ["t5", "nope", "rope"]
+    assert merged["config"]["encoding_options"] == {"t5": {"max_distance": 64}}
+    assert [(r["encoding"], r["seed"]) for r in merged["runs"]] == [("t5", 0), ("nope", 1), ("rope", 1)]
+    # T5 at another max_distance is another model: refused, both folders and both options named
+    other = ["--encoding-options", "t5.max_distance=32", "--seeds", "1"]
+    assert run_cli(*argv, "--encodings", "t5", *other, "--out", str(tmp_path / "t5b")) == 0
+    with pytest.raises(ValueError, match=r"'t5' was run with options \{'max_distance': 64\} in .*t5 but "
+                                         r"\{'max_distance': 32\} in .*t5b"):  # fmt: skip
+        merge_results([tmp_path / "t5", tmp_path / "t5b"])
+    # and so is a T5 run without the preset's options (T5's own max_distance, 128)
+    bare = load(tmp_path / "t5b")
+    bare["config"].pop("encoding_options")
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "results.json").write_text(json.dumps(bare))
+    with pytest.raises(ValueError, match=r"'t5' was run with options \{'max_distance': 64\} in .*t5 but \{\} in"):
+        merge_results([tmp_path / "t5", tmp_path / "bare"])

@@ -366,7 +366,7 @@ def merge(args: argparse.Namespace) -> int:
     table.print()
     if extend:
         extend_table(merged).print()
-    print(f"merged {len(dirs)} runs into {out}")
+    print(f"merged {len(merged['runs'])} models from {len(dirs)} run folders into {out}")
     return 0
 
 

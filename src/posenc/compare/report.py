@@ -94,7 +94,20 @@ def write_outputs(out: Path, results: dict[str, Any]) -> Table:
     return table
 
 
-_SHARD_KEYS = ("encodings", "shard", "seeds", "workers")
+# what may differ between the shards of one sweep; encoding_options may differ only for
+# encodings one shard compares and another does not (a preset drops the options of
+# encodings that are not compared), and the merged config holds the union of both
+_SHARD_KEYS = ("encodings", "shard", "seeds", "workers", "encoding_options")
+
+
+def _compared(cfg: dict[str, Any]) -> list[str]:
+    """The model names a saved config compares (``all``: every registered encoding)."""
+    if cfg["encodings"] == ["all"]:
+        from ..registry import available
+
+        return list(available())
+    named = parse_named(cfg["encodings"])
+    return [e.partition("=")[0].strip() if e.partition("=")[0].strip() in named else e for e in cfg["encodings"]]
 
 
 def merge_results(dirs: list[Path]) -> dict[str, Any]:
@@ -103,7 +116,8 @@ def merge_results(dirs: list[Path]) -> dict[str, Any]:
 
     Raises:
         ValueError: a missing results.json, configs that differ (beyond encodings, seeds,
-            shard and workers), or one encoding and seed present in two shards.
+            shard and workers), an encoding compared with other options in two shards, or
+            one encoding and seed present in two shards.
     """
     if not dirs:
         raise ValueError("--merge needs at least one run directory")
@@ -117,12 +131,21 @@ def merge_results(dirs: list[Path]) -> dict[str, Any]:
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"--merge: {str(p)!r} is not valid JSON ({e})") from None
     ref = {k: v for k, v in parts[0]["config"].items() if k not in _SHARD_KEYS}
-    runs, seen, named = [], set(), {}
+    runs, seen, named, options, entries = [], set(), {}, {}, []
     for d, part in zip(dirs, parts):
         cfg = {k: v for k, v in part["config"].items() if k not in _SHARD_KEYS}
         diff = sorted(k for k in set(cfg) | set(ref) if cfg.get(k) != ref.get(k))
         if diff:
             raise ValueError(f"--merge: {d} was run with a different config (fields {diff})")
+        entries += [e for e in part["config"]["encodings"] if e not in entries]
+        given = part["config"].get("encoding_options") or {}
+        for name in _compared(part["config"]):  # an encoding is one model everywhere: same options
+            first = options.setdefault(name, (given.get(name, {}), d))
+            if first[0] != given.get(name, {}):
+                raise ValueError(
+                    f"--merge: {name!r} was run with options {first[0]} in {first[1]} but {given.get(name, {})} "
+                    f"in {d}; merge runs of one configuration"
+                )
         for name, pattern in parse_named(part["config"]["encodings"]).items():  # a NAME is one model everywhere
             first = named.setdefault(name, (pattern, d))
             if first[0] != pattern:
@@ -137,10 +160,15 @@ def merge_results(dirs: list[Path]) -> dict[str, Any]:
             seen.add(key)
             runs.append(r)
     order = [e.partition("=")[0].strip() if e.partition("=")[0].strip() in named else e
-             for e in parts[0]["config"]["encodings"]]  # fmt: skip
+             for e in entries]  # fmt: skip
     runs.sort(key=lambda r: (order.index(r["encoding"]) if r["encoding"] in order else len(order), r.get("seed", 0)))
     seeds = sorted({r.get("seed", 0) for r in runs})
-    config = {**parts[0]["config"], "shard": None, "seeds": seeds}
+    if entries != ["all"] and "all" in entries:  # an "all" shard with others: every registered name
+        entries = ["all"]
+    encoding_options = {name: opts for name, (opts, _) in options.items() if opts}
+    config = {**parts[0]["config"], "shard": None, "seeds": seeds, "encodings": entries}
+    if encoding_options or "encoding_options" in config:
+        config["encoding_options"] = encoding_options
     envs = [p["environment"] for p in parts if p.get("environment")]
     merged = {"config": config, "runs": runs}
     extend = merge_extend(parts)  # each shard extended the models it trained
