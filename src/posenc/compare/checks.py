@@ -23,6 +23,7 @@ __all__ = [
     "check_attention_fields",
     "check_fields",
     "check_models",
+    "model_names",
     "parse_named",
 ]
 
@@ -124,6 +125,12 @@ def parse_named(entries: list[str]) -> dict[str, str]:
                 )
             out[name] = pattern.strip()
     return out
+
+
+def model_names(entries: list[str]) -> list[str]:
+    """The model name of each ``encodings`` entry: its ``NAME`` for a ``NAME=PATTERN``, else the entry."""
+    named = parse_named(entries)
+    return [e.partition("=")[0].strip() if e.partition("=")[0].strip() in named else e for e in entries]
 
 
 def check_models(names: list[str], named: dict[str, str]) -> None:

@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from ..data import TASK_NAMES
-from .checks import ATTENTION_DEFAULTS, check_attention_fields, check_encodings, check_fields, check_models, parse_named
+from .checks import (
+    ATTENTION_DEFAULTS,
+    check_attention_fields,
+    check_encodings,
+    check_fields,
+    check_models,
+    model_names,
+    parse_named,
+)
 from .kazemnejad import KAZEMNEJAD_QUICK
 from .paper import PAPER_DEFAULTS, PAPER_PRESET, check_paper_fields
 
@@ -162,8 +170,7 @@ class CompareConfig:
 
     def encoding_names(self) -> list[str]:
         """The names of the compared models: encodings, presets, and the names of named patterns."""
-        named = self.named_patterns()
-        return [e.partition("=")[0].strip() if e.partition("=")[0].strip() in named else e for e in self.encodings]
+        return model_names(self.encodings)
 
     # fields that do not change any model's numbers: how often to checkpoint, which shard
     # of the encodings this process runs, how many worker processes, and the lists of

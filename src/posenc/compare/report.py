@@ -8,7 +8,7 @@ from typing import Any
 
 from ..data.tasks import depth_axis
 from ..output import Column, Table, clean, write_csv, write_json, write_text
-from .checks import parse_named
+from .checks import model_names, parse_named
 from .diagnostics import mfu, run_health
 from .extend import merge_extend
 from .plots import draw_figures, per_position_absent, run_subtitle
@@ -106,8 +106,7 @@ def _compared(cfg: dict[str, Any]) -> list[str]:
         from ..registry import available
 
         return list(available())
-    named = parse_named(cfg["encodings"])
-    return [e.partition("=")[0].strip() if e.partition("=")[0].strip() in named else e for e in cfg["encodings"]]
+    return model_names(cfg["encodings"])
 
 
 def merge_results(dirs: list[Path]) -> dict[str, Any]:
@@ -159,8 +158,7 @@ def merge_results(dirs: list[Path]) -> dict[str, Any]:
                 raise ValueError(f"--merge: encoding {key[0]!r} with seed {key[1]} appears in more than one run")
             seen.add(key)
             runs.append(r)
-    order = [e.partition("=")[0].strip() if e.partition("=")[0].strip() in named else e
-             for e in entries]  # fmt: skip
+    order = model_names(entries)
     runs.sort(key=lambda r: (order.index(r["encoding"]) if r["encoding"] in order else len(order), r.get("seed", 0)))
     seeds = sorted({r.get("seed", 0) for r in runs})
     if entries != ["all"] and "all" in entries:  # an "all" shard with others: every registered name
