@@ -76,7 +76,7 @@ def entries(args, device) -> None:
 
 def decode(args, device) -> None:
     H, D, P = args.heads, 64, args.prefill
-    for backend in ["flex", "dense", "auto"]:
+    for backend in args.backends.split(","):
         torch._dynamo.reset()
         torch.manual_seed(0)
         attn = posenc.Attention(H * D, H, "alibi", head_dim=D, max_len=P + args.steps + 1)
@@ -111,6 +111,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-limit", action="store_true")
+    ap.add_argument("--backends", default="flex,dense,auto", help="decode: the backends, in this order")
     args = ap.parse_args()
     device = torch.device(args.device)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")

@@ -164,3 +164,29 @@ def test_merge_joins_runs_of_other_encodings_with_the_presets_options(tmp_path, 
     (tmp_path / "bare" / "results.json").write_text(json.dumps(bare))
     with pytest.raises(ValueError, match=r"'t5' was run with options \{'max_distance': 64\} in .*t5 but \{\} in"):
         merge_results([tmp_path / "t5", tmp_path / "bare"])
+
+
+def test_merge_of_an_all_shard_with_named_models_keeps_them(tmp_path):
+    """A shard that ran ``--encodings all`` beside one that ran a named pattern: the merged
+    config lists every registered encoding and the named model (it loads), and the runs follow
+    that order, seed within encoding."""
+    from posenc.compare.report import merge_results
+    from posenc.registry import available
+
+    def shard(name: str, encodings: list[str], runs: list[tuple[str, int]]) -> Path:
+        cfg = CompareConfig(encodings=encodings, seeds=sorted({s for _, s in runs})).to_dict()
+        (tmp_path / name).mkdir()
+        body = {"config": cfg, "runs": [{"encoding": e, "seed": s} for e, s in runs]}
+        (tmp_path / name / "results.json").write_text(json.dumps(body))
+        return tmp_path / name
+
+    names = list(available())
+    a = shard("a", ["all"], [(n, 1) for n in reversed(names)])
+    b = shard("b", ["short=rope,alibi", "rope"], [("short", 0), ("rope", 0)])
+    merged = merge_results([b, a])
+    assert merged["config"]["encodings"] == [*names, "short=rope,alibi"]
+    assert from_dict(merged["config"]).encoding_names() == [*names, "short"]  # the merged config loads
+    expect = [(n, s) for n in names for s in ((0, 1) if n == "rope" else (1,))] + [("short", 0)]
+    assert [(r["encoding"], r["seed"]) for r in merged["runs"]] == expect
+    # shards that all ran "all" stay "all"
+    assert merge_results([a])["config"]["encodings"] == ["all"]

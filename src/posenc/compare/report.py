@@ -158,11 +158,13 @@ def merge_results(dirs: list[Path]) -> dict[str, Any]:
                 raise ValueError(f"--merge: encoding {key[0]!r} with seed {key[1]} appears in more than one run")
             seen.add(key)
             runs.append(r)
-    order = model_names(entries)
+    if entries != ["all"] and "all" in entries:  # an "all" shard beside others: every registered
+        from ..registry import available  # encoding by name, then the other shards' own models
+
+        entries = [*available(), *(e for e in entries if e != "all" and e not in available())]
+    order = _compared({"encodings": entries})
     runs.sort(key=lambda r: (order.index(r["encoding"]) if r["encoding"] in order else len(order), r.get("seed", 0)))
     seeds = sorted({r.get("seed", 0) for r in runs})
-    if entries != ["all"] and "all" in entries:  # an "all" shard with others: every registered name
-        entries = ["all"]
     encoding_options = {name: opts for name, (opts, _) in options.items() if opts}
     config = {**parts[0]["config"], "shard": None, "seeds": seeds, "encodings": entries}
     if encoding_options or "encoding_options" in config:
