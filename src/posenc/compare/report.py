@@ -159,9 +159,8 @@ def merge_results(dirs: list[Path]) -> dict[str, Any]:
             seen.add(key)
             runs.append(r)
     if entries != ["all"] and "all" in entries:  # an "all" shard beside others: every registered
-        from ..registry import available  # encoding by name, then the other shards' own models
-
-        entries = [*available(), *(e for e in entries if e != "all" and e not in available())]
+        registered = _compared({"encodings": ["all"]})  # encoding by name, then the others' own models
+        entries = [*registered, *(e for e in entries if e != "all" and e not in registered)]
     order = _compared({"encodings": entries})
     runs.sort(key=lambda r: (order.index(r["encoding"]) if r["encoding"] in order else len(order), r.get("seed", 0)))
     seeds = sorted({r.get("seed", 0) for r in runs})
