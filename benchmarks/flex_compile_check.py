@@ -23,12 +23,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import sys
 import time
 
 import torch
 
 import posenc
 import posenc.flex
+from posenc import registry
+from posenc.cli_types import OneLineParser, choice_list, device_name, int_in, int_list
 
 
 def sync(device: torch.device) -> None:
@@ -57,8 +60,8 @@ def entries(args, device) -> None:
     if args.no_limit:  # the compiled call as it was before posenc raised the limit
         posenc.flex._recompile_limit = contextlib.nullcontext
     print(f"entries: limit {'dynamo default' if args.no_limit else posenc.flex.FLEX_RECOMPILE_LIMIT}", flush=True)
-    for name in args.encodings.split(","):
-        for L in [int(x) for x in args.lengths.split(",")]:
+    for name in args.encodings:
+        for L in args.lengths:
             torch.manual_seed(0)
             attn = posenc.Attention(args.heads * 64, args.heads, name, head_dim=64, max_len=2 * L, backend="flex")
             attn = attn.to(device=device, dtype=torch.bfloat16).eval()
@@ -76,7 +79,7 @@ def entries(args, device) -> None:
 
 def decode(args, device) -> None:
     H, D, P = args.heads, 64, args.prefill
-    for backend in args.backends.split(","):
+    for backend in args.backends:
         torch._dynamo.reset()
         torch.manual_seed(0)
         attn = posenc.Attention(H * D, H, "alibi", head_dim=D, max_len=P + args.steps + 1)
@@ -100,23 +103,44 @@ def decode(args, device) -> None:
         )
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def backend_sequence(text: str) -> list[str]:
+    """``--backends``: comma-separated names of ``auto`` or :data:`posenc.BACKENDS`, repeats kept."""
+    names = ["auto", *posenc.BACKENDS]
+    items = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in items if v not in names]
+    if not items or bad:
+        got = ", ".join(map(repr, bad)) if bad else repr(text)
+        raise argparse.ArgumentTypeError(f"expected comma-separated backends from {', '.join(names)}; got {got}")
+    return items
+
+
+def main(argv=None) -> int:
+    ap = OneLineParser(prog="flex_compile_check.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("check", choices=["entries", "decode"])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--encodings", default="alibi,t5,fire,kerple,fox")
-    ap.add_argument("--lengths", default="1024,2048")
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--prefill", type=int, default=1024)
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", type=device_name, default="cuda")
+    ap.add_argument(
+        "--encodings", type=choice_list(registry.available(), "encoding"), default="alibi,t5,fire,kerple,fox"
+    )
+    ap.add_argument("--lengths", type=int_list(1, 1 << 20), default="1024,2048")
+    ap.add_argument("--heads", type=int_in(1, 256), default=16)
+    ap.add_argument("--prefill", type=int_in(1, 1 << 20), default=1024)
+    ap.add_argument("--steps", type=int_in(2, 100_000), default=12)
+    ap.add_argument("--repeats", type=int_in(1, 10_000), default=5)
     ap.add_argument("--no-limit", action="store_true")
-    ap.add_argument("--backends", default="flex,dense,auto", help="decode: the backends, in this order")
-    args = ap.parse_args()
+    ap.add_argument(
+        "--backends",
+        type=backend_sequence,
+        default="flex,dense,auto",
+        help="decode: the backends, in this order; a name may repeat (a second dense run after the first)",
+    )
+    args = ap.parse_args(argv)
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"argument --device: {args.device!r} asked for, but this torch sees no CUDA device (use --device cpu)")
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
     (entries if args.check == "entries" else decode)(args, device)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

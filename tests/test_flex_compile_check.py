@@ -1,0 +1,42 @@
+"""benchmarks/flex_compile_check.py: its flags refuse bad values in one line (exit 2), and
+its ``--device cpu`` dry run runs the decode rows in the order given, repeats kept."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "flex_compile_check.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("decode", "--device", "cpu", "--backends", "dense,nosuch"), "'nosuch'"),
+        (("decode", "--device", "cpu", "--backends", ",,"), "--backends"),
+        (("entries", "--device", "cpu", "--encodings", "rope,nosuch"), "'nosuch'"),
+        (("entries", "--device", "cpu", "--lengths", "0"), "--lengths"),
+        (("decode", "--device", "cpu", "--steps", "1"), "--steps"),
+        (("decode", "--device", "cuda:x"), "'cuda:x'"),
+    ],
+)
+def test_bad_flag_is_one_line_exit_2(args, named):
+    proc = _run(*args)
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], proc.stderr
+
+
+def test_cpu_dry_run_keeps_the_order_and_repeats_of_backends():
+    proc = _run("decode", "--device", "cpu", "--prefill", "8", "--steps", "2", "--heads", "1",
+                "--backends", "dense,auto,dense")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("decode ")]
+    assert rows == ["dense", "auto", "dense"]
