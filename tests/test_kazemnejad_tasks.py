@@ -345,7 +345,7 @@ def test_registered_everywhere():
     # it; at 0.1 and 18 000, seeds 0-3, 19 of 20 converge); the tasks not pinned here keep 0.01
     kaz_sum = preset_config("quick", task="kaz-sum")
     assert (kaz_sum.steps, kaz_sum.weight_decay) == (18000, 0.1)
-    others = [t for t in KAZEMNEJAD_TASKS if t not in ("kaz-sum", "kaz-addition", "kaz-parity")]
+    others = [t for t in KAZEMNEJAD_TASKS if t not in ("kaz-sum", "kaz-addition", "kaz-parity", "kaz-reverse")]
     assert {preset_config("quick", task=t).weight_decay for t in others} == {0.01}
     # kaz-addition: 6 blocks, 18 000 steps, weight decay 0.1 (at 2 blocks and 6 000 steps no model
     # passed 8.6 % at n = 8; at 6 blocks nine of ten models of seeds 0 and 1 pass 90 %)
@@ -361,6 +361,12 @@ def test_registered_everywhere():
     assert (parity.steps, parity.weight_decay, parity.depth, parity.train_len) == (12000, 0.1, 2, 8)
     copy = preset_config("quick", task="kaz-copy")
     assert (copy.steps, copy.depth) == (8000, 4)
+    # kaz-reverse: 12 000 steps at weight decay 0.1, 4 blocks, train 20 (at 8 000 and 0.01, seeds 0, 1:
+    # 8 of 10 converge; here, seeds 0-5: 28 of 30); kaz-reverse-2x keeps the common budget
+    reverse = preset_config("quick", task="kaz-reverse")
+    assert (reverse.steps, reverse.weight_decay, reverse.depth, reverse.train_len) == (12000, 0.1, 4, 20)
+    reverse_2x = preset_config("quick", task="kaz-reverse-2x")
+    assert (reverse_2x.steps, reverse_2x.weight_decay, reverse_2x.depth) == (8000, 0.01, 4)
 
 
 def test_compare_runs_a_kazemnejad_task(tmp_path):
