@@ -21,7 +21,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     [
         (("decode", "--device", "cpu", "--backends", "dense,nosuch"), "'nosuch'"),
         (("decode", "--device", "cpu", "--backends", ",,"), "--backends"),
-        (("entries", "--device", "cpu", "--encodings", "rope,nosuch"), "'nosuch'"),
+        (("entries", "--device", "cpu", "--encodings", "alibi,nosuch"), "'nosuch'"),
+        (("entries", "--device", "cpu", "--encodings", "rope"), "'rope'"),  # flex cannot run it
         (("entries", "--device", "cpu", "--lengths", "0"), "--lengths"),
         (("decode", "--device", "cpu", "--steps", "1"), "--steps"),
         (("decode", "--device", "cuda:x"), "'cuda:x'"),
@@ -32,6 +33,13 @@ def test_bad_flag_is_one_line_exit_2(args, named):
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0], proc.stderr
+
+
+def test_cpu_dry_run_of_entries_on_flex_encodings():
+    proc = _run("entries", "--device", "cpu", "--encodings", "alibi,t5", "--lengths", "16", "--heads", "1",
+                "--repeats", "1")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[0] for line in proc.stdout.splitlines() if "L=" in line] == ["alibi", "t5"]
 
 
 def test_cpu_dry_run_keeps_the_order_and_repeats_of_backends():
