@@ -20,7 +20,6 @@ there: a dry run of this script, not a measurement).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import sys
@@ -113,17 +112,6 @@ def flex_encodings() -> list[str]:
     return out
 
 
-def backend_sequence(text: str) -> list[str]:
-    """``--backends``: comma-separated names of ``auto`` or :data:`posenc.BACKENDS`, repeats kept."""
-    names = ["auto", *posenc.BACKENDS]
-    items = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in items if v not in names]
-    if not items or bad:
-        got = ", ".join(map(repr, bad)) if bad else repr(text)
-        raise argparse.ArgumentTypeError(f"expected comma-separated backends from {', '.join(names)}; got {got}")
-    return items
-
-
 def main(argv=None) -> int:
     ap = OneLineParser(prog="flex_compile_check.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("check", choices=["entries", "decode"])
@@ -142,7 +130,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-limit", action="store_true")
     ap.add_argument(
         "--backends",
-        type=backend_sequence,
+        type=choice_list(["auto", *posenc.BACKENDS], "backend", repeats=True),
         default="flex,dense,auto",
         help="decode: the backends, in this order; a name may repeat (a second dense run after the first)",
     )

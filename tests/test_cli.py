@@ -56,3 +56,16 @@ def test_help_exits_cleanly():
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0
+
+
+def test_choice_list_drops_or_keeps_repeats_and_names_unknown_values():
+    from argparse import ArgumentTypeError
+
+    from posenc.cli_types import choice_list
+
+    assert choice_list(["a", "b"])("b, a,b") == ["b", "a"]
+    assert choice_list(iter(["a", "b"]), repeats=True)("b,a,b") == ["b", "a", "b"]  # any iterable, read once
+    with pytest.raises(ArgumentTypeError, match=r"unknown backend\(s\) 'c'; choose from a, b"):
+        choice_list(iter(["a", "b"]), "backend", repeats=True)("a,c")
+    with pytest.raises(ArgumentTypeError, match="expected comma-separated backends from a, b"):
+        choice_list(["a", "b"], "backend")(",,")

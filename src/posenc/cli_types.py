@@ -118,12 +118,13 @@ def int_list(lo: int | None = 1, hi: int | None = None) -> Callable:
     return parse
 
 
-def choice_list(choices: Iterable[str] | None = None, what: str = "value") -> Callable:
+def choice_list(choices: Iterable[str] | None = None, what: str = "value", *, repeats: bool = False) -> Callable:
     """Comma-separated names, at least one; each one of ``choices`` when given (None: the
-    caller checks them). Repeats are dropped, order kept."""
+    caller checks them). Repeats are dropped, order kept (``repeats``: kept)."""
+    choices = None if choices is None else list(choices)
 
     def parse(text: str) -> list[str]:
-        items = list(dict.fromkeys(_items(text)))
+        items = _items(text) if repeats else list(dict.fromkeys(_items(text)))
         if not items:
             among = f" from {', '.join(choices)}" if choices is not None else ""
             raise Error(f"expected comma-separated {what}s{among}; got {text!r}")
