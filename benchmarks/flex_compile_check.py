@@ -102,10 +102,11 @@ def decode(args, device) -> None:
         )
 
 
-def flex_encodings() -> list[str]:
-    """The registered encodings ``backend="flex"`` can run (``entries`` runs only flex)."""
+def flex_encodings(names) -> list[str]:
+    """Those of ``names`` (registered) that ``backend="flex"`` can run (``entries`` runs only flex).
+    Each is built to know, so only the names asked for are, and only by ``entries``."""
     out = []
-    for name in registry.available():
+    for name in names:
         enc = posenc.build(name, heads=2, head_dim=16, max_len=64, causal=True)
         if "flex" in posenc.supported_backends(enc):
             out.append(name)
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", type=device_name, default="cuda")
     ap.add_argument(
         "--encodings",
-        type=choice_list(flex_encodings(), "flex-capable encoding"),
+        type=choice_list(registry.available(), "encoding"),
         default="alibi,t5,fire,kerple,fox",
         help="entries: encodings that backend='flex' runs",
     )
@@ -135,6 +136,11 @@ def main(argv=None) -> int:
         help="decode: the backends, in this order; a name may repeat (a second dense run after the first)",
     )
     args = ap.parse_args(argv)
+    if args.check == "entries":
+        ok = flex_encodings(args.encodings)
+        if bad := [n for n in args.encodings if n not in ok]:
+            runs = ", ".join(flex_encodings(registry.available()))
+            ap.error(f"argument --encodings: backend 'flex' cannot run {', '.join(map(repr, bad))}; it runs {runs}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error(f"argument --device: {args.device!r} asked for, but this torch sees no CUDA device (use --device cpu)")

@@ -48,3 +48,27 @@ def test_cpu_dry_run_keeps_the_order_and_repeats_of_backends():
     assert proc.returncode == 0, proc.stderr
     rows = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("decode ")]
     assert rows == ["dense", "auto", "dense"]
+
+
+def test_only_entries_builds_encodings_and_only_those_named(monkeypatch):
+    """Knowing which encodings flex runs means building them: ``decode`` builds none, ``entries``
+    only those in ``--encodings`` (every registered one only to word a refusal)."""
+    import importlib.util
+
+    import posenc
+
+    spec = importlib.util.spec_from_file_location("flex_compile_check", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    built = []
+    real = posenc.build
+
+    def counting_build(name, **kw):
+        built.append(name)
+        return real(name, **kw)
+
+    monkeypatch.setattr(posenc, "build", counting_build)
+    monkeypatch.setattr(mod, "entries", lambda args, device: None)
+    monkeypatch.setattr(mod, "decode", lambda args, device: None)
+    assert mod.main(["decode", "--device", "cpu"]) == 0 and built == []
+    assert mod.main(["entries", "--device", "cpu", "--encodings", "alibi,t5"]) == 0 and built == ["alibi", "t5"]
