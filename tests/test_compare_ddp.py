@@ -42,3 +42,27 @@ def test_two_gloo_processes_match_one(tmp_path):
         # same global batch, gradients averaged over 2 halves: the same loss curve
         assert ra["train_loss"] == pytest.approx(rb["train_loss"], rel=1e-4)
         assert [e["loss"] for e in ra["eval"]] == pytest.approx([e["loss"] for e in rb["eval"]], rel=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
+def test_every_rank_leaves_the_process_group_at_exit(tmp_path):
+    # A rank that exits still in the group can abort in interpreter finalization (gloo's
+    # threads; SIGABRT), and torchrun then kills rank 0, perhaps mid-write: setup() leaves
+    # the group in an atexit handler.
+    script = tmp_path / "leave.py"
+    script.write_text(
+        "import atexit\n"
+        "import torch.distributed as dist\n"
+        "from posenc.train import setup\n"
+        "rt = setup('cpu')\n"
+        "assert dist.is_initialized() and rt.world == 2\n"
+        "atexit._run_exitfuncs()\n"
+        "print('left' if not dist.is_initialized() else 'still joined', flush=True)\n"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the two ranks' lines may interleave on the shared stdout
+    assert proc.stdout.count("left") == 2 and "still joined" not in proc.stdout, proc.stdout
