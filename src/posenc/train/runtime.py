@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -129,11 +130,16 @@ def leave_group() -> None:
     """Destroy the default process group if one is joined (registered with :mod:`atexit` by
     :func:`setup`, so it runs while the interpreter is still whole).
 
-    A rank that exits without it can abort in interpreter finalization: gloo's worker
-    threads still hold finished work objects, whose teardown then fails
-    ("terminate called without an active exception", SIGABRT; seen on 2 of 12 two-process
-    CPU runs under load). ``torchrun`` answers a failed rank by killing the others, rank 0
-    perhaps while it writes the run's results, and exits 1 for a run whose work was done.
+    A rank that exits still in the group can abort in interpreter finalization: gloo's
+    worker threads still hold finished work objects, whose teardown then needs the
+    interpreter ("terminate called without an active exception", SIGABRT). ``torchrun``
+    answers a failed rank by killing the others, rank 0 perhaps while it writes the run's
+    results, and exits 1 for a run whose work was done. Measured on two-process CPU runs,
+    several at once: 4 of 84 aborted without this; 1 of 72 with ``destroy_process_group``
+    alone (what still held gloo's work then was not traced; the collection first frees
+    objects left in reference cycles); 0 of 120 with it.
     """
     if dist.is_available() and dist.is_initialized():
+        gc.collect()  # objects left in reference cycles may still hold the group and its work
         dist.destroy_process_group()
+        gc.collect()
