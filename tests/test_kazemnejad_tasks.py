@@ -341,12 +341,14 @@ def test_registered_everywhere():
     assert isinstance(load_source(task="kaz-sum", seed=3), KazemnejadTask)
     cfg = preset_config("quick", task="kaz-lego")
     assert (cfg.train_len, cfg.eval_lens, cfg.steps, cfg.lr) == (8, [4, 8, 12, 16], 6000, 3e-3)
-    # kaz-sum: 18 000 steps at weight decay 0.1 (at 0.01 and 12 000 steps four models of ten learned
-    # it; at 0.1 and 18 000, seeds 0-3, 19 of 20 converge); the tasks not pinned here keep 0.01
+    # kaz-sum: 18 000 steps at weight decay 0.1, batch 64 (at 0.01 and 12 000 steps four models of ten
+    # learned it; at 0.1 and 18 000, batch 32, seeds 0-3, 19 of 20 converge; at batch 64 all 20); the
+    # tasks not pinned here keep 0.01, and every task but kaz-sum trains on batch 32
     kaz_sum = preset_config("quick", task="kaz-sum")
-    assert (kaz_sum.steps, kaz_sum.weight_decay) == (18000, 0.1)
+    assert (kaz_sum.steps, kaz_sum.weight_decay, kaz_sum.batch_size) == (18000, 0.1, 64)
     others = [t for t in KAZEMNEJAD_TASKS if t not in ("kaz-sum", "kaz-addition", "kaz-parity", "kaz-reverse")]
     assert {preset_config("quick", task=t).weight_decay for t in others} == {0.01}
+    assert {preset_config("quick", task=t).batch_size for t in KAZEMNEJAD_TASKS if t != "kaz-sum"} == {32}
     # kaz-addition: 6 blocks, 18 000 steps, weight decay 0.1 (at 2 blocks and 6 000 steps no model
     # passed 8.6 % at n = 8; at 6 blocks nine of ten models of seeds 0 and 1 pass 90 %)
     addition = preset_config("quick", task="kaz-addition")
