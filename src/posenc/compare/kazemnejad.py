@@ -30,7 +30,7 @@ _TR8 = {"train_len": 8, "eval_lens": [4, 8, 12, 16], "depth": 2, "steps": 6000}
 # ten models learned it by 12 000 steps (at 0.1 and 18 000, seeds 0-3: 19 of 20 converge; at
 # 21 000, 18 of 20 learn it: ALiBi seed 3, APE seed 2 stay below 50 %; at 24 000, 18 of 20);
 # at 18 000 and 0.1 with batch 64 all 20 of seeds 0-3 learn it and converge (weight decay 0.3:
-# 2 of 10 of seeds 0, 1; a learning-rate floor of 10 %: 5 of 10), the one kaz-sum batch not 32;
+# 2 of 10 of seeds 0, 1; a learning-rate floor of 10 %: 5 of 10): the one task not at batch 32;
 # kaz-sort at 6 000: NoPE still improving (8 000: all ten converge); kaz-addition: nothing
 # learned it at 2 blocks (<= 8.6 % at n = 8), at 6 blocks 9 of 10 (seeds 0, 1; T5 seed 1:
 # 30 %), none converged. kaz-parity: at weight decay 0.01 no budget to 12 000 steps converged
