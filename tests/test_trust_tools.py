@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import posenc
 from posenc.analysis import models, specs
@@ -360,6 +363,78 @@ def test_atomic_write_keeps_the_old_file(tmp_path, monkeypatch):
     with pytest.raises(OutputError, match="r.csv"):
         write_csv(tmp_path / "r.csv", [{"a": 1}])
     assert json.loads(path.read_text()) == {"a": 1} and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+class _CtrlCAt:
+    """A file whose ``at``-th writes (1-based) each send this process a Ctrl-C (SIGINT)."""
+
+    def __init__(self, f, *at):
+        self.f, self.at, self.n = f, at, 0
+
+    def write(self, data):
+        self.n += 1
+        if self.n in self.at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return self.f.write(data)
+
+    def flush(self):
+        self.f.flush()
+
+
+@pytest.fixture
+def python_ctrl_c():
+    """Python's own SIGINT handler (a pytest-xdist worker may run with another), restored after."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_during_a_checkpoint_write_is_raised_once_the_file_is_whole(tmp_path, python_ctrl_c):
+    """torch's zip writer turns a KeyboardInterrupt raised inside one of its writes into
+    RuntimeError("unexpected pos ..."), which read as a full disk (exit 2, "cannot write
+    checkpoint"); the Ctrl-C now waits for the file and is raised as KeyboardInterrupt."""
+    from posenc.output import atomic_write
+
+    model = posenc.TransformerLM(16, 16, 1, 2, "rope")
+    path = tmp_path / "m.pt"
+    with pytest.raises(KeyboardInterrupt), atomic_write(path, "wb") as f:
+        posenc.save_checkpoint(_CtrlCAt(f, 3), model, step=7)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]  # in place, no temporary
+    loaded, extra = posenc.load_checkpoint(path)
+    assert extra["step"] == 7 and all(torch.equal(a, b) for a, b in zip(loaded.parameters(), model.parameters()))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):  # no file around it: the same
+        posenc.save_checkpoint(_CtrlCAt(buf := io.BytesIO(), 3), model)
+    assert posenc.load_checkpoint(io.BytesIO(buf.getvalue()))[1] == {}
+
+
+def test_a_second_ctrl_c_interrupts_the_write_at_once(tmp_path, python_ctrl_c):
+    from posenc.output import atomic_write
+
+    model = posenc.TransformerLM(16, 16, 1, 2, "rope")
+    path = tmp_path / "m.pt"
+    posenc.save_checkpoint(path, model, step=1)
+    with pytest.raises(KeyboardInterrupt), atomic_write(path, "wb") as f:  # not RuntimeError
+        posenc.save_checkpoint(_CtrlCAt(f, 3, 4), model, step=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"] and posenc.load_checkpoint(path)[1] == {"step": 1}
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_before_the_rename_still_writes_the_file(tmp_path, monkeypatch, python_ctrl_c):
+    from posenc.output import write_json
+
+    path = tmp_path / "r.json"
+    write_json(path, {"a": 1})
+    real = os.fsync
+
+    def interrupted(fd):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_json(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 2} and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
 
 
 def test_a_link_planted_in_out_is_replaced_not_written_through(tmp_path):

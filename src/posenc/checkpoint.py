@@ -28,6 +28,7 @@ import torch
 
 from .config import ModelConfig
 from .model import TransformerLM
+from .output.files import hold_ctrl_c
 
 __all__ = ["save_checkpoint", "load_checkpoint", "upgrade_config", "upgrade_state_dict", "CheckpointError"]
 
@@ -82,6 +83,8 @@ def _check_plain(value: Any, where: str) -> None:
 def save_checkpoint(path, model: TransformerLM, **extra) -> None:
     """Save ``model`` (config + weights) and ``extra`` (tensors and plain data) to ``path``.
 
+    A Ctrl-C during the write is raised (``KeyboardInterrupt``) once the file is whole.
+
     Raises:
         CheckpointError: an ``extra`` value that is not tensors and plain data (it would not
             load with ``weights_only=True``); nothing is written then.
@@ -90,7 +93,15 @@ def save_checkpoint(path, model: TransformerLM, **extra) -> None:
         if key in ("model_config", "model"):
             raise CheckpointError(f"extra entry {key!r} is reserved for the model itself")
         _check_plain(value, key)
-    torch.save({"model_config": model.config.to_dict(), "model": model.state_dict(), **extra}, path)
+    try:
+        with hold_ctrl_c():
+            torch.save({"model_config": model.config.to_dict(), "model": model.state_dict(), **extra}, path)
+    except RuntimeError as e:
+        # a Ctrl-C inside one of the zip writer's writes comes out as RuntimeError("unexpected pos
+        # ..."), the same words as a full disk: it is the Ctrl-C
+        if isinstance(e.__context__, KeyboardInterrupt):
+            raise KeyboardInterrupt from None
+        raise
 
 
 def load_checkpoint(path, *, map_location="cpu") -> tuple[TransformerLM, dict]:

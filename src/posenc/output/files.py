@@ -20,11 +20,22 @@ import json
 import math
 import os
 import secrets
+import signal
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["OutputError", "atomic_write", "clean", "write_bytes", "write_csv", "write_json", "write_text"]
+__all__ = [
+    "OutputError",
+    "atomic_write",
+    "clean",
+    "hold_ctrl_c",
+    "write_bytes",
+    "write_csv",
+    "write_json",
+    "write_text",
+]
 
 
 class OutputError(OSError, ValueError):
@@ -50,15 +61,51 @@ def _mkdir(folder: Path) -> None:
 
 
 @contextlib.contextmanager
+def hold_ctrl_c() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that arrives during the block and raise it as
+    ``KeyboardInterrupt`` when the block ends, so the file being written is whole; a second
+    Ctrl-C interrupts at once. Only where Python's own handler is installed (the main
+    thread, no handler of the caller's): elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum, frame):
+        if held:  # the second: now
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        held.append(signum)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if held:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
 def atomic_write(path: str | Path, mode: str = "w", **open_kw) -> Iterator[IO]:
     """Open a temporary file beside ``path`` for writing; on leaving the block without an
-    error, flush it to disk and rename it to ``path``. On any error (or Ctrl-C) the
-    temporary is removed and ``path`` is untouched.
+    error, flush it to disk and rename it to ``path``. On any error the temporary is removed
+    and ``path`` is untouched. A Ctrl-C is held (:func:`hold_ctrl_c`) until the file is in
+    place; a second one interrupts at once, as an error.
 
     Raises:
         OutputError: the file cannot be created, written or renamed (``errno`` kept).
     """
-    path = Path(path)
+    with hold_ctrl_c():
+        with _atomic_write(Path(path), mode, **open_kw) as f:
+            yield f
+
+
+@contextlib.contextmanager
+def _atomic_write(path: Path, mode: str, **open_kw) -> Iterator[IO]:
     _mkdir(path.parent)
     # a hidden name that no tool writes, in the same folder (os.replace is atomic there);
     # O_EXCL: never through a link an attacker placed
