@@ -66,10 +66,8 @@ def hold_ctrl_c() -> Iterator[None]:
     ``KeyboardInterrupt`` when the block ends, so the file being written is whole; a second
     Ctrl-C interrupts at once. Only where Python's own handler is installed (the main
     thread, no handler of the caller's): elsewhere the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield
         return
     held: list[int] = []
