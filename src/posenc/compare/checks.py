@@ -20,9 +20,12 @@ __all__ = [
     "MAX_LEN",
     "MODEL_NAME",
     "MODEL_NAME_RULE",
+    "SCHEDULES",
+    "SCHEDULE_DEFAULTS",
     "check_attention_fields",
     "check_fields",
     "check_models",
+    "check_schedule_fields",
     "model_names",
     "parse_named",
 ]
@@ -50,11 +53,11 @@ _FLOATS: dict[str, tuple[float, float, bool, bool]] = {
     "val_fraction": (0.0, 1.0, False, False), "mlp_ratio": (0.0, 64.0, False, True),
     "dropout": (0.0, 1.0, True, False), "attn_dropout": (0.0, 1.0, True, False),
     "activation_dropout": (0.0, 1.0, True, False), "embed_std": (0.0, 100.0, False, True), "lr": (0.0, 100.0, False, True),
-    "min_lr_ratio": (0.0, 1.0, True, True), "weight_decay": (0.0, 100.0, True, True),
+    "min_lr_ratio": (0.0, 1.0, True, True), "decay_fraction": (0.0, 1.0, False, True), "weight_decay": (0.0, 100.0, True, True),
     "grad_clip": (0.0, 1e9, True, True),
 }  # fmt: skip
 _BOOLS = ("tie_embeddings", "compile", "randomized_positions", "packed", "sliding")
-_STRS = ("preset", "dataset_split", "dataset_field", "device", "dtype")
+_STRS = ("preset", "dataset_split", "dataset_field", "device", "dtype", "schedule")
 _OPTIONAL_STRS = ("text", "dataset", "dataset_config", "task", "shard")
 _OPTIONAL = ("max_pos", "stride")
 _SEED_MAX = 2**31 - 1
@@ -232,3 +235,22 @@ def check_attention_fields(cfg) -> None:
         ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0)
         if not ok:
             raise ValueError(f"{name} must be a finite number > 0 or unset, got {v!r}")
+
+
+# The learning-rate schedules of a comparison: cosine (posenc.train.cosine_schedule) or
+# warmup-stable-decay with a linear or 1 - sqrt cooldown (posenc.train.wsd_schedule).
+SCHEDULES = ("cosine", "wsd", "wsd-sqrt")
+# The schedule fields with their defaults: left out of to_dict while they keep them, so
+# configs and fingerprints written before they existed stay the same.
+SCHEDULE_DEFAULTS: dict[str, Any] = {"schedule": "cosine", "decay_fraction": 0.2}
+
+
+def check_schedule_fields(cfg) -> None:
+    """``ValueError`` naming an unknown schedule, or a cooldown share given to the cosine."""
+    if cfg.schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
+    if cfg.schedule == "cosine" and cfg.decay_fraction != SCHEDULE_DEFAULTS["decay_fraction"]:
+        raise ValueError(
+            f"decay_fraction applies to schedule wsd or wsd-sqrt only, and schedule is cosine "
+            f"(got decay_fraction {cfg.decay_fraction!r})"
+        )

@@ -71,7 +71,11 @@ _HELP = {
     "batch_size": "sequences per step (the global batch under torchrun)",
     "lr": "peak learning rate (AdamW)",
     "warmup": "linear warmup steps",
-    "min_lr_ratio": "cosine decay ends at lr * min_lr_ratio",
+    "min_lr_ratio": "the decay ends at lr * min_lr_ratio",
+    "schedule": "learning-rate schedule after the warmup: cosine, or warmup-stable-decay (lr held, then a "
+    "cooldown over the last --decay-fraction of the steps): wsd (linear cooldown) or wsd-sqrt (1 - sqrt, "
+    "Hägele et al. 2024)",
+    "decay_fraction": "wsd, wsd-sqrt: the cooldown's share of the steps, in (0, 1]",
     "weight_decay": "AdamW weight decay",
     "grad_clip": "clip the gradient norm to this (0: no clipping)",
     "seeds": "comma-separated seeds: one model per encoding and seed (weights and data order); "

@@ -18,10 +18,12 @@ from typing import Any
 from ..data import TASK_NAMES
 from .checks import (
     ATTENTION_DEFAULTS,
+    SCHEDULE_DEFAULTS,
     check_attention_fields,
     check_encodings,
     check_fields,
     check_models,
+    check_schedule_fields,
     model_names,
     parse_named,
 )
@@ -74,7 +76,9 @@ class CompareConfig:
     batch_size: int = 32
     lr: float = 1e-2
     warmup: int = 100  # linear warmup steps (at most `steps`)
-    min_lr_ratio: float = 0.0  # cosine decay to lr * min_lr_ratio
+    min_lr_ratio: float = 0.0  # the decay ends at lr * min_lr_ratio
+    schedule: str = "cosine"  # cosine | wsd | wsd-sqrt (warmup-stable-decay; posenc.train.wsd_schedule)
+    decay_fraction: float = 0.2  # wsd: the cooldown's share of the steps
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     seeds: list[int] = field(default_factory=lambda: [0])  # one model per encoding and seed
@@ -162,6 +166,7 @@ class CompareConfig:
             check_models(self.encoding_names(), self.named_patterns())
         check_paper_fields(self)
         check_attention_fields(self)
+        check_schedule_fields(self)
         check_encodings(self)  # every model builds: names, patterns and option values
 
     def named_patterns(self) -> dict[str, str]:
@@ -209,10 +214,11 @@ class CompareConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, but the paper preset's and the attention fields at their defaults
-        (:data:`PAPER_DEFAULTS`, :data:`ATTENTION_DEFAULTS`): a
-        config without them is written, fingerprinted and compared as before they existed."""
+        (:data:`PAPER_DEFAULTS`, :data:`ATTENTION_DEFAULTS`) and the schedule's
+        (:data:`SCHEDULE_DEFAULTS`): a config without them is written, fingerprinted and
+        compared as before they existed."""
         d = asdict(self)
-        for k, v in {**PAPER_DEFAULTS, **ATTENTION_DEFAULTS}.items():
+        for k, v in {**PAPER_DEFAULTS, **ATTENTION_DEFAULTS, **SCHEDULE_DEFAULTS}.items():
             if d[k] == v:
                 del d[k]
         return d

@@ -30,7 +30,7 @@ from ..checkpoint import CheckpointError, load_checkpoint
 from ..data import Batch, positions_for, step_generator
 from ..model import TransformerLM
 from ..positions import randomized_positions
-from ..train import Callback, Every, Progress, Runtime, Trainer, adamw, cosine_schedule, lm_loss
+from ..train import Callback, Every, Progress, Runtime, Trainer, adamw, cosine_schedule, lm_loss, wsd_schedule
 from ..train.fsdp import shard_model
 from .config import CompareConfig
 from .diagnostics import convergence, process_matmul_peak, training_flops_per_token
@@ -38,7 +38,9 @@ from .evaluate import EvalSettings, evaluate, model_axes
 from .paper import accumulation_steps
 from .rundir import RunDirError, check_checkpoint
 
-__all__ = ["batches", "build_model", "checkpoint_path", "max_positions", "model_max_len", "train_encoding"]
+__all__ = [
+    "batches", "build_model", "checkpoint_path", "lr_schedule", "max_positions", "model_max_len", "train_encoding",
+]  # fmt: skip
 
 
 def max_positions(cfg: CompareConfig, source) -> int:
@@ -150,6 +152,15 @@ def _val_point(step: int, e: dict[str, Any]) -> dict[str, Any]:
     return {"step": step, "loss": e["loss"], **{k: e[k] for k in ("ppl", "accuracy") if e.get(k) is not None}}
 
 
+def lr_schedule(cfg: CompareConfig):
+    """``lr_at(step)`` of the config's ``schedule``: cosine, or warmup-stable-decay with a linear
+    (``wsd``) or ``1 - sqrt`` (``wsd-sqrt``) cooldown over the last ``decay_fraction`` of the steps."""
+    if cfg.schedule == "cosine":
+        return cosine_schedule(cfg.lr, cfg.steps, cfg.warmup, cfg.min_lr_ratio)
+    shape = "sqrt" if cfg.schedule == "wsd-sqrt" else "linear"
+    return wsd_schedule(cfg.lr, cfg.steps, cfg.warmup, cfg.decay_fraction, cfg.min_lr_ratio, shape=shape)
+
+
 def val_steps(cfg: CompareConfig) -> set[int]:
     """The steps after which the training-length validation runs (the last one: the final evaluation)."""
     return {round(cfg.steps * k / cfg.val_points) for k in range(1, cfg.val_points)} - {0} if cfg.val_points else set()
@@ -198,7 +209,7 @@ def train_encoding(
     trainer = Trainer(
         model, adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay, **fused), runtime=rt,
         loss=torch.compile(lm_loss) if cfg.compile else lm_loss,
-        schedule=cosine_schedule(cfg.lr, cfg.steps, cfg.warmup, cfg.min_lr_ratio), grad_clip=cfg.grad_clip,
+        schedule=lr_schedule(cfg), grad_clip=cfg.grad_clip,
         autocast_dtype=torch.bfloat16 if cfg.dtype == "bfloat16" else None, accumulate=accumulate, fsdp=fsdp,
     )  # fmt: skip
     state, curve = None, []

@@ -32,7 +32,8 @@ What the pieces are:
   for :func:`lm_loss`, or anything a custom ``loss(net, batch)`` takes: a tensor or a
   tuple of tensors). Make it a function of the step alone (:func:`posenc.data.step_generator`)
   and the run is deterministic and resumable.
-* The schedule: any ``lr_at(step) -> float``; :func:`cosine_schedule` is warmup + cosine.
+* The schedule: any ``lr_at(step) -> float``; :func:`cosine_schedule` is warmup + cosine,
+  :func:`wsd_schedule` warmup, a constant rate and a final cooldown.
 * :class:`TrainState`: ``step``, every step's loss (``losses``), time in steps
   (``seconds``) and tokens seen. ``trainer.save(path, state, **extra)`` writes the weights,
   :meth:`Trainer.state_dict` (optimizer, CPU and CUDA RNG, step, losses, time) and
@@ -66,6 +67,7 @@ from .loop import (
     cosine_schedule,
     lm_loss,
     masked_loss,
+    wsd_schedule,
 )
 from .progress import Progress
 from .runtime import Runtime, map_tensors, resolve_device, setup
@@ -86,4 +88,5 @@ __all__ = [
     "masked_loss",
     "resolve_device",
     "setup",
+    "wsd_schedule",
 ]

@@ -67,6 +67,41 @@ def cosine_schedule(lr: float, steps: int, warmup: int = 0, min_lr_ratio: float 
     return lr_at
 
 
+def wsd_schedule(
+    lr: float,
+    steps: int,
+    warmup: int = 0,
+    decay_fraction: float = 0.2,
+    min_lr_ratio: float = 0.0,
+    shape: str = "linear",
+) -> Callable[[int], float]:
+    """Warmup-stable-decay: linear warmup over ``min(warmup, steps)`` steps, ``lr`` until the last
+    ``decay_fraction`` of the steps, then a cooldown to ``lr * min_lr_ratio``.
+
+    The cooldown is linear (MiniCPM, Hu et al. 2024) or ``shape="sqrt"``, ``1 - sqrt(t)``
+    (Hägele et al. 2024, who found it the better of the two); ``t`` runs from 0 at its first
+    step towards 1 at ``steps``, as :func:`cosine_schedule`'s does after the warmup. The
+    cooldown starts no earlier than the warmup ends. Returns ``lr_at(step)``.
+    """
+    if shape not in ("linear", "sqrt"):
+        raise ValueError(f"shape must be 'linear' or 'sqrt', got {shape!r}")
+    if not 0.0 < decay_fraction <= 1.0:
+        raise ValueError(f"decay_fraction must be in (0, 1], got {decay_fraction!r}")
+    warmup = min(warmup, steps)
+    start = max(warmup, steps - round(decay_fraction * steps))
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        if step < start:
+            return lr
+        t = min(1.0, (step - start) / max(1, steps - start))
+        left = 1 - (math.sqrt(t) if shape == "sqrt" else t)
+        return lr * (min_lr_ratio + (1 - min_lr_ratio) * left)
+
+    return lr_at
+
+
 def adamw(model: nn.Module, *, lr: float, weight_decay: float = 0.01, betas=(0.9, 0.95), **kw) -> torch.optim.AdamW:
     """AdamW over every parameter of ``model`` (``kw``: e.g. ``fused=True`` or ``foreach=True``)."""
     return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay, **kw)
