@@ -101,7 +101,10 @@ def test_the_run_trains_with_the_schedule_it_names(tmp_path, schedule):
     [
         (["--schedule", "linear"], "--schedule must be one of cosine, wsd, wsd-sqrt, got 'linear'"),
         (["--schedule", "wsd", "--decay-fraction", "0"], "--decay-fraction must be a finite number in (0, 1], got 0.0"),
-        (["--schedule", "wsd", "--decay-fraction", "1.5"], "--decay-fraction must be a finite number in (0, 1], got 1.5"),
+        (
+            ["--schedule", "wsd", "--decay-fraction", "1.5"],
+            "--decay-fraction must be a finite number in (0, 1], got 1.5",
+        ),
         (["--decay-fraction", "0.3"], "--decay-fraction applies to schedule wsd or wsd-sqrt only"),
     ],
 )
