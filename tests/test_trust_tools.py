@@ -175,6 +175,8 @@ FLAGS: dict[str, dict[str, list[str]]] = {
         "--lr": ["", "0", "-1", "nan", "inf", "-inf", "1e999", "abc"],
         "--warmup": NONNEG,
         "--min-lr-ratio": ["", "-0.1", "1.5", "nan", "abc"],
+        "--schedule": CHOICE,
+        "--decay-fraction": ["", "0", "-0.1", "1.5", "nan", "abc"],
         "--weight-decay": ["", "-1", "nan", "inf", "abc"],
         "--grad-clip": ["", "-1", "nan", "-inf", "abc"],
         "--seeds": ["", ",", "-1", "0,,1", "0,0", "abc", "1.5", "nan"],
