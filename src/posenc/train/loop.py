@@ -57,12 +57,18 @@ def cosine_schedule(lr: float, steps: int, warmup: int = 0, min_lr_ratio: float 
     Returns ``lr_at(step)``, a function of the step only (so a resumed run gets the same rates).
     """
     warmup = min(warmup, steps)
+    return _warmup_then(lr, warmup, min_lr_ratio,
+                        lambda step: 0.5 * (1 + math.cos(math.pi * ((step - warmup) / max(1, steps - warmup)))))  # fmt: skip
+
+
+def _warmup_then(lr: float, warmup: int, min_lr_ratio: float, left: Callable[[int], float]) -> Callable[[int], float]:
+    """``lr_at(step)``: linear warmup over ``warmup`` steps, then ``lr * (min_lr_ratio + (1 -
+    min_lr_ratio) * left(step))``; ``left`` (1 down to 0) is each schedule's own shape."""
 
     def lr_at(step: int) -> float:
         if step < warmup:
             return lr * (step + 1) / warmup
-        t = (step - warmup) / max(1, steps - warmup)
-        return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+        return lr * (min_lr_ratio + (1 - min_lr_ratio) * left(step))
 
     return lr_at
 
@@ -90,16 +96,13 @@ def wsd_schedule(
     warmup = min(warmup, steps)
     start = max(warmup, steps - round(decay_fraction * steps))
 
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return lr * (step + 1) / warmup
+    def left(step: int) -> float:
         if step < start:
-            return lr
+            return 1.0
         t = min(1.0, (step - start) / max(1, steps - start))
-        left = 1 - (math.sqrt(t) if shape == "sqrt" else t)
-        return lr * (min_lr_ratio + (1 - min_lr_ratio) * left)
+        return 1 - (math.sqrt(t) if shape == "sqrt" else t)
 
-    return lr_at
+    return _warmup_then(lr, warmup, min_lr_ratio, left)
 
 
 def adamw(model: nn.Module, *, lr: float, weight_decay: float = 0.01, betas=(0.9, 0.95), **kw) -> torch.optim.AdamW:
