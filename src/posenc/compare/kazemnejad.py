@@ -46,8 +46,9 @@ _TR8 = {"train_len": 8, "eval_lens": [4, 8, 12, 16], "depth": 2, "steps": 6000}
 # at 79.3 %, still rising); at 12 000 steps, 0.1 and batch 64 all 20 of seeds 0-3 converge.
 # Not converged at any budget tried, so left at the common one or at the best found:
 # kaz-addition (the entry below; 2-10 blocks, width 128, 6-54 k steps, lr 1e-3-6e-3, batch 64,
-# cosine or WSD all leave models still rising), kaz-sort-multi, kaz-lego, kaz-poly; every probe
-# is in docs/compare.md with its command and numbers.
+# cosine or WSD all leave models still rising; at 54 k ALiBi seed 1 converges, NoPE seed 0 does
+# not), kaz-sort-multi, kaz-lego, kaz-poly; every probe is in docs/compare.md with its command
+# and numbers.
 KAZEMNEJAD_BUDGETS: dict[str, dict[str, Any]] = {
     "kaz-sum": {"steps": 18000, "weight_decay": 0.1, "batch_size": 64},
     "kaz-parity": {"steps": 12000, "weight_decay": 0.1},
