@@ -15,6 +15,14 @@ Two functions are registered under the name ``"posenc"``:
 
 What the attention interface does not carry, and how it is rebuilt here:
 
+* **Positions of a padded call.** Called without ``position_ids`` (as HF models are, outside
+  ``generate``), a model numbers the tokens ``0 .. L-1``, pads included, so a left-padded row's
+  real tokens sit as many positions on as there are pads before them. Whenever the 2-D mask
+  pads something and the positions are those a model makes by itself, the tokens are numbered
+  from the mask instead, as ``generate`` numbers them: the real tokens before each, pads at 0
+  (:meth:`PosencMask.positions`), cached keys included. Attention and input stages get the same
+  positions, so a left-padded row gives its real tokens what the row gives alone (an absolute
+  table, a convolution whose zero padding marks where the sequence starts).
 * **Key positions.** HF passes the positions of the new tokens only. Keys in the cache
   are taken to run contiguously up to the first new token, ``k_pos = q_pos[0] - c + j``
   for cached key ``j`` of ``c`` (clamped at 0 for left padding, which is masked). This is

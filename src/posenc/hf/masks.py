@@ -39,7 +39,10 @@ class PosencMask:
     window in posenc's terms (:class:`posenc.AttentionMask`: ``W`` keys up to the query
     included, causal; ``|i - j| < W`` bidirectional); None: none. ``dropped``: query rows a
     model cut off the front of the call (``mask[:, :, -n:, :]``: Gemma 4 runs its key/value-sharing
-    layers on the last ``logits_to_keep`` rows only); their keys stay.
+    layers on the last ``logits_to_keep`` rows only); their keys stay. ``numbering`` ``(B, Lk)``
+    int64: the position of the token in each key slot as ``generate`` numbers a padded batch (the
+    real tokens before it in the 2-D mask, counting those a sliding-window cache dropped; pads
+    0), or None when nothing is padded; what :meth:`positions` uses when HF passes no position ids.
     """
 
     batch_size: int
@@ -51,6 +54,7 @@ class PosencMask:
     kv_offset: int = 0
     window: int | None = None
     dropped: int = 0
+    numbering: Tensor | None = None
     _memo: dict = field(default_factory=dict, repr=False)
 
     # HF's generate and create_causal_mask treat a prepared mask like a 4-D tensor
@@ -118,6 +122,9 @@ class PosencMask:
         Lq, c = self.q_length + self.dropped, self.cached - self.dropped  # (the call as HF made it)
         if axes is not None:
             q_pos = PF.check_positions(axes.permute(1, 2, 0), Lq, name="position_ids", batch=batch, axes=axes.shape[0])
+        elif self.numbering is not None and past is None and not multimodal and self._unnumbered(position_ids, Lq):
+            # a padded call without position ids: number the tokens from the mask, cached ones too
+            q_pos, past = self.numbering[:, c : c + Lq], self.numbering[:, :c]
         elif position_ids is None:
             q_pos = PF.default_positions(Lq, offset=self.q_offset - self.dropped).unsqueeze(0)
         else:
@@ -142,6 +149,21 @@ class PosencMask:
         out = (q_pos, k_pos, documents)
         self._memo["positions"] = (key, out)
         return out
+
+    def _unnumbered(self, position_ids: Tensor | None, length: int) -> bool:
+        """Whether ``position_ids`` are what an HF model makes when it is given none: None (a layer
+        not handed them), or ``arange(L) + cached`` as one row (Llama, GPT-2, Qwen, Gemma, ...).
+
+        Those count the pads of a left-padded row as tokens, which moves its real tokens by the
+        pads before them; :attr:`numbering` counts real tokens only, as ``generate`` does. Other
+        position ids are the caller's and are kept.
+        """
+        if position_ids is None:
+            return True
+        if position_ids.dim() != 2 or position_ids.shape != (1, length) or position_ids.is_floating_point():
+            return False
+        start = self.q_offset - self.dropped
+        return torch.equal(position_ids[0], torch.arange(start, start + length, device=position_ids.device))
 
 
 def _documents(q_pos: Tensor | None, batch: int, kwargs: dict, length: int, device) -> Tensor | None:
@@ -217,11 +239,18 @@ def mask_interface(
         window = int(local_size) + 1  # |i - j| <= W in HF is |i - j| < W + 1 in posenc
     elif any(p.startswith("sliding_window_overlay") for p in parts):
         window = int(local_size)  # kv > q - W: the same W keys as posenc's window
-    padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+    padding, numbering = prepare_padding_mask(attention_mask, kv_length, kv_offset), None
     if padding is not None:
-        padding = padding[:, :kv_length].bool()
-        if bool(padding.all()):
+        # HF's 2-D mask has a column per token from the first; key slot s holds token kv_offset + s
+        # (a sliding-window cache dropped the first kv_offset)
+        full = padding[:, : kv_offset + kv_length].bool()
+        if bool(full.all()):
             padding = None
+        else:
+            padding = full[:, kv_offset:]
+            numbering = (full.long().cumsum(-1) - 1).masked_fill(~full, 0)[:, kv_offset:]
+            if bool(padding.all()):  # (the pads left the window; the numbering still counts from them)
+                padding = None
     return PosencMask(
         batch_size=batch_size,
         q_length=q_length,
@@ -231,4 +260,5 @@ def mask_interface(
         causal=causal,
         kv_offset=int(kv_offset),
         window=window,
+        numbering=numbering,
     )

@@ -14,8 +14,11 @@ anything global:
   pre-hook of decoder layer ``n`` on the residual stream (0: the token embeddings), once
   per distinct instance; ``"layer"`` (FLOATER) in a pre-hook of every attention module
   using it, on that layer's attention input. The hooks read ``position_ids`` from the
-  layer's keyword arguments; with a cache, an input stage that reads preceding inputs
-  (``input_context``) keeps them in a :class:`posenc.cache.InputHistory` per cache.
+  layer's keyword arguments, numbered from the padding mask where the model made them itself
+  (:meth:`posenc.hf.masks.PosencMask.positions`: a left-padded row's first real token is at 0,
+  so ``conv``'s zero padding, not the pads, lies before it); with a cache, an input stage that
+  reads preceding inputs (``input_context``) keeps them in a :class:`posenc.cache.InputHistory`
+  per cache.
 """
 
 from __future__ import annotations
