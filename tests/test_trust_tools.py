@@ -21,6 +21,7 @@ import torch
 import posenc
 from posenc.analysis import models, specs
 from posenc.cli import main, make_parser
+from posenc.compare.config import preset_config
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -263,9 +264,29 @@ def test_the_flag_table_covers_every_flag():
         (["bench", "--memory-method", "rss"], "--memory-lengths"),
         (["bench", "--no-throughput", "--train-hf"], "--train-hf"),
         (["bench", "--memory-only", "--memory-lengths", "8", "--profile"], "--profile"),
+        # issue 61: a value that only the other flags make wrong, refused before the work
+        (["compare", "--encodings", "rope", "--steps", "20", "--warmup", "1000"], "--warmup"),  # item 1
+        (["compare", "--encodings", "rope", "--config", "<quick>", "--steps", "20"], "warmup in"),  # the file's 100
+        (["compare", "--encodings", "rope", "--sliding", "--stride", "100", "--eval-lens", "64,128"], "--stride"),
+        (["compare", "--encodings", "rope", "--sliding", "--stride", "32", "--train-len", "16"], "--stride"),
+        (["compare", "--encodings", "rope", "--stride", "8"], "--stride"),  # without --sliding: nothing
+        (["compare", "--encodings", "rope", "--task", "copy", "--sliding"], "--sliding"),  # problems, not windows
+        (["compare", "--encodings", "rope", "--steps", "20", "--val-points", "1000"], "--val-points"),  # item 3
+        (["compare", "--encodings", "rope", "--fsdp", "--val-points", "0"], "--fsdp"),  # item 4: no torchrun
+        (["compare", "--encodings", "rope", "--task", "count", "--eval-lens", "16,300000"], "--eval-lens"),  # item 6
+        (["compare", "--encodings", "rope", "--task", "grid", "--eval-lens", "8,2000"], "--eval-lens"),
+        (["compare", "--encodings", "rope", "--task", "grid", "--train-len", "1100"], "--train-len"),
+        (
+            ["compare", "--encodings", "rope", "--task", "count", "--randomized-positions", "--max-pos", "300000"],
+            "--max-pos",
+        ),
     ],
 )
-def test_flags_that_do_nothing_together_are_refused(argv, flag, tmp_path, capsys, no_work):
+def test_flags_that_do_nothing_together_are_refused(argv, flag, tmp_path, capsys, monkeypatch, no_work):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # not under torchrun
+    if "<quick>" in argv:  # a config file of the quick preset (its warmup: 100 steps)
+        preset_config("quick").save(tmp_path / "quick.json")
+        argv = [str(tmp_path / "quick.json") if a == "<quick>" else a for a in argv]
     argv = [*argv, "--out", str(tmp_path / "out")] + (["--quiet", "--device", "cpu"] if argv[0] == "bench" else [])
     assert run(argv) == 2
     line = one_line(capsys.readouterr().err)

@@ -13,9 +13,10 @@ __all__ = ["parse_encoding_options", "split_encodings"]
 
 
 def parse_encoding_options(s: str) -> dict[str, dict[str, Any]]:
-    """``"t5.max_distance=64,rope.base=500"`` -> ``{"t5": {"max_distance": 64}, "rope": {"base": 500}}``."""
+    """``"t5.max_distance=64,rope.base=500"`` -> ``{"t5": {"max_distance": 64}, "rope": {"base": 500}}``;
+    a JSON value keeps its commas (``rope.rope_scaling={"rope_type":"yarn","factor":4}``)."""
     out: dict[str, dict[str, Any]] = {}
-    for item in _items(s):
+    for item in _items(s, json_values=True):
         key, sep, raw = item.partition("=")
         name, dot, opt = key.partition(".")
         if not (sep and dot and name and opt):
@@ -45,12 +46,32 @@ def split_encodings(s: str) -> list[str]:
     return out
 
 
-def _items(s: str) -> list[str]:
-    """``"a, b"`` -> ``["a", "b"]``; an empty item (``"0,,1"``, ``"0,"``) is an error, not skipped."""
-    items = [x.strip() for x in s.split(",")]
+def _items(s: str, *, json_values: bool = False) -> list[str]:
+    """``"a, b"`` -> ``["a", "b"]``; an empty item (``"0,,1"``, ``"0,"``) is an error, not skipped.
+    ``json_values``: a comma inside JSON brackets, braces or a quoted string does not split."""
+    items = [x.strip() for x in (_split_outside_json(s) if json_values else s.split(","))]
     if not all(items):
         raise argparse.ArgumentTypeError(f"expected comma-separated values with none empty, got {s!r}")
     return items
+
+
+def _split_outside_json(s: str) -> list[str]:
+    """``s`` split at the commas outside ``[]``, ``{}`` and ``"..."`` (a backslash escapes
+    inside quotes); an unclosed bracket or quote runs to the end."""
+    parts, start, depth, quoted, escaped = [], 0, 0, False, False
+    for i, c in enumerate(s):
+        if quoted:
+            escaped, quoted = (False, True) if escaped else (c == "\\", c != '"')
+        elif c == '"':
+            quoted = True
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        elif c == "," and depth == 0:
+            parts.append(s[start:i])
+            start = i + 1
+    return [*parts, s[start:]]
 
 
 def _int_list(s: str) -> list[int]:

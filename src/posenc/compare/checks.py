@@ -17,6 +17,7 @@ from ..qk_norm import QK_NORM_POSITIONS, QK_NORMS
 
 __all__ = [
     "ATTENTION_DEFAULTS",
+    "AT_MOST_STEPS",
     "MAX_LEN",
     "MODEL_NAME",
     "MODEL_NAME_RULE",
@@ -26,6 +27,7 @@ __all__ = [
     "check_fields",
     "check_models",
     "check_schedule_fields",
+    "check_task_lengths",
     "model_names",
     "parse_named",
 ]
@@ -61,6 +63,12 @@ _STRS = ("preset", "dataset_split", "dataset_field", "device", "dtype", "schedul
 _OPTIONAL_STRS = ("text", "dataset", "dataset_config", "task", "shard")
 _OPTIONAL = ("max_pos", "stride")
 _SEED_MAX = 2**31 - 1
+# int fields bounded by steps, with why: a preset's value is cut to a shorter run's steps
+# (preset_config), a value given is refused
+AT_MOST_STEPS: dict[str, str] = {
+    "warmup": "a longer warmup never reaches the peak lr",
+    "val_points": "one validation point after every step at most",
+}
 
 
 def _interval(lo: float, hi: float, lo_in: bool, hi_in: bool) -> str:
@@ -79,6 +87,9 @@ def check_fields(cfg: Any) -> None:
             continue
         if not _is_int(v) or not lo <= v <= hi:
             raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {v!r}")
+    for name, why in AT_MOST_STEPS.items():
+        if getattr(cfg, name) > cfg.steps:
+            raise ValueError(f"{name} must be an int in [0, steps={cfg.steps}] ({why}), got {getattr(cfg, name)!r}")
     for name, (lo, hi, lo_in, hi_in) in _FLOATS.items():
         v = getattr(cfg, name)
         ok = (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
@@ -99,6 +110,7 @@ def check_fields(cfg: Any) -> None:
     lens = cfg.eval_lens
     if not isinstance(lens, list) or not lens or any(not _is_int(n) or not 1 <= n <= MAX_LEN for n in lens):
         raise ValueError(f"eval_lens must be a non-empty list of ints in [1, {MAX_LEN}], got {lens!r}")
+    _check_sliding(cfg)
     v = cfg.encodings  # (extend: CompareConfig.validate checks it against the methods)
     if not isinstance(v, list) or any(not isinstance(x, str) or not x.strip() for x in v):
         raise ValueError(f"encodings must be a list of non-empty strings, got {v!r}")
@@ -111,6 +123,50 @@ def check_fields(cfg: Any) -> None:
         )
     if int(cfg.dim * cfg.mlp_ratio) < 1:
         raise ValueError(f"mlp_ratio x dim must give an MLP at least 1 wide, got {cfg.mlp_ratio!r} x {cfg.dim}")
+
+
+def _check_sliding(cfg: Any) -> None:
+    """``sliding`` evaluates a text's windows, and ``stride`` slides them, each length's by at
+    most that length: a larger stride (which the evaluation cuts to the window), a stride
+    without ``sliding`` or ``sliding`` on a task's problems would change nothing, and are refused."""
+    if cfg.sliding and cfg.task is not None:
+        raise ValueError(f"sliding applies to text (windows of a corpus); task {cfg.task} is scored per problem")
+    if cfg.stride is None:
+        return
+    if not cfg.sliding:
+        raise ValueError(
+            f"stride applies to sliding-window evaluation only, and sliding is off (got stride {cfg.stride})"
+        )
+    lengths = [(n, "the shortest evaluation length") for n in cfg.eval_lens]
+    if cfg.val_points:  # validated at the training length during training
+        lengths.append((cfg.train_len, "the training length, validated during training"))
+    shortest, what = min(lengths)
+    if cfg.stride > shortest:
+        raise ValueError(
+            f"stride must be an int in [1, {shortest}] ({what}: a longer stride evaluates its windows without "
+            f"overlap, as without sliding), got {cfg.stride}"
+        )
+
+
+def check_task_lengths(cfg: Any) -> None:
+    """A task's lengths count items (statements, grid sides, digits): each is refused when its
+    sequences take more than :data:`MAX_LEN` tokens, the bound a text length has."""
+    if cfg.task is None:
+        return
+    from ..data.lengths import sequence_length
+
+    given = (("train_len", [cfg.train_len]), ("eval_lens", cfg.eval_lens), ("max_pos", [cfg.max_pos]))
+    for name, sizes in given:
+        for n in sizes:
+            if n is not None and (tokens := sequence_length(cfg.task, n)) > MAX_LEN:
+                lo, hi = 1, n  # the largest size that fits (sequence lengths grow with the size)
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if sequence_length(cfg.task, mid) <= MAX_LEN else (lo, mid - 1)
+                raise ValueError(
+                    f"{name} {n} of task {cfg.task} makes sequences of {tokens} tokens; allowed: at most {MAX_LEN} "
+                    f"tokens (2^20), sizes up to {lo}"
+                )
 
 
 def parse_named(entries: list[str]) -> dict[str, str]:

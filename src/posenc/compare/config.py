@@ -17,6 +17,7 @@ from typing import Any
 
 from ..data import TASK_NAMES
 from .checks import (
+    AT_MOST_STEPS,
     ATTENTION_DEFAULTS,
     SCHEDULE_DEFAULTS,
     check_attention_fields,
@@ -24,6 +25,7 @@ from .checks import (
     check_fields,
     check_models,
     check_schedule_fields,
+    check_task_lengths,
     model_names,
     parse_named,
 )
@@ -75,7 +77,7 @@ class CompareConfig:
     steps: int = 1600
     batch_size: int = 32
     lr: float = 1e-2
-    warmup: int = 100  # linear warmup steps (at most `steps`)
+    warmup: int = 100  # linear warmup steps (at most `steps`; preset_config cuts its own to `steps`)
     min_lr_ratio: float = 0.0  # the decay ends at lr * min_lr_ratio
     schedule: str = "cosine"  # cosine | wsd | wsd-sqrt (warmup-stable-decay; posenc.train.wsd_schedule)
     decay_fraction: float = 0.2  # wsd: the cooldown's share of the steps
@@ -143,6 +145,7 @@ class CompareConfig:
             )
         if self.task is not None and self.task not in TASK_NAMES:
             raise ValueError(f"task must be one of {TASK_NAMES}, got {self.task!r}")
+        check_task_lengths(self)
         if self.task == "grid" and self.randomized_positions:
             raise ValueError("randomized_positions draws 1-D positions; the grid task has 2-D ones")
         if self.packed and (self.task is not None or self.randomized_positions):
@@ -364,6 +367,9 @@ def preset_config(preset: str, **overrides: Any) -> CompareConfig:
     base.update(preset_fields)
     user_options = overrides.pop("encoding_options", None) or {}
     base.update(overrides)
+    for name in AT_MOST_STEPS:  # the preset's warmup and validation points, cut to a shorter run
+        if name not in overrides and all(isinstance(base[k], int) for k in (name, "steps")):
+            base[name] = min(base[name], base["steps"])
     base["preset"] = preset
     # per-encoding options merge per key: the preset's first, the user's on top; the
     # preset's options for encodings that are not compared are dropped

@@ -114,12 +114,17 @@ def compare(
     command line, for ``report.md``.
 
     Raises:
-        ValueError: bad config or encoding names, an unusable or busy run folder, a
-            checkpoint from another config or unreadable.
+        ValueError: bad config or encoding names, ``fsdp`` outside ``torchrun``, an unusable
+            or busy run folder, a checkpoint from another config or unreadable.
         posenc.data.DataError: the data source cannot be loaded.
     """
     out = Path(out)
     rt = runtime or setup(cfg.device)
+    if cfg.fsdp and not rt.distributed:  # it would train unsharded, as if the flag were not given
+        raise ValueError(
+            "--fsdp shards the model over torchrun's processes, and this is one process (no WORLD_SIZE > 1): "
+            "run it under torchrun --nproc_per_node=N (N >= 2) -m posenc.cli compare ..., or drop --fsdp"
+        )
     names = resolve_encodings(cfg)
     check_extend(cfg)
     accumulation_steps(cfg.batch_size, rt.world, cfg.micro_batch)  # tokens per update split over these processes
