@@ -105,7 +105,7 @@ FLAGS: dict[str, dict[str, list[str]]] = {
         "--memory-method": CHOICE,
         "--batch": POS,
         "--heads": POS,
-        "--head-dim": POS,
+        "--head-dim": [*POS, "3"],  # rotary encodings and the references rotate pairs of dims
         "--windows": INTS,
         "--masks": NAMES,
         "--device": ["", "tpu", "cuda:x", "cpu:0", "cuda:99"],
@@ -120,7 +120,7 @@ FLAGS: dict[str, dict[str, list[str]]] = {
         "--max-seconds": ["", "0", "-1", "nan", "inf", "-inf", "1e999", "abc"],
         "--train-len": POS,
         "--train-batch": POS,
-        "--train-dim": [*POS, "3", "200"],
+        "--train-dim": [*POS, "3", "200", "16", "100"],  # H = train_dim // 64 heads of 64 dims
         "--train-depth": POS,
         "--out": [*PATH, "<file>"],
         "--markdown": [*PATH, "<dir>"],

@@ -51,9 +51,13 @@ def _range_text(lo, hi) -> str:
     return f"<= {hi}"
 
 
-def int_in(lo: int | None = None, hi: int | None = None, *, odd: bool = False, even: bool = False) -> Callable:
-    """An integer in ``lo..hi`` (either end open when None); ``odd``/``even``: only those."""
+def int_in(
+    lo: int | None = None, hi: int | None = None, *, odd: bool = False, even: bool = False, multiple: int = 1
+) -> Callable:
+    """An integer in ``lo..hi`` (either end open when None); ``odd``/``even``: only those;
+    ``multiple``: only multiples of it."""
     kind = "an odd integer" if odd else "an even integer" if even else "an integer"
+    kind = f"a multiple of {multiple}" if multiple > 1 else kind
     want = f"must be {kind} {_range_text(lo, hi)}"
 
     def parse(text: str) -> int:
@@ -61,7 +65,8 @@ def int_in(lo: int | None = None, hi: int | None = None, *, odd: bool = False, e
             v = int(text.strip())
         except (ValueError, AttributeError):
             raise Error(f"{want}, got {text!r}") from None
-        if (lo is not None and v < lo) or (hi is not None and v > hi) or (odd and v % 2 == 0) or (even and v % 2):
+        outside = (lo is not None and v < lo) or (hi is not None and v > hi)
+        if outside or (odd and v % 2 == 0) or (even and v % 2) or v % multiple:
             raise Error(f"{want}, got {text!r}")
         return v
 

@@ -38,6 +38,9 @@ from .throughput import ThroughputConfig, run_throughput
 
 DEFAULT_LENGTHS = [512, 1024, 2048, 4096, 8192]
 MAX_L = 1 << 20  # longest sequence a flag takes (1M tokens)
+# the head size of the throughput and KV-cache models (H = train_dim // 64): x-transformers'
+# default, so that its models have the heads posenc's have
+TRAIN_HEAD_DIM = 64
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,7 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--batch", type=int_in(1, 4096), default=1)
     p.add_argument("--heads", type=int_in(1, 1024), default=8)
-    p.add_argument("--head-dim", type=int_in(1, 4096), default=64)
+    p.add_argument(
+        "--head-dim", type=int_in(2, 4096, even=True), default=64, help="rotary encodings rotate pairs of dims"
+    )
     p.add_argument(
         "--windows",
         type=int_list(1, MAX_L),
@@ -107,7 +112,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-len", type=int_in(1, 65536), default=256, help="sequence length of the throughput runs")
     p.add_argument("--train-batch", type=int_in(1, 4096), default=8)
     p.add_argument(
-        "--train-dim", type=int_in(2, 65536, even=True), default=256, help="model width of the throughput runs"
+        "--train-dim",
+        type=int_in(TRAIN_HEAD_DIM, 65536, multiple=TRAIN_HEAD_DIM),
+        default=256,
+        help=f"model width of the throughput runs: train_dim // {TRAIN_HEAD_DIM} heads of {TRAIN_HEAD_DIM} dims, "
+        "as x-transformers' are",
     )
     p.add_argument("--train-depth", type=int_in(1, 256), default=4, help="layers of the throughput runs")
     p.add_argument("--train-packed", action="store_true", help="also train each posenc model on packed documents")
@@ -163,17 +172,12 @@ def _check(args: argparse.Namespace) -> str:
         raise ValueError(
             "--train-hf needs the 'transformers' package, which is not installed (pip install 'posenc[hf]')"
         )
-    if training and args.train_dim % max(1, args.train_dim // 64):
-        heads = max(1, args.train_dim // 64)
-        raise ValueError(f"--train-dim {args.train_dim} must divide into its {heads} heads (train_dim // 64)")
     kv_flags = args.kv_heads is not None or args.kv_tokens != 256
     if kv_flags and not args.kv_cache:
         raise ValueError("--kv-heads/--kv-tokens set the --kv-cache run; add --kv-cache")
-    heads = max(1, args.train_dim // 64)
+    heads = args.train_dim // TRAIN_HEAD_DIM
     if args.kv_cache and args.kv_heads is not None and heads % args.kv_heads:
         raise ValueError(f"--kv-heads {args.kv_heads} must divide the {heads} heads of the model (train_dim // 64)")
-    if args.kv_cache and args.train_dim % heads:
-        raise ValueError(f"--train-dim {args.train_dim} must divide into its {heads} heads (train_dim // 64)")
     if args.profile and not timed:
         raise ValueError("--profile profiles the timed lengths, which --memory-only skips")
     if args.markdown is not None:
@@ -234,7 +238,7 @@ def _run(args: argparse.Namespace, encodings: list[str], device: str) -> int:
             batch=args.train_batch,
             dim=args.train_dim,
             depth=args.train_depth,
-            heads=max(1, args.train_dim // 64),
+            heads=args.train_dim // TRAIN_HEAD_DIM,
             device=device,
             packed=args.train_packed,
             hf=args.train_hf,
@@ -248,7 +252,7 @@ def _run(args: argparse.Namespace, encodings: list[str], device: str) -> int:
     config = asdict(cfg) | {"train": asdict(tcfg)} if tcfg is not None else asdict(cfg)
     krows = []
     if args.kv_cache:
-        heads = max(1, args.train_dim // 64)
+        heads = args.train_dim // TRAIN_HEAD_DIM
         kcfg = KVCacheConfig(dim=args.train_dim, depth=args.train_depth, heads=heads, kv_heads=args.kv_heads,
                              tokens=args.kv_tokens, device=device, dtype=args.dtype)  # fmt: skip
         krows = run_kv_cache(kcfg, progress=say)
