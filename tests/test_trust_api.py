@@ -282,3 +282,63 @@ def test_keyword_form_takes_the_layer_fields_for_a_plain_encoding():
         assert torch.equal(lm(tokens), ref(tokens))
     again = posenc.ModelConfig.from_dict(lm.config.to_dict())
     assert again.layers == lm.config.layers
+
+
+# ------------------------------------------------------------------ issue 61, item 8: sizes before allocating
+@pytest.mark.parametrize(
+    "name, options, given",
+    [
+        ("learned", {"max_len": 2**40}, "max_len=1099511627776"),
+        ("learned", {"max_len": 16, "axes": 2, "axial_shape": (4, 2**40), "axial_dims": (8, 8)}, "axial_shape"),
+        ("hierarchical", {"max_len": 16, "table_len": 2**40}, "table_len=1099511627776"),
+        ("multiplicative", {"max_len": 2**40, "table": "learned"}, "max_len=1099511627776"),
+        ("tupe", {"max_len": 2**40}, "max_len=1099511627776"),
+        ("deberta-emd", {"max_len": 2**40}, "max_len=1099511627776"),
+        ("shaw", {"max_len": 16, "max_relative_position": 2**40}, "max_relative_position=1099511627776"),
+        ("cope", {"max_len": 16, "npos_max": 2**40}, "npos_max=1099511627776"),
+    ],
+)
+def test_position_tables_are_bounded_before_allocating(name, options, given):
+    """``posenc.build('learned', max_len=2**40)`` was the allocator's "can't allocate memory"."""
+    with (
+        _time_limit(5.0),
+        pytest.raises(ValueError, match=rf"encoding '{name}': {given}.*at most 16777216 \(2\*\*24\)"),
+    ):
+        posenc.build(name, heads=2, head_dim=8, **options)
+    fits = {k: tuple(16 if n == 2**40 else n for n in v) if isinstance(v, tuple) else 16 if v == 2**40 else v
+            for k, v in options.items()}  # fmt: skip
+    posenc.build(name, heads=2, head_dim=8, **fits)
+
+
+def test_a_cache_larger_than_the_machine_is_refused_naming_the_bytes(monkeypatch):
+    """``model.init_cache(1, 10**12)`` was the allocator's error, or the OOM killer."""
+    lm = posenc.TransformerLM(32, 16, 2, 2, "rope")
+    per_token = 2 * 2 * 8 * 4 + 8  # one layer: k and v (2 heads of 8 float32) and a position
+    need = 2 * per_token * 10**12
+    with _time_limit(5.0), pytest.raises(ValueError, match=rf"needs {need:,} bytes, more than the [0-9,]+ bytes"):
+        lm.init_cache(1, 10**12)
+    with pytest.raises(ValueError, match=rf"needs {need // 2:,} bytes"):
+        lm.blocks[0].attn.init_cache(1, 10**12)
+    with pytest.raises(ValueError, match="KVCache: needs"):
+        posenc.cache.KVCache(1, 10**12, 2, 8)
+    assert lm.init_cache(1, 10**12, device="meta").layers[0].k.shape[2] == 10**12  # nothing allocated
+    monkeypatch.setattr(posenc.validate, "memory_of", lambda device: 10**6)  # a machine of 1 MB
+    n = 600_000 // per_token  # each layer fits in it, the two do not
+    with pytest.raises(ValueError, match=rf"init_cache\(1, {n}\): needs {2 * n * per_token:,} bytes"):
+        lm.init_cache(1, n)
+    assert lm.blocks[0].attn.init_cache(1, n).k.shape == (1, 2, n, 8)
+    assert lm.init_cache(2, 64).layers[0].k.shape == (2, 2, 64, 8)
+
+
+# ------------------------------------------------------------------ issue 61, item 9: HF's mrope layout
+@pytest.mark.parametrize("shape", [(3, 8), (3, 1, 8), (3, 2, 8)])
+def test_hf_axes_first_mrope_positions_are_named(shape):
+    attn = posenc.Attention(64, 4, encoding="mrope")
+    x = torch.randn(shape[1] if len(shape) == 3 else 1, 8, 64)
+    with pytest.raises(
+        ValueError, match=r"axes last: \(L, 3\) or \(B, L, 3\).*HF's .*\(3, L\) / \(3, B, L\).*transposed"
+    ):
+        attn(x, pos=torch.zeros(shape, dtype=torch.long))
+    pos = torch.zeros(shape, dtype=torch.long).movedim(0, -1)  # the fix the message names
+    assert attn(x, pos=pos).shape == x.shape
+    assert attn(torch.randn(3, 8, 64), pos=torch.zeros(3, 8, dtype=torch.long)).shape == (3, 8, 64)  # (B, L)

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import PositionEncoding
-from .validate import check_args
+from .validate import check_args, check_memory
 
 __all__ = [
     "KVCache",
@@ -124,6 +124,8 @@ class KVCache(nn.Module):
         check_args("KVCache", KVCache.__init__, {"batch_size": batch_size, "max_len": max_len, "axes": axes})
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
+        element = torch.empty(0, dtype=dtype).element_size()
+        check_memory("KVCache", batch_size * max_len * (2 * heads * head_dim * element + axes * 8), device)
         shape = (batch_size, heads, max_len, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)

@@ -76,6 +76,15 @@ def check_positions(pos: Tensor, length: int, name: str = "pos", batch: int | No
             f"{name} must have shape (L,) or (B, L) (one position per token), or (L, {axes}) or (B, L, {axes}) "
             f"for an encoding with axes={axes}; got shape {shape}"
         )
+        which, layout = (" (mrope)", "HF's mrope position_ids") if axes == 3 else ("", "the axes-first layout")
+        axes_first = ValueError(
+            f"{name} of shape {shape} has the axes first; an encoding with axes={axes}{which} takes positions with "
+            f"the axes last: (L, {axes}) or (B, L, {axes}); {layout}, ({axes}, L) / ({axes}, B, L), are that "
+            f"layout transposed: pass {name}.movedim(0, -1)"
+        )
+        if pos.dim() >= 2 and pos.shape[0] == axes != shape[-1] == length:  # (A, L) or (A, B, L)
+            if pos.dim() == 3 or (pos.dim() == 2 and batch is not None and axes not in (1, batch)):
+                raise axes_first
         if pos.dim() == 2:
             if pos.shape[1] == length == axes:  # (B, L) and (L, A) read the same shape
                 if pos.shape[0] == length:

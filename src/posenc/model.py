@@ -30,6 +30,7 @@ from .config import ModelConfig
 from .context import Tables
 from .layer_encodings import layer_encodings
 from .positions import document_positions
+from .validate import check_memory
 
 __all__ = ["TransformerLM", "Block"]
 
@@ -220,8 +221,17 @@ class TransformerLM(nn.Module):
 
     def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None, policy=None) -> ModelCache:
         """An empty KV cache for ``batch_size`` sequences of up to ``max_len`` tokens (windowed layers:
-        rolling, ``O(W)``; ``policy=SinkWindow(...)``: StreamingLLM's; :meth:`posenc.Attention.init_cache`)."""
+        rolling, ``O(W)``; ``policy=SinkWindow(...)``: StreamingLLM's; :meth:`posenc.Attention.init_cache`).
+
+        Raises:
+            ValueError: the caches of all the layers need more bytes than ``device`` has
+                (:func:`posenc.validate.check_memory`; the message names the bytes).
+        """
         kw = {"dtype": dtype, "device": device, "policy": policy}
+        sizes = [b.attn.init_cache(batch_size, max_len, **{**kw, "device": "meta"}) for b in self.blocks]  # no data
+        need = sum(t.nbytes for c in sizes for t in (c.k, c.v, c.pos))
+        where = device if device is not None else self.blocks[0].attn.q_proj.weight.device
+        check_memory(f"TransformerLM.init_cache({batch_size}, {max_len})", need, where)
         return ModelCache([b.attn.init_cache(batch_size, max_len, **kw) for b in self.blocks])
 
     def init_memory(self, memory_len: int | None = None) -> SegmentMemory:

@@ -21,6 +21,7 @@ import functools
 import inspect
 import math
 import numbers
+import os
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -33,9 +34,12 @@ __all__ = [
     "check_device_type",
     "check_dropout",
     "check_finite",
+    "check_memory",
+    "check_table_len",
     "checked_init",
     "hints_of",
     "ignoring_keywords",
+    "memory_of",
     "missing_keywords",
     "position_checked",
     "score_setting",
@@ -253,3 +257,47 @@ def check_dropout(p, name: str = "dropout") -> float:
     if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p < 1.0:
         raise ValueError(f"{name} must be a number in [0, 1), got {p!r}")
     return float(p)
+
+
+# The most positions a position table may hold (the rows of a learned table, the distances of
+# a clipped relative one): 2^24, past any context a model is trained for; a larger size is a
+# typo, refused before the allocator is asked for the table.
+MAX_TABLE_LEN = 2**24
+
+
+def check_table_len(enc, name: str, value) -> None:
+    """``ValueError`` when the option ``name`` of encoding ``enc`` (an int, or a tuple of them
+    per axis) sizes a position table past :data:`MAX_TABLE_LEN` positions."""
+    sizes = value if isinstance(value, tuple) else (value,)
+    if any(isinstance(n, int) and not isinstance(n, bool) and n > MAX_TABLE_LEN for n in sizes):
+        owner = f"encoding {getattr(type(enc), 'name', '') or type(enc).__name__!r}"
+        raise ValueError(
+            f"{owner}: {name}={value!r} is more positions than a position table holds; allowed: at most "
+            f"{MAX_TABLE_LEN} (2**24)"
+        )
+
+
+def memory_of(device: torch.device) -> int | None:
+    """Bytes of memory ``device`` has: a CUDA device's own, the machine's physical memory for
+    the others (``os.sysconf``); None where unknown or nothing is allocated (``meta``)."""
+    if device.type == "meta":
+        return None
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # a platform without these names
+        return None
+
+
+def check_memory(owner: str, nbytes: int, device=None) -> None:
+    """``ValueError`` when ``nbytes`` to allocate on ``device`` (None: torch's default) pass
+    all the memory it has (:func:`memory_of`), naming the bytes needed; checked before the
+    allocator is asked, which would fail with its own words or leave it to the OOM killer."""
+    device = torch.device(device) if device is not None else torch.empty(0).device
+    total = memory_of(device)
+    if total is not None and nbytes > total:
+        raise ValueError(
+            f"{owner}: needs {nbytes:,} bytes, more than the {total:,} bytes of memory of this machine's "
+            f"{device.type} device"
+        )

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from .. import functional as PF
 from ..base import PositionEncoding, Stage
 from ..registry import register
+from ..validate import check_table_len
 
 
 @register
@@ -67,6 +68,7 @@ class Learned(PositionEncoding):
         if max_len is None and axial_shape is None:
             raise ValueError("encoding 'learned' needs max_len (the size of its table)")
         if axes == 1:
+            check_table_len(self, "max_len", max_len)
             self.table = nn.Embedding(max_len, self.dim)
             nn.init.normal_(self.table.weight, std=init_std)
             return
@@ -80,6 +82,7 @@ class Learned(PositionEncoding):
                 or (rule and sum(val) != self.dim)
             ):
                 raise ValueError(f"{opt} must be {axes} positive ints{rule}, got {val!r}")
+        check_table_len(self, *(("axial_shape", shape) if axial_shape is not None else ("max_len", max_len)))
         self.axial_shape, self.axial_dims, self.summed = shape, dims, axial_dims is None
         self.tables = nn.ModuleList(nn.Embedding(n, d) for n, d in zip(shape, dims))
         for t in self.tables:
@@ -207,6 +210,7 @@ class Hierarchical(PositionEncoding):
             raise ValueError("encoding 'hierarchical' needs max_len or table_len (the size of its table)")
         if not isinstance(n, int) or n < 2:
             raise ValueError(f"table_len must be an int >= 2, got {n!r}")
+        check_table_len(self, "max_len" if table_len is None else "table_len", n)
         if not 0.0 <= alpha < 1.0:
             raise ValueError(f"alpha must be in [0, 1), got {alpha}")
         self.alpha, self.table_len = float(alpha), n

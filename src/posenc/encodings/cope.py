@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from ..base import PositionEncoding, Stage
 from ..registry import register
+from ..validate import check_table_len
 
 
 @register
@@ -47,6 +48,7 @@ class CoPE(PositionEncoding):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
         if not isinstance(npos_max, int) or isinstance(npos_max, bool) or npos_max < 2:
             raise ValueError(f"npos_max must be an int >= 2, got {npos_max!r}")
+        check_table_len(self, "npos_max", npos_max)
         self.npos_max = npos_max
         self.pos_emb = nn.Parameter(torch.zeros(head_dim, npos_max))
 

@@ -29,6 +29,7 @@ from .. import functional as PF
 from ..base import PositionEncoding, Stage
 from ..registry import register
 from ..terms import DistanceTerms, saturation
+from ..validate import check_table_len
 
 _POS_ATT_TYPES = ("c2p", "p2c")
 
@@ -297,6 +298,7 @@ class DebertaEMD(DeBERTa):
             raise ValueError(f"absolute_from_layer must be a block index >= 0, got {absolute_from_layer!r}")
         if max_len is None:
             raise ValueError("absolute_from_layer needs max_len (the size of the absolute position table)")
+        check_table_len(self, "max_len", max_len)
         self.absolute = nn.Embedding(max_len, self.hidden_size)
         nn.init.normal_(self.absolute.weight, std=options.get("init_std", 0.02))
         self.input_at = self.absolute_from_layer = absolute_from_layer

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from .. import functional as PF
 from ..base import PositionEncoding, Stage
 from ..registry import register
+from ..validate import check_table_len
 
 
 @register
@@ -59,6 +60,7 @@ class Multiplicative(PositionEncoding):
         if table == "learned":
             if max_len is None:
                 raise ValueError("multiplicative with table='learned' needs max_len (the size of its table)")
+            check_table_len(self, "max_len", max_len)
             self.table = nn.Embedding(max_len, self.dim)
             nn.init.normal_(self.table.weight, std=1.0)
 

@@ -41,6 +41,7 @@ from .. import functional as PF
 from ..base import PositionEncoding, Stage
 from ..registry import register
 from ..terms import DistanceTerms
+from ..validate import check_table_len
 
 
 def _check_lengths(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> None:
@@ -82,6 +83,7 @@ class Shaw(PositionEncoding):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
         if not isinstance(max_relative_position, int) or max_relative_position < 1:
             raise ValueError(f"max_relative_position must be an int >= 1, got {max_relative_position!r}")
+        check_table_len(self, "max_relative_position", max_relative_position)
         if table not in ("learned", "sinusoidal"):
             raise ValueError(f"table must be 'learned' or 'sinusoidal', got {table!r}")
         if table == "sinusoidal" and per_head:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from .. import functional as PF
 from ..base import PositionEncoding, Stage
 from ..registry import register
+from ..validate import check_table_len
 
 
 @register
@@ -63,6 +64,7 @@ class TUPE(PositionEncoding):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
         if max_len is None:
             raise ValueError("encoding 'tupe' needs max_len (the size of its position table)")
+        check_table_len(self, "max_len", max_len)
         self.relative_bias, self.untie_cls = relative_bias, untie_cls
         self.num_buckets, self.max_distance = num_buckets, max_distance
         D = self.dim
