@@ -1,17 +1,29 @@
 """Issue 61: nothing wrong is reported as fine. Defaults that fit a short run, sizes bounded
-in the tokens a task really generates, JSON options kept whole."""
+in the tokens a task really generates, JSON options kept whole, and SIGTERM handled as
+Ctrl-C is (one line, the resume hint)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
-from posenc.cli import make_parser
+from posenc.cli import main, make_parser
 from posenc.compare.arguments import parse_encoding_options
 from posenc.compare.checks import MAX_LEN
 from posenc.compare.cli import build_config
 from posenc.compare.config import CompareConfig, preset_config
 from posenc.compare.train import lr_schedule, val_steps
 from posenc.train import cosine_schedule
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--train-len", "16", "--eval-lens", "16", "--eval-tokens",
+        "64", "--batch-size", "2", "--no-progress"]  # fmt: skip
 
 
 # ------------------------------------------------------------------ items 1 and 3: warmup, val_points
@@ -66,3 +78,43 @@ def test_encoding_options_keep_json_values_whole():
     assert parse_encoding_options(r'x.e="a\",b"') == {"x": {"e": 'a",b'}}
     args = make_parser().parse_args(["compare", "--encodings", "rope", "--encoding-options", text[: text.index(",t5")]])
     assert build_config(args).encoding_options["rope"]["rope_scaling"] == yarn
+
+
+# ------------------------------------------------------------------ item 10: SIGTERM
+def test_sigterm_is_handled_as_ctrl_c(tmp_path, capsys, monkeypatch):
+    def terminated(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+        raise AssertionError("SIGTERM did not stop the run")
+
+    def unhandled(signum, frame):  # what the test process does when the command does not handle it
+        raise AssertionError("the command left SIGTERM to the process's default (death, no line)")
+
+    monkeypatch.setattr("posenc.compare.runner.train_encoding", terminated)
+    before = signal.signal(signal.SIGTERM, unhandled)
+    out = tmp_path / "out"
+    try:
+        rc = main(["compare", *TINY, "--encodings", "rope", "--steps", "2", "--workers", "1", "--out", str(out)])
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # the command's handler is its own only
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    err = capsys.readouterr().err.strip()
+    assert rc == 143 and f"posenc compare --resume --out {out}" in err and "Traceback" not in err, err
+
+
+@pytest.mark.slow  # ~8 s: two spawned workers import torch and train before the signal
+def test_sigterm_stops_worker_processes_with_the_resume_hint(tmp_path):
+    """SIGTERM to ``posenc compare --workers 2`` was the default death (-15 here, 143 from a
+    shell) with no line: now the line and the resume hint Ctrl-C gives, exit 143."""
+    out = tmp_path / "term"
+    argv = [*TINY, "--encodings", "rope,alibi", "--steps", "100000", "--workers", "2", "--checkpoint-every", "1"]
+    env = {**os.environ, "PYTHONPATH": SRC}
+    proc = subprocess.Popen([sys.executable, "-m", "posenc.cli", "compare", *argv, "--out", str(out)], env=env,
+                            text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.time() + 300
+    while not (out / "checkpoints" / "rope.pt").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)  # the workers are training
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert f"posenc compare --resume --out {out}" in err and "Traceback" not in err, err

@@ -5,7 +5,8 @@ Each subcommand other than ``list`` lives in its own package and exposes two fun
 
 Every error a user can cause is one line on stderr: a bad flag value (argparse, through
 :class:`posenc.cli_types.OneLineParser`) and output that cannot be written exit with
-status 2, Ctrl-C with 130; no traceback.
+status 2, Ctrl-C with 130; no traceback. SIGTERM (``kill``, a scheduler stopping the job)
+is handled as Ctrl-C is, the same line (and ``compare``'s resume hint), with status 143.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 
 from ._version import __version__
 from .cli_types import OneLineParser
@@ -114,12 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # the command as given, for the records a tool writes (compare's report.md)
     prog = f"posenc {args.command}"
     out = sys.stdout = _Watched(sys.stdout)
+    terminated: list[int] = []
+    before = _sigterm_as_ctrl_c(terminated)
     try:
         rc = int(args.func(args) or 0)
         sys.stdout.flush()  # a full or closed stdout shows here, not at interpreter exit
     except KeyboardInterrupt:
         print(f"{prog}: interrupted (files written so far are complete; nothing half-written is left)", file=sys.stderr)
-        return 130
+        return 143 if terminated else 130
     except BrokenPipeError:  # `posenc list | head`: the reader left; say nothing
         _silence_stdout()
         return 1
@@ -134,7 +139,27 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if sys.stdout is out:
             sys.stdout = out.stream
-    return rc
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
+    return 143 if terminated and rc == 130 else rc  # a tool's own "interrupted" (130) after a SIGTERM
+
+
+def _sigterm_as_ctrl_c(terminated: list[int]):
+    """Handle SIGTERM as Ctrl-C is: the SIGINT handler in place runs (a file being written is
+    finished first, :func:`posenc.output.hold_ctrl_c`), so each tool says it was interrupted
+    and how to go on; ``terminated`` records the signal (exit 143, not 130). Returns the handler
+    replaced (None off the main thread, where no handler can be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_sigterm(signum, frame):
+        terminated.append(signum)
+        ctrl_c = signal.getsignal(signal.SIGINT)
+        if not callable(ctrl_c):  # SIGINT ignored (a background job) or not Python's: stop all the same
+            raise KeyboardInterrupt
+        ctrl_c(signal.SIGINT, frame)
+
+    return signal.signal(signal.SIGTERM, on_sigterm)
 
 
 class _Watched:
