@@ -4,8 +4,9 @@
 loses none of them. A run records every path *before* writing it (a run killed half-way
 still lists what it left) and, when it ends, drops the entries it did not write after all
 (:meth:`Manifest.prune`). The file is JSON, ``{"written": ["config.json",
-"checkpoints/rope.pt", ...]}``, paths relative to the folder; it is rewritten atomically
-on every change.
+"checkpoints/rope.pt", ...], "tool": "posenc compare"}``, paths relative to the folder, and
+the tool that wrote them (``posenc compare`` or ``posenc extend``): one tool's ``--overwrite``
+never removes another's files. It is rewritten atomically on every change.
 
 A manifest is data from disk, so it is not trusted: an entry that is absolute, climbs out
 (``..``), names the lock or the manifest itself, or leads out of the folder through a
@@ -30,9 +31,10 @@ _NEVER = {MANIFEST, ".lock"}
 class Manifest:
     """The paths (relative, ``/``-separated) a comparison wrote into ``root``."""
 
-    def __init__(self, root: str | Path, written: list[str] | None = None) -> None:
+    def __init__(self, root: str | Path, written: list[str] | None = None, tool: str | None = None) -> None:
         self.root = Path(root)
         self.written: list[str] = [p for p in dict.fromkeys(written or []) if _safe(p)]
+        self.tool = tool  # the command that wrote the files; None in a manifest of posenc <= 222d208
 
     @classmethod
     def read(cls, root: str | Path) -> Manifest | None:
@@ -44,15 +46,17 @@ class Manifest:
             if not path.is_file():  # a folder, a FIFO (reading it would block): not a manifest
                 raise TypeError
             d = json.loads(path.read_text())
-            written = d["written"]
+            written, tool = d["written"], d.get("tool")
             if not isinstance(written, list) or not all(isinstance(p, str) for p in written):
+                raise TypeError
+            if tool is not None and not isinstance(tool, str):
                 raise TypeError
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
             raise ValueError(
                 f"{str(path)!r} is damaged (not the list of files a comparison wrote); "
                 "remove the run's files yourself and delete it, or choose another --out"
             ) from None
-        return cls(root, written)
+        return cls(root, written, tool)
 
     def relative(self, path: str | Path) -> str:
         """``path`` (absolute, or relative to the working folder) relative to the root."""
@@ -81,7 +85,8 @@ class Manifest:
 
     def save(self) -> None:
         # atomically, through a fresh O_EXCL temporary: never through a link planted in the folder
-        write_text(self.root / MANIFEST, json.dumps({"written": self.written}, indent=1) + "\n")
+        d = {"written": self.written, **({"tool": self.tool} if self.tool else {})}
+        write_text(self.root / MANIFEST, json.dumps(d, indent=1) + "\n")
 
     def remove_listed(self) -> list[str]:
         """Remove every listed file that still exists, then every listed folder left empty;

@@ -69,27 +69,35 @@ class RunDir(OutputFolder):
     Args:
         path: the folder (created if missing).
         resume: continue the run already there.
-        overwrite: remove what an earlier comparison listed in the folder's manifest first.
+        overwrite: remove what an earlier run of the same tool listed in the folder's manifest first.
         writes: the paths (relative to ``path``) this run will write; recorded in the
             manifest before anything is written. With ``overwrite``, one that exists and
             no manifest lists is not ours to replace: refused.
+        tool: the command (``"posenc compare"``, ``"posenc extend"``), recorded in the manifest
+            and in the lock; ``resume`` and ``overwrite`` refuse a folder another tool wrote.
 
     Raises:
         RunDirError: the folder cannot be created or written, another process holds it,
-            it is not empty and neither ``resume`` nor ``overwrite`` was given, or
-            ``overwrite`` would replace a file no comparison listed.
+            it is not empty and neither ``resume`` nor ``overwrite`` was given, another
+            tool wrote it, or ``overwrite`` would replace a file no run listed.
     """
 
     error = RunDirError
 
     def __init__(
-        self, path: str | Path, *, resume: bool = False, overwrite: bool = False, writes: Iterable[str] = ()
+        self,
+        path: str | Path,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        writes: Iterable[str] = (),
+        tool: str = "posenc compare",
     ) -> None:
         if resume and overwrite:
             raise RunDirError("--resume and --overwrite exclude each other: continue the run, or start it over")
-        super().__init__(path, tool="posenc compare", flag="--out")
+        super().__init__(path, tool=tool, flag="--out")
         self.resume, self.overwrite, self.writes = resume, overwrite, list(writes)
-        self.manifest = Manifest(self.path)
+        self.manifest = Manifest(self.path, tool=tool)
 
     def __enter__(self) -> RunDir:
         super().__enter__()  # the folder made, probed and locked (OutputFolder), or RunDirError
@@ -137,9 +145,20 @@ class RunDir(OutputFolder):
 
     def _read_manifest(self) -> Manifest | None:
         try:
-            return Manifest.read(self.path)
+            m = Manifest.read(self.path)
         except ValueError as e:
             raise RunDirError(f"--out {str(self.path)!r}: {e}") from None
+        if m is None:
+            return None
+        owner = m.tool or _legacy_tool(self.path)
+        if owner != self.tool:
+            flag = "--resume" if self.resume else "--overwrite"
+            raise RunDirError(
+                f"{flag}: --out {str(self.path)!r} holds a {owner} run ({MANIFEST}); {self.tool} {flag} never "
+                f"touches another tool's files: choose another --out"
+            )
+        m.tool = self.tool
+        return m
 
     def _listing(self) -> set[str]:
         """The names at the top of the folder and in ``checkpoints/`` (relative paths)."""
@@ -193,6 +212,18 @@ def is_locked(path: str | Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def _legacy_tool(path: Path) -> str:
+    """The tool that wrote a manifest without a ``tool`` (posenc <= 222d208, where compare and
+    extend both wrote one): extend's config.json has ``methods`` and ``lengths``."""
+    import json
+
+    try:
+        d = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return "posenc compare"
+    return "posenc extend" if isinstance(d, dict) and {"methods", "lengths"} <= set(d) else "posenc compare"
 
 
 def _lists_anything(path: Path) -> bool:
