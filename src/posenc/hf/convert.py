@@ -21,7 +21,7 @@ from torch import nn
 
 from .families import FAMILIES, family_of
 from .models import _path, posenc_classes
-from .specs import default_specs, layer_specs
+from .specs import check_share, default_specs, layer_specs
 from .stack import PosencStack
 
 __all__ = ["convert", "layer_specs", "SUPPORTED"]
@@ -29,7 +29,15 @@ __all__ = ["convert", "layer_specs", "SUPPORTED"]
 
 # stock model class -> (family, posenc config class, posenc model class)
 SUPPORTED = {fam.stock_class(): (fam, *posenc_classes(fam)) for fam in FAMILIES.values()}
-_DROP = ("model_type", "architectures", "transformers_version", "posenc_layers", "posenc_share", "auto_map")
+_DROP = (
+    "model_type",
+    "architectures",
+    "transformers_version",
+    "posenc_layers",
+    "posenc_share",
+    "auto_map",
+    "posenc_remote_sha256",
+)
 
 
 def convert(model: nn.Module, encoding=None, *, share: bool | None = None, **options) -> nn.Module:
@@ -59,6 +67,7 @@ def convert(model: nn.Module, encoding=None, *, share: bool | None = None, **opt
         ValueError: an unknown encoding or option, an encoding posenc.hf cannot run
             (``complex-order``).
     """
+    check_share(share)
     family = family_of(model)
     config_cls, model_cls = posenc_classes(family)
     base = _path(model, family.base)

@@ -17,6 +17,8 @@ for encoders), so ``save_pretrained`` / ``from_pretrained`` round-trip. The olde
 
 from __future__ import annotations
 
+import os
+
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
@@ -25,8 +27,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 from ..base import PositionEncoding
 from .attention import NAME
 from .families import FAMILIES, Family, family_by_type
-from .remote import save_remote_code
-from .specs import check_layers, default_specs
+from .remote import HASH_FIELD, check_remote_code, save_remote_code
+from .specs import check_layers, check_share, default_specs
 from .stack import PosencStack, PositionsOff, RotaryOff, build_encoding
 
 __all__ = [
@@ -86,10 +88,21 @@ class _PosencModel:
             _restore(enc, stack)
             enc.init_buffers()
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """HF's ``from_pretrained``, after checking that a local folder's remote code is the module
+        posenc writes (:func:`posenc.hf.remote.check_remote_code`): a ``ValueError`` if not."""
+        path = pretrained_model_name_or_path
+        if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
+            check_remote_code(path)
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
     def save_pretrained(self, save_directory, *args, **kwargs):
         """HF's ``save_pretrained``, plus what a client needs without importing posenc: an
-        ``auto_map`` in ``config.json`` and the module it names (:mod:`posenc.hf.remote`)."""
-        self.config.auto_map = save_remote_code(save_directory, self.family, type(self.config), type(self))
+        ``auto_map`` in ``config.json``, the module it names and its sha256 (:mod:`posenc.hf.remote`)."""
+        auto_map, sha = save_remote_code(save_directory, self.family, type(self.config), type(self))
+        self.config.auto_map = auto_map
+        setattr(self.config, HASH_FIELD, sha)
         # a class HF loaded with trust_remote_code got an _auto_class, which would make HF copy
         # posenc's own source next to the weights (and name it in auto_map) instead
         classes = (type(self), type(self.config))
@@ -138,9 +151,11 @@ def posenc_classes(family: Family | str) -> tuple[type, type]:
         model_type = posenc_type
         posenc_layers: list | None = None
         posenc_share: bool | None = None
+        posenc_remote_sha256: str | None = None
 
         def __post_init__(self, **kwargs):
             super().__post_init__(**kwargs)
+            check_share(self.posenc_share)
             depth = fam.text_config(self).num_hidden_layers
             if self.posenc_layers is None:  # the model's own encoding, run by posenc
                 self.posenc_layers = default_specs(self, fam, depth)

@@ -13,7 +13,7 @@ from ..patterns import is_pattern, layers
 from ..registry import get_class, options_of
 from .rope_config import rope_options_for
 
-__all__ = ["check_layers", "layer_specs", "default_specs"]
+__all__ = ["check_layers", "check_share", "layer_specs", "default_specs"]
 
 _EXTRA = ("window", "chunk", "sinks")
 _MODEL_FIELDS = ("kv_heads", "score_scale", "softcap")  # LayerSpec fields the HF model fixes
@@ -134,3 +134,13 @@ def default_specs(config, family, depth: int) -> list[dict]:
     if family.default == "gpt2":
         return [{"encoding": "learned", "options": {}}] + [{"encoding": "nope", "options": {}}] * (depth - 1)
     return layer_specs(family.default, {}, depth, config, family)
+
+
+def check_share(share) -> None:
+    """``share`` is None, True or False (``"yes"`` is not true: it is refused).
+
+    Raises:
+        TypeError: anything else, named.
+    """
+    if share is not None and not isinstance(share, bool):
+        raise TypeError(f"share (posenc_share) must be True, False or None, got {share!r}")
