@@ -159,3 +159,88 @@ def test_links_planted_in_a_run_folder_are_never_written_through(run_dir, tmp_pa
     for name in ["checkpoints/rope.pt", "results.json", "table.md", "report.md"]:
         assert not (run / name).is_symlink() and (run / name).stat().st_size > 0, name
     posenc.load_checkpoint(run / "checkpoints" / "rope.pt")
+
+
+# ============================================================ code in an HF model folder (issue 61, items 1-2)
+_EVIL = "import pathlib\npathlib.Path({marker!r}).touch()\n"
+
+
+def _tiny_llama_dir(path: Path) -> Path:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)  # fmt: skip
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def _auto_map_config(folder: Path, marker: Path) -> None:
+    import json
+
+    c = json.loads((folder / "config.json").read_text())
+    c["model_type"], c["auto_map"] = "evilmodel", {"AutoConfig": "evilmod.C", "AutoModelForCausalLM": "evilmod.M"}
+    (folder / "config.json").write_text(json.dumps(c))
+    (folder / "evilmod.py").write_text(_EVIL.format(marker=str(marker)) + "from transformers import LlamaConfig as C\n")
+
+
+def _auto_map_tokenizer(folder: Path, marker: Path) -> None:
+    import json
+
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"auto_map": {"AutoTokenizer": ["evil_tok.T", None]}, "tokenizer_class": "T"})
+    )
+    (folder / "evil_tok.py").write_text(
+        _EVIL.format(marker=str(marker)) + "from transformers import PreTrainedTokenizer as T\n"
+    )
+
+
+@pytest.mark.parametrize("plant", [_auto_map_config, _auto_map_tokenizer], ids=["config", "tokenizer"])
+def test_extend_runs_no_code_from_the_model_folder_even_on_yes(plant, tmp_path, capsys, monkeypatch):
+    """transformers would ask "Do you wish to run the custom code?" and run it on a `y`:
+    posenc refuses the folder in one line before transformers reads it (fails on 222d208)."""
+    import io
+
+    model, marker = _tiny_llama_dir(tmp_path / "m"), tmp_path / "PWNED"
+    plant(model, marker)
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n" * 5))
+    capsys.readouterr()
+    code = main(["extend", str(model), "--lengths", "1x", "--windows", "1", "--passkey-trials", "0", "--methods",
+                 "none", "--out", str(tmp_path / "o")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "posenc runs no code from a model folder" in err
+    assert not marker.exists() and not (tmp_path / "o").exists()
+
+
+def test_an_edited_remote_module_is_refused_where_posenc_loads(tmp_path, capsys):
+    """The posenc_remote.py of a saved converted model, edited: loading through posenc
+    (Auto* after `import posenc.hf`, `posenc extend`) refuses it before the weights are read;
+    config.json records the module's sha256 so a client without posenc can check it."""
+    import hashlib
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    import posenc.hf as ph
+
+    saved = tmp_path / "conv"
+    ph.convert(transformers.LlamaForCausalLM.from_pretrained(_tiny_llama_dir(tmp_path / "m"))).save_pretrained(saved)
+    module = saved / "posenc_remote.py"
+    config = json.loads((saved / "config.json").read_text())
+    assert config["posenc_remote_sha256"] == hashlib.sha256(module.read_bytes()).hexdigest()
+    transformers.AutoModelForCausalLM.from_pretrained(saved)  # as written: loads
+    marker = tmp_path / "PWNED"
+    module.write_text(module.read_text() + _EVIL.format(marker=str(marker)))
+    with pytest.raises(ValueError, match="posenc_remote.py is not the module posenc writes"):
+        transformers.AutoModelForCausalLM.from_pretrained(saved)
+    capsys.readouterr()
+    code = main(["extend", str(saved), "--lengths", "1x", "--windows", "1", "--passkey-trials", "0", "--methods",
+                 "none", "--out", str(tmp_path / "o")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert (
+        code == 2 and "posenc_remote.py is not the module posenc writes" in err and len(err.strip().splitlines()) == 1
+    )
+    config["posenc_remote_sha256"] = hashlib.sha256(module.read_bytes()).hexdigest()  # the hash edited to match
+    (saved / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="is not the sha256 of the module posenc writes"):
+        transformers.AutoModelForCausalLM.from_pretrained(saved)
+    assert not marker.exists()

@@ -25,6 +25,7 @@ run sees what an uninterrupted one would.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -97,15 +98,27 @@ def document_starts(data: bytes) -> list[int]:
     return [0, *(m.end() for m in re.finditer(rb"\n\s*\n", data) if m.end() < len(data))]
 
 
-def read_text(path: str | Path) -> bytes:
-    """The bytes of a UTF-8 text file (validated as UTF-8)."""
+def read_text(path: str | Path, *, max_bytes: int | None = None) -> bytes:
+    """The bytes of a UTF-8 text file (validated as UTF-8); with ``max_bytes``, at most its
+    first ``max_bytes`` (a UTF-8 sequence cut at the end is dropped), so a huge file costs
+    only the part asked for.
+
+    Raises:
+        DataError: no such file, not a regular file (a folder, a FIFO, a device), unreadable,
+            empty, or not UTF-8; the message names the path.
+    """
+    if not str(path).strip():
+        raise DataError("--text must name a file, got ''")
     p = Path(path)
     if p.is_dir():
         raise DataError(f"--text: {str(p)!r} is a directory, not a text file")
-    if not p.is_file():
+    if not p.exists():
         raise DataError(f"--text: no such file {str(p)!r}")
+    if not p.is_file():  # a FIFO would block, a device (/dev/zero) never ends
+        raise DataError(f"--text: {str(p)!r} is not a regular file (a FIFO, a device or a socket); give a text file")
     try:
-        data = p.read_bytes()
+        with open(p, "rb") as f:
+            data = f.read() if max_bytes is None else f.read(min(max_bytes, os.fstat(f.fileno()).st_size))
     except OSError as e:
         raise DataError(f"--text: cannot read {str(p)!r} ({e.strerror or e})") from None
     if not data.strip():
@@ -113,7 +126,10 @@ def read_text(path: str | Path) -> bytes:
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(f"--text: {str(p)!r} is not UTF-8 ({e})") from e
+        cut = max_bytes is not None and len(data) == max_bytes and e.start >= len(data) - 3
+        if not cut:
+            raise DataError(f"--text: {str(p)!r} is not UTF-8 ({e})") from e
+        data = data[: e.start]  # the prefix ends inside one character
     return data
 
 

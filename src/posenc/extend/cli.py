@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -67,36 +68,86 @@ def _positive(args, name: str, low: int) -> None:
 def _methods(text: str) -> list[str]:
     from .run import METHODS
 
-    names = [m.strip() for m in text.split(",") if m.strip()]
+    names = [m.strip() for m in text.split(",")]
     bad = [m for m in names if m not in METHODS]
-    if bad or not names:
-        raise ValueError(f"--methods: unknown method {bad[0] if bad else text!r}; allowed: {', '.join(METHODS)}")
+    if bad:
+        raise ValueError(f"--methods: unknown method {bad[0]!r}; allowed: {', '.join(METHODS)}")
     return list(dict.fromkeys(names))
 
 
-def _settings(args, subject, lengths, device) -> dict[str, Any]:
+# a resumed run must be the same run: the settings, and these fingerprints of what they name
+_CHANGED = {"model_fingerprint": "the model's config, weights or tokenizer changed",
+            "text_fingerprint": "the text's tokens changed"}  # fmt: skip
+MAX_LENGTH = 1 << 24  # tokens: a longer --lengths entry is refused before any text is read
+MAX_TRIALS = 10_000  # --passkey-trials
+MAX_WINDOWS = 10_000  # --windows
+
+
+def _settings(args, subject, lengths, device, text_fingerprint: str) -> dict[str, Any]:
     from .passkey import Tokens
 
     tokens = subject.tokenizer is not None and Tokens(subject.tokenizer).name or "bytes (UTF-8, ids 0-255)"
     return {"model": str(Path(args.model).resolve()), "methods": _methods(args.methods), "lengths": lengths,
-            "train_len": subject.train_len, "text": args.text or "embedded corpus (held-out last 10 %)",
+            "train_len": subject.train_len,
+            "text": "embedded corpus (held-out last 10 %)" if args.text is None else args.text,
             "tokens_source": tokens, "windows": args.windows, "stride": args.stride, "chunk": args.chunk,
             "passkey_trials": args.passkey_trials, "encoding": args.encoding, "seed": args.seed,
-            "device": str(device), "dtype": args.dtype}  # fmt: skip
+            "device": str(device), "dtype": args.dtype, "model_fingerprint": subject.fingerprint,
+            "text_fingerprint": text_fingerprint}  # fmt: skip
 
 
-def _text(args, subject):
+def _text(args, subject, need: int):
+    """The first ``need`` tokens of the text (fewer if it has fewer) and their fingerprint.
+
+    ``--text`` is read only as far as ``need`` tokens take (a prefix, grown until it holds
+    them): a file of gigabytes costs what the run uses, never the whole file.
+    """
+    import hashlib
+
+    import torch
+
     from ..data import embedded_corpus, read_text
     from .passkey import Tokens
 
-    data = read_text(args.text) if args.text else embedded_corpus()
-    if not args.text:
-        data = data[len(data) - len(data) // 10 :]
     try:
         tok = Tokens(subject.tokenizer, subject.vocab_size)
     except ValueError as e:
         raise ValueError(f"perplexity: {e}; save a tokenizer in MODEL") from None
-    return tok.of_bytes(data)
+    if args.text is None:
+        data = embedded_corpus()
+        ids = tok.of_bytes(data[len(data) - len(data) // 10 :])
+    else:
+        size = need if subject.tokenizer is None else 8 * need  # bytes: one a token, or a guess, grown below
+        while True:
+            data = read_text(args.text, max_bytes=size)
+            ids = tok.of_bytes(data)
+            if len(ids) >= need or len(data) < size:  # enough, or the whole file
+                break
+            size *= 4
+    ids = ids[:need]
+    digest = hashlib.sha256(ids.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
+    return ids, digest
+
+
+def _resumed(out: Path, settings: dict[str, Any]) -> list[dict]:
+    """The cells of the run in ``out``, which must have been written with ``settings``."""
+    old = json.loads((out / "config.json").read_text())
+    if old != json.loads(json.dumps(settings)):
+        diff = [k for k in settings if old.get(k) != json.loads(json.dumps(settings[k]))]
+        why = "; ".join(f"{k}: {_CHANGED[k]}" for k in diff if k in _CHANGED)
+        raise ValueError(f"--resume: {out / 'config.json'} was written with other settings ({', '.join(diff)}"
+                         f"{'; ' + why if why else ''}); rerun with the same ones, or start over with --overwrite")  # fmt: skip
+    if (out / "results.json").is_file():
+        return json.loads((out / "results.json").read_text()).get("cells", [])
+    return []
+
+
+def _check_out(out: Path, model: str) -> None:
+    """``--out`` is neither ``MODEL``, inside it, nor around it (an overwrite would remove the model)."""
+    a, b = os.path.realpath(out), os.path.realpath(model)
+    if os.path.commonpath([a, b]) in (a, b):
+        where = "is" if a == b else ("is inside" if os.path.commonpath([a, b]) == b else "contains")
+        raise ValueError(f"--out {str(out)!r} {where} MODEL {model!r}; write the run elsewhere")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,12 +163,20 @@ def run(args: argparse.Namespace) -> int:
     try:
         spec = parse_lengths(args.lengths)
         _methods(args.methods)
-        for name, low in (("windows", 1), ("stride", 1), ("chunk", 1), ("passkey_trials", 0), ("train_len", 8)):
+        for name, low in (("windows", 1), ("stride", 1), ("chunk", 1), ("passkey_trials", 0), ("train_len", 8),
+                          ("seed", 0)):  # fmt: skip
             _positive(args, name, low)
+        for name, low, high in (("passkey_trials", 0, MAX_TRIALS), ("windows", 1, MAX_WINDOWS)):
+            if getattr(args, name) > high:
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be an int in {low}..{high}, got {getattr(args, name)}"
+                )
         if not 0 < args.within < 1000:
             raise ValueError(f"--within must be a percentage in (0, 1000), got {args.within}")
         if args.out is not None and (not args.out.strip() or "\x00" in args.out):
             raise ValueError(f"--out must name a folder, got {args.out!r}")
+        out = Path(args.out or default_out())
+        _check_out(out, args.model)
         try:
             device = torch.device(args.device)
         except RuntimeError:
@@ -126,32 +185,25 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--device {args.device}: no CUDA device here")
         subject = load_subject(args.model, encoding=args.encoding, seed=args.seed, train_len=args.train_len,
                                device=device, dtype=getattr(torch, args.dtype))  # fmt: skip
-        settings = _settings(args, subject, resolve_lengths(spec, subject.train_len), device)
-        text = _text(args, subject).to(device)
-        if len(text) < max(settings["lengths"]):
-            raise ValueError(
-                f"--text: {len(text)} tokens, fewer than the longest length {max(settings['lengths'])}; "
-                "give a longer --text or shorter --lengths"
-            )
-        out = Path(args.out or default_out())
-        with RunDir(out, resume=args.resume, overwrite=args.overwrite, writes=FILES) as rd:
-            done: list[dict] = []
-            if args.resume:
-                old = json.loads((out / "config.json").read_text())
-                if old != json.loads(json.dumps(settings)):
-                    diff = [k for k in settings if old.get(k) != json.loads(json.dumps(settings[k]))]
-                    raise ValueError(f"--resume: {out / 'config.json'} was written with other settings ({', '.join(diff)}); "
-                                     "rerun with the same ones, or start over with --overwrite")  # fmt: skip
-                if (out / "results.json").is_file():
-                    done = json.loads((out / "results.json").read_text()).get("cells", [])
-            else:
+        lengths = resolve_lengths(spec, subject.train_len)
+        if max(lengths) > MAX_LENGTH:
+            raise ValueError(f"--lengths: {max(lengths)} tokens; allowed: up to {MAX_LENGTH} tokens")
+        if args.stride is not None and args.stride > min(lengths):
+            raise ValueError(f"--stride {args.stride} is longer than the shortest length ({min(lengths)} tokens); "
+                             f"allowed: 1..{min(lengths)}")  # fmt: skip
+        text, text_fp = _text(args, subject, args.windows * max(lengths))
+        settings = _settings(args, subject, lengths, device, text_fp)
+        text = text.to(device)
+        if len(text) < max(lengths):
+            raise ValueError(f"--text: {len(text)} tokens, fewer than the longest length {max(lengths)}; "
+                             "give a longer --text or shorter --lengths")  # fmt: skip
+        # everything is checked before the folder is claimed: a refused run never touches an --overwrite folder
+        with RunDir(out, resume=args.resume, overwrite=args.overwrite, writes=FILES, tool="posenc extend") as rd:
+            done = _resumed(out, settings) if args.resume else []
+            if not args.resume:
                 write_json(out / "config.json", settings)
-            base = {
-                "tool": "posenc extend",
-                "model": subject.label,
-                "train_len": subject.train_len,
-                "settings": settings,
-            }
+            base = {"tool": "posenc extend", "model": subject.label, "train_len": subject.train_len,
+                    "settings": settings}  # fmt: skip
 
             def save(cells):
                 write_json(out / "results.json", {**base, "cells": cells})

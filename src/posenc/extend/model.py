@@ -19,7 +19,9 @@ layers. No per-family code: the layers' specs are read from the converted model'
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,12 @@ class Subject:
     tokenizer: Any = None
     specs: list[dict] = field(default_factory=list)  # one {"encoding", "options"} per layer
     rope: dict = field(default_factory=dict)  # base, rotary_dim, longrope factors of the first rotary layer
+    fingerprint: str = ""  # a hash of the model's config, weights and tokenizer: --resume checks it
+
+    @property
+    def positions(self):
+        """What holds the model's encodings (``.encodings``): the model, or an HF model's posenc stack."""
+        return self.model if self.kind == "run" else self.model.posenc_stack
 
     def variant(self, method: str, longest: int) -> tuple[Any, dict, str | None]:
         """``(model, options, why_not)`` for ``method`` set for lengths up to ``longest``:
@@ -112,45 +120,194 @@ def _train_len_hf(config) -> int:
     raise ModelError("the model's config names no training length (max_position_embeddings); pass --train-len")
 
 
+# Every size a config.json gives, bounded before anything is allocated: a hostile or damaged
+# config (num_hidden_layers 1e9, hidden_size -32) is one line, never a traceback or a hang.
+# The limits are far above any published checkpoint (DeepSeek-V3: 61 layers, width 7168,
+# vocabulary 129 280); the weights' total is then held against the machine's memory.
+CONFIG_LIMITS = {"num_hidden_layers": 4096, "hidden_size": 1 << 17, "intermediate_size": 1 << 20,
+                 "num_attention_heads": 4096, "num_key_value_heads": 4096, "head_dim": 1 << 14,
+                 "vocab_size": 1 << 23, "max_position_embeddings": 1 << 26}  # fmt: skip
+
+
+def _check_sizes(config, path: Path, dtype) -> None:
+    """Refuse sizes out of :data:`CONFIG_LIMITS` and weights that cannot fit in memory."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    sizes = {}
+    for name, high in CONFIG_LIMITS.items():
+        v = getattr(text, name, None)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= high:
+            raise ModelError(f"MODEL {str(path)!r}: config.json has {name} {v!r}; allowed: an int in 1..{high}")
+        sizes[name] = v
+    width, vocab, depth = sizes.get("hidden_size", 1), sizes.get("vocab_size", 1), sizes.get("num_hidden_layers", 1)
+    inner = sizes.get("intermediate_size", 4 * width)
+    weights = 2 * vocab * width + depth * (4 * width * width + 3 * width * inner)  # an estimate, within ~2x
+    need = weights * torch.empty((), dtype=dtype).element_size()
+    have = _physical_memory()
+    if have and need > have:
+        raise ModelError(
+            f"MODEL {str(path)!r}: config.json describes ~{weights:.3g} weights ({need / 2**30:.1f} GiB), more than "
+            f"this machine's memory ({have / 2**30:.1f} GiB)"
+        )
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _check_rope_type(config, path: Path) -> None:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    params = getattr(text, "rope_parameters", None) or {}
+    per_type = params.values() if params and all(isinstance(v, dict) for v in params.values()) else [params]
+    allowed = ["default", *ROPE_INIT_FUNCTIONS]
+    for p in per_type:
+        kind = p.get("rope_type", p.get("type", "default")) if isinstance(p, dict) else None
+        if kind not in allowed:
+            raise ModelError(f"MODEL {str(path)!r}: config.json has rope_type {kind!r}; allowed: {', '.join(allowed)}")
+
+
+def _raw_json(path: Path, name: str) -> dict | None:
+    """``path/name`` as a JSON object; None when there is no such file."""
+    f = path / name
+    if not f.exists():
+        return None
+    try:
+        if not f.is_file():
+            raise ValueError("not a regular file")
+        d = json.loads(f.read_text(encoding="utf-8"))
+        if not isinstance(d, dict):
+            raise ValueError(f"a JSON {type(d).__name__}, not an object")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ModelError(f"MODEL {str(path)!r}: {name} is not readable JSON ({_first(e)})") from None
+    return d
+
+
+def _check_no_code(path: Path, raw: dict, known: set[str]) -> None:
+    """Nothing in the folder is imported: a model or tokenizer that needs its own code (``auto_map``
+    to a module of the folder) is refused before transformers reads anything."""
+    model_type = raw.get("model_type")
+    if model_type not in known:
+        needs = " (its auto_map names code in the folder; posenc runs no code from a model folder)" if (
+            raw.get("auto_map")) else ""  # fmt: skip
+        names = ", ".join(sorted({t for t in known if not t.startswith("posenc_")}))
+        raise ModelError(f"MODEL {str(path)!r}: model_type {model_type!r} is not one posenc.hf converts{needs}; "
+                         f"allowed: {names}")  # fmt: skip
+    if model_type.startswith("posenc_"):
+        from ..hf.remote import check_remote_code
+
+        try:
+            check_remote_code(path, raw)
+        except ValueError as e:
+            raise ModelError(f"MODEL {str(path)!r}: {e}") from None
+    tok = _raw_json(path, "tokenizer_config.json") or {}
+    if tok.get("auto_map"):
+        raise ModelError(
+            f"MODEL {str(path)!r}: tokenizer_config.json's auto_map names tokenizer code in the folder; posenc runs "
+            "no code from a model folder (save the tokenizer as a tokenizer.json of a transformers class instead)"
+        )
+
+
 def _load_hf(path: Path, *, device, dtype) -> Subject:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    import pickle
+
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     import posenc.hf as ph
 
+    raw = _raw_json(path, "config.json")
+    # every family posenc.hf converts, stock or saved after conversion (no per-family code here)
+    known = {t for c, entry in ph.SUPPORTED.items() for t in (c.config_class.model_type, entry[1].model_type)}
+    _check_no_code(path, raw, known)
     try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, KeyError) as e:
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 - whatever a damaged config makes transformers raise: one line
         raise ModelError(
             f"MODEL {str(path)!r}: config.json is not a readable Hugging Face config ({_first(e)})"
         ) from None
-    # every family posenc.hf converts, stock or saved after conversion (no per-family code here)
-    known = {t for c, entry in ph.SUPPORTED.items() for t in (c.config_class.model_type, entry[1].model_type)}
-    if config.model_type not in known:
-        names = ", ".join(c.__name__ for c in ph.SUPPORTED)
-        raise ModelError(
-            f"MODEL {str(path)!r}: model_type {config.model_type!r} is not one posenc.hf converts ({names})"
-        )
+    _check_sizes(config, path, dtype)
+    _check_rope_type(config, path)
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # (a bar per load; extend logs its own progress, and errors stay one line)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-    except (OSError, ValueError) as e:
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype, trust_remote_code=False)
+    except pickle.UnpicklingError:  # transformers reads .bin files with weights_only=True
+        raise ModelError(
+            f"MODEL {str(path)!r}: its weights file holds Python objects, not only tensors; posenc refuses to load it "
+            "(loading could run code; nothing was executed): save the model as safetensors"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - missing or damaged weights, sizes the config gets wrong: one line
         raise ModelError(f"MODEL {str(path)!r}: the weights cannot be read ({_first(e)})") from None
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     model = model.to(device).eval()
+    weights = weights_fingerprint(model)
     if not config.model_type.startswith("posenc_"):
         try:
             model = ph.convert(model).eval()  # the model's own scheme (its RoPE and rope_parameters, GPT-2's table)
         except (TypeError, ValueError) as e:
             raise ModelError(f"MODEL {str(path)!r}: posenc.hf cannot convert it ({_first(e)})") from None
-    tokenizer = None
-    if any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer, tok_files = _load_tokenizer(path)
     specs = [dict(s) for s in model.config.posenc_layers]
     dims = model.posenc_stack.dims
+    fingerprint = _digest({"config": raw, "weights": weights, "tokenizer": tok_files})
     return Subject("hf", model, _train_len_hf(model.config), model.config.vocab_size, str(path), tokenizer, specs,
-                   _rope_facts(specs, dims.head_dim))  # fmt: skip
+                   _rope_facts(specs, dims.head_dim), fingerprint)  # fmt: skip
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+                    "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json")  # fmt: skip
+
+
+def _load_tokenizer(path: Path):
+    """``(tokenizer or None, {file: sha256})`` of the tokenizer saved in ``path``."""
+    from transformers import AutoTokenizer
+
+    files = {f: _file_digest(path / f) for f in _TOKENIZER_FILES if (path / f).is_file()}
+    if not any(f in files for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None, files
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 - a malformed tokenizer file raises anything from KeyError up
+        raise ModelError(
+            f"MODEL {str(path)!r}: the tokenizer cannot be read ({type(e).__name__}: {_first(e)})"
+        ) from None
+    return tok, files
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """sha256 of every tensor of ``model``'s state dict (names, dtypes, shapes and bytes)."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _digest(d: Any) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _load_run(path: Path, encoding: str | None, seed: int | None, *, device, dtype) -> Subject:
-    from ..checkpoint import load_checkpoint
+    from ..checkpoint import CheckpointError, load_checkpoint
     from ..compare.config import from_dict
     from ..compare.train import checkpoint_path
 
@@ -168,17 +325,51 @@ def _load_run(path: Path, encoding: str | None, seed: int | None, *, device, dty
         encoding = names[0]
     if encoding not in cfg.encodings:
         raise ModelError(f"--encoding {encoding!r}: the run trained {list(cfg.encodings)}")
-    seed = cfg.seeds[0] if seed is None else seed
+    if seed is None:
+        seed = cfg.seeds[0]
+    elif seed not in cfg.seeds:
+        raise ModelError(f"--seed {seed}: the run trained seeds {list(cfg.seeds)}")
     ckpt = checkpoint_path(path / "checkpoints", cfg, encoding, seed)
     if not ckpt.is_file():
         raise ModelError(f"MODEL {str(path)!r}: no checkpoint {ckpt.name} for {encoding!r} seed {seed}")
-    model, _ = load_checkpoint(ckpt, map_location=device)
+    try:
+        model, extra = load_checkpoint(ckpt, map_location=device)
+    except CheckpointError as e:
+        raise ModelError(str(e)) from None
+    trained = _trained_config(extra, cfg, ckpt)
+    if extra.get("encoding", encoding) != encoding or extra.get("seed", seed) != seed:
+        raise ModelError(f"{str(ckpt)!r} holds {extra.get('encoding')!r} seed {extra.get('seed')}, "
+                         f"not {encoding!r} seed {seed}: the run folder was changed after training")  # fmt: skip
     model = model.to(dtype).eval()
     enc = model.encodings[0]
     rope = {"base": float(enc.base), "rotary_dim": int(enc.rotary_dim)} if hasattr(enc, "rotary_dim") else {}
     specs = [{"encoding": encoding, "options": dict(model.config.options)}]
-    return Subject("run", model, cfg.train_len, model.vocab_size, f"{path} ({encoding}, seed {seed})",
-                   None, specs, rope)  # fmt: skip
+    fingerprint = _digest({"checkpoint": _file_digest(ckpt)})
+    return Subject("run", model, trained.train_len, model.vocab_size, f"{path} ({encoding}, seed {seed})",
+                   None, specs, rope, fingerprint)  # fmt: skip
+
+
+def _trained_config(extra: dict, cfg, ckpt: Path):
+    """The config the checkpoint was trained under (it records it); ``cfg`` (the folder's
+    config.json) must be the same, or the folder was edited after training."""
+    from ..compare.config import from_dict
+
+    saved = extra.get("compare_config")
+    if not isinstance(saved, dict):  # written by a posenc older than the fingerprints: config.json it is
+        return cfg
+    try:
+        trained = from_dict(saved)
+    except (ValueError, TypeError, KeyError) as e:
+        raise ModelError(f"{str(ckpt)!r}: its training config is damaged ({_first(e)})") from None
+    if trained.fingerprint() != cfg.fingerprint():
+        fields = cfg.differing_fields(saved)
+        diff = ", ".join(f"{f} {saved.get(f)!r} in the checkpoint, {getattr(cfg, f, None)!r} in config.json"
+                         for f in fields[:4])  # fmt: skip
+        raise ModelError(
+            f"{str(ckpt)!r} was trained under another config than the run folder's config.json ({diff or 'fingerprint'}); "
+            "the folder was edited after training: restore its config.json"
+        )
+    return trained
 
 
 def load_subject(model: str, *, encoding=None, seed=None, train_len=None, device="cpu", dtype=torch.float32) -> Subject:
@@ -198,6 +389,10 @@ def load_subject(model: str, *, encoding=None, seed=None, train_len=None, device
     if (path / "checkpoints").is_dir() and not _is_hf(path):
         subject = _load_run(path, encoding, seed, device=device, dtype=dtype)
     else:
+        given = [f for f, v in (("--encoding", encoding), ("--seed", seed)) if v is not None]
+        if given:
+            raise ModelError(f"{' and '.join(given)}: only for a compare run directory; MODEL {model!r} is an HF "
+                             "checkpoint (one model, its own encodings)")  # fmt: skip
         subject = _load_hf(path, device=device, dtype=dtype)
     if train_len is not None:
         subject.train_len = train_len

@@ -41,18 +41,30 @@ QUESTION = "What is the pass key? The pass key is"
 
 
 class Tokens:
-    """Text to token ids: ``tokenizer`` (HF, no special tokens) or UTF-8 bytes."""
+    """Text to token ids: ``tokenizer`` (HF, no special tokens) or UTF-8 bytes; every id is
+    checked against the model's ``vocab_size`` when given (a tokenizer of another model is refused)."""
 
-    def __init__(self, tokenizer=None, vocab_size: int = 256) -> None:
-        if tokenizer is None and vocab_size < 256:
+    def __init__(self, tokenizer=None, vocab_size: int | None = None) -> None:
+        if tokenizer is None and vocab_size is not None and vocab_size < 256:
             raise ValueError(f"bytes as tokens need a vocabulary of >= 256 ids; the model has {vocab_size}")
-        self.tokenizer = tokenizer
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self.name = "bytes (UTF-8, ids 0-255)" if tokenizer is None else f"tokenizer {type(tokenizer).__name__}"
 
     def __call__(self, text: str) -> list[int]:
         if self.tokenizer is None:
             return list(text.encode("utf-8"))
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self._checked(list(self.tokenizer.encode(text, add_special_tokens=False)))
+
+    def _checked(self, ids: list[int]) -> list[int]:
+        if self.vocab_size is None:
+            return ids
+        top = max(ids, default=0)
+        if top >= self.vocab_size or min(ids, default=0) < 0:
+            raise ValueError(
+                f"the tokenizer gives id {top if top >= self.vocab_size else min(ids)}, outside the model's "
+                f"vocabulary (ids 0..{self.vocab_size - 1}): the tokenizer saved in MODEL is not this model's"
+            )
+        return ids
 
     def of_bytes(self, data: bytes) -> torch.Tensor:
         if self.tokenizer is None:

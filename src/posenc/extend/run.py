@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..compare.evaluate import not_applicable
 from ..compare.extend import METHODS
 from .evaluate import peak_rss_bytes, perplexity
 from .model import Subject
@@ -90,6 +91,9 @@ def run_cells(subject: Subject, settings: dict[str, Any], text: torch.Tensor, do
             if (m, n) in have:
                 continue
             model, opts, why = subject.variant(m, longest)
+            if model is not None and m != "sink-window":  # (sink-window's positions stay inside its cache)
+                why = not_applicable(subject.positions, n)  # a learned table ends where it was trained
+                model = None if why else model
             cell: dict[str, Any] = {"method": m, "length": n, "options": opts, "setting": describe(m, opts)}
             if model is None:
                 cells.append({**cell, "setting": "n/a", "applicable": False, "why": why})
