@@ -1,24 +1,22 @@
-"""Where a task model errs inside its answer (``posenc.compare.answer_errors`` and
-``scripts/answer_errors.py``): the four classes by hand, the counts of a model whose every
-prediction is known, and the script on a tiny finished run and on bad input."""
+"""Where a task model errs inside its answer (``posenc.studies.kazemnejad2023.answer_errors``
+and ``posenc study answer-errors``): the four classes by hand, the counts of a model whose
+every prediction is known, and the command on a tiny finished run and on bad input."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from posenc.cli import main
-from posenc.compare.answer_errors import answer_classes, answer_errors, exact_match_by_category
 from posenc.compare.evaluate import EvalSettings, evaluate
 from posenc.data import load_source
 from posenc.data.kazemnejad import EOS, PAD, VOCAB, _rs
+from posenc.studies import cli as study_cli
+from posenc.studies.kazemnejad2023.answer_errors import answer_classes, answer_errors, exact_match_by_category
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "answer_errors.py"
 ID = {w: i for i, w in enumerate(VOCAB)}
 
 
@@ -140,7 +138,7 @@ def test_exact_match_by_category_adds_up_to_evaluate_accuracy():
     assert 0 < solved < samples and acc == solved / samples
 
 
-def test_script_on_a_finished_run_and_on_bad_input(tmp_path, capsys):
+def test_command_on_a_finished_run_and_on_bad_input(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["compare", "--task", "kaz-copy", "--encodings", "nope,learned", "--seeds", "0", "--steps", "4",
             "--dim", "16", "--depth", "1", "--heads", "2", "--eval-samples", "8", "--eval-lens", "20",
@@ -148,12 +146,11 @@ def test_script_on_a_finished_run_and_on_bad_input(tmp_path, capsys):
     assert main(args) == 0
     capsys.readouterr()
 
-    spec = importlib.util.spec_from_file_location("answer_errors_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-
     def script(*a):
-        code = mod.main(list(map(str, a)))
+        try:
+            code = main(["study", "answer-errors", *map(str, a)])
+        except SystemExit as e:  # argparse's refusals
+            code = e.code
         got = capsys.readouterr()
         return SimpleNamespace(returncode=code, stdout=got.out, stderr=got.err)
 
@@ -162,7 +159,7 @@ def test_script_on_a_finished_run_and_on_bad_input(tmp_path, capsys):
         return {"<1": 0.5, ">99": 99.5}.get(v) or int(v)
 
     # a share is never rounded to 0 % when it is not 0, nor to 100 % when it is not 1
-    assert [mod.share(x) for x in (0, 1 / 256, 0.005, 0.5, 0.994, 0.995, 255 / 256, 1)] == [
+    assert [study_cli.share(x) for x in (0, 1 / 256, 0.005, 0.5, 0.994, 0.995, 255 / 256, 1)] == [
         "0%", "<1%", "<1%", "50%", "99%", ">99%", ">99%", "100%"]  # fmt: skip
 
     ok = script(out, "nope", 30, "--samples", 5)
@@ -182,8 +179,9 @@ def test_script_on_a_finished_run_and_on_bad_input(tmp_path, capsys):
     assert cat.returncode == 0, cat.stderr
     assert [line for line in cat.stdout.splitlines() if line.startswith("| 30 ")][0].startswith("| 30 | 5 | ")
     for bad, what in (((out, "rope", 30), "encoding 'rope' seed 0 is not in the run"),
-                      ((out, "nope", 0), "n must be >= 1 for kaz-copy and --samples >= 1, got n=0"),
-                      ((out, "nope", 5, "--samples", 0), "got n=5, --samples=0"),
+                      ((out, "nope", 0), "n must be >= 1 for kaz-copy, got n=0"),
+                      ((out, "nope", 5, "--samples", 0), "argument --samples: must be an integer in 1..2147483647"),
+                      ((out, "nope", 5, "--seed", -1), "argument --seed: must be an integer in 0.."),
                       ((out, "learned", 41), "learned cannot run at n=41: "),
                       ((tmp_path / "nothing", "nope", 30), "cannot be read as a compare run's config")):  # fmt: skip
         p = script(*bad)

@@ -1,14 +1,15 @@
-"""The papers' claims about their own tasks, read from the numbers (issue 28;
-``posenc.compare.paper_findings``): each reading agrees when the numbers do and flips when
-they are reversed."""
+"""The papers' claims about their own tasks, read from the numbers (issue 28; each study of
+``posenc.studies`` registers its reading with ``posenc.compare.reading``): each reading
+agrees when the numbers do and flips when they are reversed."""
 
 from __future__ import annotations
 
 import pytest
 from tests.test_compare_reading import _results
 
-from posenc.compare.paper_findings import mean_ranks, paper_findings
-from posenc.compare.reading import findings, summarize
+from posenc.compare.reading import STUDY_FINDINGS, findings, summarize
+from posenc.studies import cope2024, kazemnejad2023, press2022
+from posenc.studies.kazemnejad2023 import mean_ranks
 
 AS_PUBLISHED = {  # accuracy at n = 64 (training), 128, 512
     "nope": [1.0, 0.9, 0.8],
@@ -113,7 +114,8 @@ def test_flip_flop_sparse_and_dense_errors():
     assert f["verdict"] == "undecided"  # within 2 points over 256 samples: Wilson intervals overlap
     f = _one(_flip_flop({"rope": (0.92, 1.0, 0.5)}), "Liu et al. 2023")
     assert f["verdict"] == "partly"
-    assert paper_findings(summarize(_results(AS_PUBLISHED, lengths=(64, 128, 256))), None) == []  # text < 8x: none
+    text = summarize(_results(AS_PUBLISHED, lengths=(64, 128, 256)))
+    assert [study(text, None) for study in STUDY_FINDINGS] == [[], [], []]  # text < 8x: none
 
 
 @pytest.mark.parametrize("alibi, verdict", [([5.6, 5.3, 5.2, 5.1], "agrees"), ([5.6, 5.3, 5.2, 5.4], "partly"),
@@ -126,3 +128,8 @@ def test_press_table5_shape(alibi, verdict):
     assert f["evidence"].startswith(f"alibi ppl at 1x {alibi[0]:.3f}, 2x {alibi[1]:.3f}, 8x {alibi[2]:.3f}, 48x")
     # shorter than 8x the training length: no Table 5 reading
     assert not [f for f in findings(_results({"alibi": alibi}, lengths=(16, 32, 64, 112))) if "Table 5" in f["source"]]
+
+
+def test_every_study_registers_its_reading():
+    """Importing ``posenc.compare`` registers each study's reading once (``posenc.studies``)."""
+    assert STUDY_FINDINGS == [cope2024.findings, kazemnejad2023.findings, press2022.findings]

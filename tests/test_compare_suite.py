@@ -1,21 +1,18 @@
-"""Kazemnejad et al.'s ordering over the suite (``posenc.compare.suite``,
-``scripts/kazemnejad_suite.py``): ranks computed by hand, the verdict flips with the numbers,
+"""Kazemnejad et al.'s ordering over the suite (``posenc.studies.kazemnejad2023.suite``,
+``posenc study kazemnejad-suite``): ranks computed by hand, the verdict flips with the numbers,
 tasks nobody learned are not counted, bad input is one line and exit 2."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from tests.test_compare_paper_findings import AS_PUBLISHED
 from tests.test_compare_reading import _results
 
-from posenc.compare.suite import suite_finding, suite_ranks, suite_table_md
+from posenc.cli import main
+from posenc.studies.kazemnejad2023.suite import suite_finding, suite_ranks, suite_table_md
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kazemnejad_suite.py"
 # a second task, 20 points between neighbours (over 256 samples no intervals overlap): alibi
 # best at 128, rope best at 512
 SECOND = {"nope": [1.0, 0.5, 0.5], "t5": [1.0, 0.7, 0.7], "alibi": [1.0, 0.9, 0.1],
@@ -74,14 +71,26 @@ def test_one_run_per_kazemnejad_task():
         suite_ranks([_results(AS_PUBLISHED, task="count")])
 
 
-def test_script_prints_the_table_and_refuses_a_folder_without_results(tmp_path):
+def _study(*argv, capsys):
+    try:
+        code = main(["study", "kazemnejad-suite", *map(str, argv)])
+    except SystemExit as e:  # argparse's refusals
+        code = e.code
+    return code, capsys.readouterr()
+
+
+def test_command_prints_the_table_and_refuses_a_folder_without_results(tmp_path, capsys):
     for task, table in (("kaz-copy", AS_PUBLISHED), ("kaz-sum", SECOND)):
         (tmp_path / task).mkdir()
         (tmp_path / task / "results.json").write_text(json.dumps(_results(table, task=task)))
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "kaz-copy"), str(tmp_path / "kaz-sum")],
-                          capture_output=True, text=True)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert "Reading: **agrees**" in proc.stdout
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "nothing")], capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert len(proc.stderr.strip().splitlines()) == 1 and "nothing/results.json" in proc.stderr
+    code, out = _study(tmp_path / "kaz-copy", tmp_path / "kaz-sum", capsys=capsys)
+    assert code == 0, out.err
+    assert out.out.startswith("| encoding | `kaz-copy` | `kaz-sum` | suite rank | suite MRR |")
+    assert "Reading: **agrees**" in out.out
+    for argv, what in (((tmp_path / "nothing",), "nothing/results.json"),
+                       ((tmp_path / "kaz-copy", tmp_path / "kaz-copy"), "one run per task: 'kaz-copy'"),
+                       ((), "the following arguments are required: RUN")):  # fmt: skip
+        code, out = _study(*argv, capsys=capsys)
+        assert code == 2 and out.out == ""
+        assert len(out.err.strip().splitlines()) == 1 and what in out.err, out.err
+        assert out.err.startswith("posenc study kazemnejad-suite: error: ")

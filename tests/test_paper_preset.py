@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import posenc
 from conftest import tolerance
 from posenc.adaptive import AdaptiveInput, check_cutoffs
-from posenc.compare.paper import accumulation_steps
+from posenc.compare.train import accumulation_steps
 from posenc.train import Trainer, lm_loss
 from posenc.train.loop import micro_batches
 

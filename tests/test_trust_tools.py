@@ -206,11 +206,12 @@ FLAGS: dict[str, dict[str, list[str]]] = {
         "--adaptive-cutoffs": INTS,
     },  # fmt: skip
     "list": {"--format": CHOICE},
+    "study answer-errors": {"--seed": NONNEG, "--samples": POS},
 }
 FREE_TEXT = {("bench", "--notes")}  # any text is fine
 # the smallest run of each command: only the flag under test is wrong
 BASE = {"analyze all": ["--checkpoint", "<missing>"], "analyze padding-probe": [], "bench": ["--lengths", "8"],
-        "list": []}  # fmt: skip
+        "list": [], "study answer-errors": ["<missing>", "nope", "5"]}  # fmt: skip
 CASES = [(cmd, flag, v) for cmd, flags in FLAGS.items() for flag, values in flags.items() for v in values]
 
 
@@ -229,7 +230,7 @@ def test_every_flag_refuses_bad_values_in_one_line(cmd, flag, value, tmp_path, c
         base = []
     if cmd == "compare" and flag == "--max-pos":
         base = [*base, "--randomized-positions"]
-    where = [] if cmd == "list" or flag == "--out" else ["--out", str(out)]
+    where = [] if cmd == "list" or cmd.startswith("study") or flag == "--out" else ["--out", str(out)]
     argv = [*cmd.split(), *where, *[subs.get(a, a) for a in base], f"{flag}={subs.get(value, value)}"]
     if cmd == "bench":
         argv += ["--device", "cpu", "--quiet"] if flag != "--device" else ["--quiet"]
@@ -248,8 +249,9 @@ def test_the_flag_table_covers_every_flag():
     """A new flag of any command gets bad values above (or is listed as free text)."""
     top = make_parser()._subparsers._group_actions[0].choices
     found = {(cmd, f) for cmd in ("bench", "compare", "list") for f in _value_flags(top[cmd])}
-    for name, sub in top["analyze"]._subparsers._group_actions[0].choices.items():
-        found |= {(f"analyze {name}", f) for f in _value_flags(sub)}
+    for group in ("analyze", "study"):
+        for name, sub in top[group]._subparsers._group_actions[0].choices.items():
+            found |= {(f"{group} {name}", f) for f in _value_flags(sub)}
     table = {(cmd, f) for cmd, flags in FLAGS.items() for f in flags}
     assert found - FREE_TEXT == table
 

@@ -1,4 +1,4 @@
-"""The ``posenc`` command: ``list``, ``compare``, ``analyze``, ``bench``.
+"""The ``posenc`` command: ``list``, ``compare``, ``analyze``, ``bench``, ``extend``, ``study``.
 
 Each subcommand other than ``list`` lives in its own package and exposes two functions,
 ``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them up.
@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("posenc.analysis.cli", "properties of encodings: decomposition, invariance, decay, ..."),
     "bench": ("posenc.bench.cli", "speed and memory of each encoding against references"),
     "extend": ("posenc.extend.cli", "a trained checkpoint past its training length, per training-free method"),
+    "study": ("posenc.studies.cli", "the paper studies' commands over finished compare runs"),
 }
 
 

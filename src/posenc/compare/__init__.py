@@ -17,3 +17,6 @@ from .config import CORE_ENCODINGS, PRESETS, CompareConfig, from_dict, preset_co
 from .runner import compare
 
 __all__ = ["CORE_ENCODINGS", "PRESETS", "CompareConfig", "compare", "from_dict", "preset_config"]
+
+# the paper studies stand above compare: importing them registers their presets and readings
+from .. import studies  # noqa: E402, F401

@@ -21,11 +21,13 @@ __all__ = [
     "MAX_LEN",
     "MODEL_NAME",
     "MODEL_NAME_RULE",
+    "PAPER_DEFAULTS",
     "SCHEDULES",
     "SCHEDULE_DEFAULTS",
     "check_attention_fields",
     "check_fields",
     "check_models",
+    "check_paper_fields",
     "check_schedule_fields",
     "check_task_lengths",
     "model_names",
@@ -310,3 +312,61 @@ def check_schedule_fields(cfg) -> None:
             f"decay_fraction applies to schedule wsd or wsd-sqrt only, and schedule is cosine "
             f"(got decay_fraction {cfg.decay_fraction!r})"
         )
+
+
+# The fields of a word-level, multi-process run (the paper preset's: posenc.studies.press2022)
+# with their defaults: left out of to_dict while they keep them, so configs and fingerprints
+# written before they existed stay the same.
+PAPER_DEFAULTS: dict[str, Any] = {
+    "data_dir": None,
+    "tokens_per_update": None,
+    "micro_batch": None,
+    "final_norm": True,
+    "adaptive_cutoffs": None,
+    "fsdp": False,
+}
+
+
+def check_paper_fields(cfg) -> None:
+    """``ValueError`` naming a bad paper field (type, range, or a tokens-per-update mismatch)."""
+    for name in ("tokens_per_update", "micro_batch"):
+        v = getattr(cfg, name)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 2**31 - 1):
+            raise ValueError(f"{name} must be an int in [1, {2**31 - 1}] or unset, got {v!r}")
+    if cfg.data_dir is not None and not (isinstance(cfg.data_dir, str) and cfg.data_dir.strip()):
+        raise ValueError(f"data_dir must name a directory, got {cfg.data_dir!r}")
+    for name in ("final_norm", "fsdp"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ValueError(f"{name} must be true or false, got {getattr(cfg, name)!r}")
+    if cfg.fsdp and cfg.val_points:
+        raise ValueError(
+            f"fsdp evaluates once, after training, from the gathered weights: val_points must be 0, got {cfg.val_points}"
+        )
+    c = cfg.adaptive_cutoffs
+    if c is not None and not (
+        isinstance(c, list) and c and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in c)
+        and all(a < b for a, b in zip(c, c[1:]))
+    ):  # fmt: skip
+        raise ValueError(f"adaptive_cutoffs must be a non-empty list of strictly increasing ints >= 1, got {c!r}")
+    if c is not None and cfg.data_dir is None and cfg.task is None and c[-1] >= 256:
+        raise ValueError(
+            f"adaptive_cutoffs {c} need a word-level vocabulary: give --data-dir DIR (WikiText-103's "
+            "wiki.{train,valid,test}.tokens); the byte-level sources have 256 tokens"
+        )
+    if c is not None and cfg.task is not None:
+        raise ValueError(f"adaptive_cutoffs is for a word-level corpus (--data-dir), not --task {cfg.task}")
+    if cfg.data_dir is not None:
+        other = [n for n in ("text", "dataset", "task") if getattr(cfg, n) is not None]
+        if other:
+            raise ValueError(f"data_dir is a data source: give it alone, not with {other}")
+        if cfg.packed:
+            raise ValueError("data_dir reads a word stream without documents: packed does not apply")
+    t = cfg.tokens_per_update
+    if t is not None and cfg.batch_size * cfg.train_len != t:
+        fix = f"--batch-size {t // cfg.train_len}" if t % cfg.train_len == 0 else f"a multiple of {cfg.train_len}"
+        raise ValueError(
+            f"tokens_per_update must equal batch_size x train_len ({cfg.batch_size} x {cfg.train_len} = "
+            f"{cfg.batch_size * cfg.train_len}), got {t}: give {fix}"
+        )
+    if cfg.micro_batch is not None and cfg.batch_size % cfg.micro_batch:
+        raise ValueError(f"micro_batch must divide batch_size={cfg.batch_size}, got {cfg.micro_batch}")

@@ -19,20 +19,23 @@ from ..data import TASK_NAMES
 from .checks import (
     AT_MOST_STEPS,
     ATTENTION_DEFAULTS,
+    PAPER_DEFAULTS,
     SCHEDULE_DEFAULTS,
     check_attention_fields,
     check_encodings,
     check_fields,
     check_models,
+    check_paper_fields,
     check_schedule_fields,
     check_task_lengths,
     model_names,
     parse_named,
 )
-from .kazemnejad import KAZEMNEJAD_QUICK
-from .paper import PAPER_DEFAULTS, PAPER_PRESET, check_paper_fields
 
-__all__ = ["CompareConfig", "PRESETS", "CORE_ENCODINGS", "EXTEND_METHODS", "from_dict", "resolve_eval_lens"]
+__all__ = [
+    "CompareConfig", "PRESETS", "CORE_ENCODINGS", "EXTEND_METHODS", "from_dict", "preset_config", "register_preset",
+    "register_task_defaults", "resolve_eval_lens",
+]  # fmt: skip
 
 # The seven encodings of the core: what `posenc compare` trains by default.
 CORE_ENCODINGS = ["nope", "learned", "sinusoidal", "rope", "alibi", "t5", "shaw"]
@@ -107,7 +110,8 @@ class CompareConfig:
     checkpoint_every: int = 100  # steps; a checkpoint is also written after each encoding
     workers: int = 0  # CPU processes training models side by side (1 thread each); 0: one per core
     shard: str | None = None  # "i/n": this job runs encodings i, i+n, ... (1-based)
-    # the paper preset's fields (posenc.compare.paper; their defaults leave older runs unchanged)
+    # word-level, multi-process runs (the paper preset's: posenc.studies.press2022; their defaults
+    # leave older runs unchanged)
     data_dir: str | None = None  # WikiText-103 word-level: wiki.{train,valid,test}.tokens
     tokens_per_update: int | None = None  # must equal batch_size x train_len; fixed whatever the processes
     micro_batch: int | None = None  # sequences per process per forward (accumulation); None: batch_size / W
@@ -281,7 +285,9 @@ def parse_shard(shard: str) -> tuple[int, int]:
 # trained close to convergence: docs/compare.md has the study behind its numbers);
 # `standard` is a real run for a GPU or a patient CPU. "tasks" holds a preset's settings
 # for the synthetic tasks, passkey and each paper task that has its own entry, applied when
-# --task is given (before the command line's own values).
+# --task is given (before the command line's own values). The paper studies add theirs
+# (posenc.studies: `paper`, and the quick preset's entries for count, flip-flop and kaz-*)
+# through register_preset and register_task_defaults.
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {
         # T5's log buckets reach max_distance=128 by default; trained at 64, the buckets of
@@ -300,35 +306,6 @@ PRESETS: dict[str, dict[str, Any]] = {
             # seed-0 model stopped on a 68 % plateau; at 5e-3 all 21 models of the core seven
             # x seeds 0-2 reach >= 99.7 % at the training length (docs/compare.md)
             "passkey": {"eval_samples": 64, "lr": 5e-3},
-            # the papers' tasks (posenc.data.paper_tasks). count: programs of U(3, 16)
-            # statements (~25 tokens a batch row; CoPE: up to 512), tested to 4x; flip-flop: 16
-            # instructions (31 tokens; Liu et al.: 256) at the training length and past it, each
-            # at p(ignore) = 0.8, 0.98 and 0.1. The budget is the convergence check's (docs/compare.md,
-            # 2 seeds): at lr 1e-2 count's models sat on a ~70 % plateau for thousands of steps
-            # (3 000 steps: 4 of 5 still improving; 6 000: nope and t5), at 3e-3 every model of
-            # both tasks passes at 6 000 steps (count: 97-99 % at n = 16; flip-flop: >= 99.9 %).
-            # The default encodings are what the papers compare: absolute (learned), relative
-            # (rope, alibi, t5) and CoPE; count adds nope. flip-flop leaves nope out: it learns
-            # slowly there (80 % at 6 000 steps, 89.6 % and still rising at 12 000, seed 0) and
-            # would fail the check at any budget this CPU affords; --encodings adds it back
-            "count": {
-                "train_len": 16,
-                "eval_lens": [8, 16, 32, 64],
-                "steps": 6000,
-                "lr": 3e-3,
-                "encodings": ["nope", "learned", "rope", "alibi", "t5", "cope"],
-                "encoding_options": {"t5": {"max_distance": 32}},
-            },
-            "flip-flop": {
-                "train_len": 16,
-                "eval_lens": [16, 32, 64],
-                "steps": 6000,
-                "lr": 3e-3,
-                "encodings": ["learned", "rope", "alibi", "t5", "cope"],
-                "encoding_options": {"t5": {"max_distance": 32}},
-            },
-            # Kazemnejad et al.'s suite: their splits and budgets (posenc.compare.kazemnejad)
-            **KAZEMNEJAD_QUICK,
         },  # fmt: skip
     },
     "standard": dict(
@@ -344,9 +321,32 @@ PRESETS: dict[str, dict[str, Any]] = {
         eval_lens=[256, 512, 1024, 2048, 4096],
         eval_tokens=131072,  # evaluation
     ),  # fmt: skip
-    # Press et al. 2022's WikiText-103 setup (posenc.compare.paper; needs --data-dir)
-    "paper": PAPER_PRESET,
 }
+
+
+def register_preset(name: str, settings: dict[str, Any]) -> None:
+    """Add preset ``name``: field overrides on the dataclass defaults, and under ``"tasks"``
+    its settings per task (as :data:`PRESETS`' entries). A study of :mod:`posenc.studies`
+    calls it when imported (``posenc.compare`` imports them all).
+
+    Raises:
+        ValueError: ``name`` is already a preset with other settings.
+    """
+    if PRESETS.setdefault(name, settings) != settings:
+        raise ValueError(f"preset {name!r} is already registered with other settings")
+
+
+def register_task_defaults(preset: str, tasks: dict[str, dict[str, Any]]) -> None:
+    """Add ``preset``'s settings for each task of ``tasks`` (``{task: field overrides}``,
+    applied when ``--task`` names it): a study's own budgets for its tasks.
+
+    Raises:
+        ValueError: a task already has other settings in ``preset``.
+    """
+    known = PRESETS[preset].setdefault("tasks", {})
+    for task, settings in tasks.items():
+        if known.setdefault(task, settings) != settings:
+            raise ValueError(f"preset {preset!r} already has other settings for task {task!r}")
 
 
 def preset_config(preset: str, **overrides: Any) -> CompareConfig:

@@ -68,7 +68,7 @@ def solved_rows(hit: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
     ``hit`` is ``(b, L)``: the greedy prediction is the target. Unscored positions (the
     prompt, padding) do not count. ``evaluate``'s accuracy and
-    :func:`posenc.compare.answer_errors.exact_match_by_category` both use this rule.
+    :func:`posenc.studies.kazemnejad2023.answer_errors.exact_match_by_category` both use this rule.
     """
     return (hit | ~mask).all(-1)
 

@@ -21,14 +21,17 @@ evaluation samples overlap.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .diagnostics import finite, run_convergence, run_health, still_improving
-from .paper_findings import paper_findings
 from .stats import Interval, interval, rank_with_ties, tied, untied_within, wilson
 
-__all__ = ["Summary", "summarize", "findings", "caveats", "train_spread", "metric_name", "flagged_text"]
+__all__ = [
+    "NOT_RUN", "SOLVED", "STUDY_FINDINGS", "Summary", "caveats", "findings", "flagged_text", "learned_encodings", "metric_name",
+    "register_findings", "summarize", "train_spread", "verdict",
+]  # fmt: skip
 
 # Press et al. 2022, Table 2 (WikiText-103, trained at 512): past the training length
 # sinusoidal degrades most (20.05 -> 43.54 at ~2x), then rotary (20.07 -> 21.37), then T5
@@ -42,6 +45,7 @@ COMPETITIVE = 1.05
 KAZEMNEJAD_ORDER = ("nope", "t5", "alibi", "rope", "sinusoidal", "learned")
 SPREAD_LIMIT = 1.15  # non-nope encodings at the training length, max/min (issue 17)
 SOLVED = 0.9  # a task is learned at the training length from 90 % exact match
+NOT_RUN = Interval(0.0, 0.0, 0.0, 1, "single")  # cannot run at a length: no answer, ranked as 0 %
 
 
 def metric_name(config: dict[str, Any]) -> str:
@@ -172,7 +176,9 @@ def _chain(cells: dict[str, Interval], order: tuple[str, ...], *, first_larger: 
     return out
 
 
-def _verdict(checks: list[dict[str, Any]]) -> str:
+def verdict(checks: list[dict[str, Any]]) -> str:
+    """``agrees`` when every decided check agrees, ``disagrees`` when none does, ``partly``
+    between, ``undecided`` when every check is tied (``agrees`` None)."""
     decided = [c["agrees"] for c in checks if c["agrees"] is not None]
     if not decided:
         return "undecided"
@@ -195,7 +201,7 @@ def _ordering(s: Summary, table, order, *, first_larger: bool, fmt, unit: str = 
         if pairs:
             checks += [{**p, "length": n} for p in pairs]
             parts.append(f"{unit}={n}: " + "; ".join(_pair_text(p, fmt) for p in pairs))
-    return (_verdict(checks), " | ".join(parts), checks) if checks else None
+    return (verdict(checks), " | ".join(parts), checks) if checks else None
 
 
 def findings(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -260,7 +266,29 @@ def findings(results: dict[str, Any]) -> list[dict[str, Any]]:
                        + (f" (n/a past the training length: {', '.join(na)})" if na else ""))  # fmt: skip
             out.append({"source": "Kazemnejad et al. 2023", "claim": "the ordering of length generalisation "
                         "on synthetic tasks", "verdict": "undecided", "evidence": why + note})  # fmt: skip
-    out += paper_findings(s, task)  # the claims of the task's own paper (posenc.compare.paper_findings)
+    for study in STUDY_FINDINGS:  # the claims of the task's own paper (posenc.studies)
+        out += study(s, task)
+    return out
+
+
+# The readings of each paper study's own claims (posenc.studies registers them):
+# ``study(summary, task) -> [finding, ...]``, empty for a run the study cannot speak to.
+STUDY_FINDINGS: list[Callable[[Summary, str | None], list[dict[str, Any]]]] = []
+
+
+def register_findings(study: Callable[[Summary, str | None], list[dict[str, Any]]]) -> None:
+    """Add ``study(summary, task) -> [finding, ...]`` to what :func:`findings` reads."""
+    if study not in STUDY_FINDINGS:
+        STUDY_FINDINGS.append(study)
+
+
+def learned_encodings(s: Summary, names) -> list[str]:
+    """The healthy encodings of ``names`` with >= 90 % exact match at the training length."""
+    out = []
+    for e in names:
+        c = s.cells.get(e, {}).get(s.train_len)
+        if e in s.cells and e not in s.flagged and c is not None and c.mean >= SOLVED:
+            out.append(e)
     return out
 
 

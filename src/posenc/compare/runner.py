@@ -18,11 +18,10 @@ from ..output import write_json
 from ..registry import available
 from ..train import Runtime, setup
 from .config import CompareConfig, from_dict, parse_shard
-from .paper import accumulation_steps
 from .pool import plan_workers, run_jobs
 from .report import run_subtitle, write_outputs
 from .rundir import RunDir, outputs_of
-from .train import checkpoint_path, train_encoding
+from .train import accumulation_steps, checkpoint_path, train_encoding
 
 VOCAB_FILE = "vocab.json"  # a data_dir run's vocabulary (JSON), in the run folder
 

@@ -35,11 +35,11 @@ from ..train.fsdp import shard_model
 from .config import CompareConfig
 from .diagnostics import convergence, process_matmul_peak, training_flops_per_token
 from .evaluate import EvalSettings, evaluate, model_axes
-from .paper import accumulation_steps
 from .rundir import RunDirError, check_checkpoint
 
 __all__ = [
-    "batches", "build_model", "checkpoint_path", "lr_schedule", "max_positions", "model_max_len", "train_encoding",
+    "accumulation_steps", "batches", "build_model", "checkpoint_path", "lr_schedule", "max_positions", "model_max_len",
+    "train_encoding",
 ]  # fmt: skip
 
 
@@ -164,6 +164,28 @@ def lr_schedule(cfg: CompareConfig):
 def val_steps(cfg: CompareConfig) -> set[int]:
     """The steps after which the training-length validation runs (the last one: the final evaluation)."""
     return {round(cfg.steps * k / cfg.val_points) for k in range(1, cfg.val_points)} - {0} if cfg.val_points else set()
+
+
+def accumulation_steps(batch_size: int, world: int, micro_batch: int | None) -> int:
+    """Micro-batches per optimizer step on each of ``world`` processes, so that one update
+    holds ``batch_size`` sequences (``tokens_per_update / L``) whatever ``world`` is:
+    ``batch_size / (world x micro_batch)``; ``micro_batch`` None: ``batch_size / world``, one each.
+
+    Raises:
+        ValueError: the global batch does not divide into ``world x micro_batch`` (one line
+            naming the three numbers and a micro-batch that would).
+    """
+    if micro_batch is None:
+        if batch_size % world:
+            raise ValueError(f"batch_size={batch_size} sequences per update do not divide over {world} processes")
+        return 1
+    if batch_size % (world * micro_batch):
+        fits = [m for m in range(1, batch_size // world + 1) if batch_size % (world * m) == 0]
+        raise ValueError(
+            f"--micro-batch {micro_batch}: {batch_size} sequences per update do not divide into {world} processes x "
+            f"{micro_batch} sequences x whole accumulation steps; micro-batches that do: {fits or 'none'}"
+        )
+    return batch_size // (world * micro_batch)
 
 
 def train_encoding(

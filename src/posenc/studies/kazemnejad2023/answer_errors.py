@@ -14,8 +14,8 @@ greedy prediction falls in one of four classes:
 each sample instead: for ``kaz-lego`` the query's index in the chain (how many clauses its
 value depends on), for ``kaz-addition`` the operands' digit counts.
 
-``scripts/answer_errors.py RUN ENCODING N [--by-category]`` prints either for one model of a
-finished ``posenc compare --task kaz-*`` run (docs/compare.md, "The Kazemnejad runs").
+``posenc study answer-errors RUN ENCODING N [--by-category]`` prints either for one model of
+a finished ``posenc compare --task kaz-*`` run (docs/studies/kazemnejad2023.md).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from ..data.kazemnejad import EOS, PAD
-from .evaluate import solved_rows
+from ...compare.evaluate import solved_rows
+from ...data.kazemnejad import EOS, PAD
 
 __all__ = ["CLASSES", "answer_classes", "answer_errors", "exact_match_by_category"]
 

@@ -2,7 +2,7 @@
 
 Their Fig. 3 ranks the encodings on each task past the training length and reports the
 mean reciprocal rank over the tasks (NoPE 0.69, T5 0.55, ALiBi 0.50, RoPE 0.33, APE 0.22).
-One ``--task kaz-*`` run speaks for one task (:mod:`posenc.compare.paper_findings`); this
+One ``--task kaz-*`` run speaks for one task (:func:`posenc.studies.kazemnejad2023.findings`); this
 module joins the ``results.json`` of runs of different tasks:
 
 * a task counts when at least one healthy encoding learned it (>= 90 % exact match at the
@@ -18,7 +18,8 @@ module joins the ``results.json`` of runs of different tasks:
 * encodings still improving when training stopped (the convergence check) are named per
   counted task in the reading's evidence: their ranks are those of unfinished models.
 
-``scripts/kazemnejad_suite.py RUN ...`` prints the table and the reading (docs/compare.md).
+``posenc study kazemnejad-suite RUN ...`` prints the table and the reading
+(docs/studies/kazemnejad2023.md).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .paper_findings import KAZEMNEJAD_TIERS, NOT_RUN, SOLVED
-from .reading import summarize
-from .stats import rank_with_ties
+from ...compare.reading import NOT_RUN, SOLVED, summarize
+from ...compare.stats import rank_with_ties
+from . import TIERS
 
 __all__ = ["suite_ranks", "suite_finding", "suite_table_md"]
 
@@ -98,7 +99,7 @@ def suite_finding(suite: dict[str, Any]) -> dict[str, Any] | None:
     """The paper's ordering checked on the suite's mean ranks, as a ``findings`` entry
     (``agrees``/``partly``/``disagrees``/``undecided``); None when fewer than two of the
     paper's encodings were ranked."""
-    tier = {e: i for i, t in enumerate(KAZEMNEJAD_TIERS) for e in t}
+    tier = {e: i for i, t in enumerate(TIERS) for e in t}
     rank = suite["rank"]
     names = sorted((e for e in rank if e in tier), key=rank.get)
     checks = []
