@@ -12,7 +12,7 @@ from tests.test_compare import TINY, run_cli
 
 import posenc
 from posenc.compare import preset_config
-from posenc.compare.extend import EXTEND_METHODS, method_options, with_options
+from posenc.extend.methods import EXTEND_METHODS, method_options, with_options
 
 
 def test_method_options_follow_the_papers_rules():
@@ -152,3 +152,17 @@ def test_merge_joins_the_extend_rows_of_shards(tmp_path):
     assert rows == {("rope", "none"), ("rope", "ntk"), ("xpos", "none"), ("xpos", "ntk")}
     assert (out / "extend.md").is_file() and (out / "extend.png").is_file()
     assert "xpos" in (out / "extend.md").read_text()
+
+
+def test_methods_apply_by_the_encodings_class_not_its_option_names():
+    """A ``base`` option does not make an encoding rotary (sinusoidal, Transformer-XL, PoPE and the
+    multiplicative embedding have one): the methods are defined on RoPE's classes."""
+    from posenc.extend.methods import METHODS, applies
+
+    for name in ("sinusoidal", "xl", "pope", "multiplicative", "alibi", "nope"):
+        assert [m for m in METHODS if applies(m, name)] == ["sink-window"], name
+    assert [m for m in METHODS if applies(m, "rope")] == list(METHODS)
+    assert [m for m in METHODS if applies(m, "xpos")] == ["none", "ntk", "sink-window"]
+    assert "yarn" in [m for m in METHODS if applies(m, "mrope")] and not applies("rerope", "mrope")
+    with pytest.raises(ValueError, match="extension method must be one of"):
+        applies("warp", "rope")

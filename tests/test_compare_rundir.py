@@ -21,8 +21,8 @@ from posenc.cli import make_parser
 from posenc.compare import CompareConfig, preset_config
 from posenc.compare.cli import build_config
 from posenc.compare.report import per_position_absent, run_subtitle
-from posenc.compare.rundir import RunDir, default_out
 from posenc.output import readable_log_axis
+from posenc.output.rundir import RunDir, default_out
 
 FAST = [*TINY, "--steps", "2", "--eval-lens", "16"]
 
@@ -71,7 +71,7 @@ def test_concurrent_runs_on_one_folder_are_prevented(tmp_path, capsys):
 
 def test_lock_is_released_when_the_holder_dies(tmp_path):
     out = tmp_path / "held"
-    code = f"import sys, time; sys.path.insert(0, {SRC!r}); from posenc.compare.rundir import RunDir; "
+    code = f"import sys, time; sys.path.insert(0, {SRC!r}); from posenc.output.rundir import RunDir; "
     code += f"RunDir({str(out)!r}).__enter__(); print('held', flush=True); time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"

@@ -1,6 +1,6 @@
 """``posenc extend``'s methods on an HF model are exact (issue 27 item 3).
 
-* posenc's linear / ntk / dynamic / yarn, set by :func:`posenc.compare.extend.method_options`
+* posenc's linear / ntk / dynamic / yarn, set by :func:`posenc.extend.methods.method_options`
   on a converted stock Llama, equal stock ``LlamaForCausalLM`` with HF's own
   ``rope_parameters`` set to that method (HF computes its frequencies itself);
 * within the window, the methods that should not change the model do not;
@@ -20,8 +20,8 @@ transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import posenc.hf as ph  # noqa: E402
-from posenc.compare.extend import method_options  # noqa: E402
 from posenc.extend.evaluate import token_scores  # noqa: E402
+from posenc.extend.methods import method_options  # noqa: E402
 from posenc.extend.model import Subject, _rope_facts  # noqa: E402
 
 V, L = 64, 32  # vocabulary; training length (max_position_embeddings)

@@ -130,3 +130,11 @@ def test_encodings_stand_below_the_layer():
         if target == "posenc" or any(target == m or target.startswith(m + ".") for m in above)
     }
     assert upward == set()
+
+
+def test_extend_imports_nothing_from_compare():
+    """``compare --extend`` calls into ``posenc.extend``, never the other way round (issue 62)."""
+    up = {
+        m: sorted(d for d in GRAPH[m] if d.startswith("posenc.compare")) for m in GRAPH if m.startswith("posenc.extend")
+    }
+    assert {m: d for m, d in up.items() if d} == {}

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import posenc
 from conftest import tolerance
 from posenc.cli import main
-from posenc.compare.rundir import is_locked
+from posenc.output.rundir import is_locked
 from test_paper_preset_data import write_corpus
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

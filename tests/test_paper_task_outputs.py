@@ -164,7 +164,7 @@ def test_a_run_lists_its_depth_heatmap_and_old_checkpoints_get_the_sequence_leng
     `train_len` gets the task's sequence length (grid, passkey, count, flip-flop raised)."""
     import posenc
     from posenc.analysis.models import train_len_of
-    from posenc.compare.rundir import outputs_of
+    from posenc.compare.report import outputs_of
 
     assert "flip-flop.png" in outputs_of({"task": "flip-flop"}) and "passkey.png" in outputs_of({"task": "passkey"})
     assert not any(o.endswith("count.png") for o in outputs_of({"task": "count"}))

@@ -17,9 +17,9 @@ import torch
 
 from posenc.cli import main
 from posenc.compare import CompareConfig, from_dict
-from posenc.compare.manifest import MANIFEST
-from posenc.compare.rundir import RunDir
 from posenc.compare.train import checkpoint_path
+from posenc.output.manifest import MANIFEST
+from posenc.output.rundir import RunDir
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 FAST = ["--steps", "2", "--dim", "16", "--depth", "1", "--heads", "2", "--train-len", "16", "--eval-lens", "16",

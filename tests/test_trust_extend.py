@@ -18,7 +18,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 import posenc.hf as ph  # noqa: E402
 from posenc.cli import main, make_parser  # noqa: E402
-from posenc.compare.manifest import MANIFEST  # noqa: E402
+from posenc.output.manifest import MANIFEST  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -308,7 +308,7 @@ def test_a_learned_table_is_na_past_its_length_not_the_end_of_the_run(tmp_path, 
 
 
 def test_a_busy_out_names_the_tool_that_holds_it(ckpt, tmp_path, capsys):
-    from posenc.compare.rundir import RunDir
+    from posenc.output.rundir import RunDir
 
     out = tmp_path / "o"
     with RunDir(out, tool="posenc extend"):

@@ -20,8 +20,11 @@ encoding options at the top level, DeBERTa's enhanced-mask-decoder table as the 
 
 from __future__ import annotations
 
+import hashlib
+import os
 import pickle
 import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,7 +33,14 @@ from .config import ModelConfig
 from .model import TransformerLM
 from .output.files import hold_ctrl_c
 
-__all__ = ["save_checkpoint", "load_checkpoint", "upgrade_config", "upgrade_state_dict", "CheckpointError"]
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "run_checkpoint",
+    "upgrade_config",
+    "upgrade_state_dict",
+    "CheckpointError",
+]
 
 # state-dict keys that moved: old key -> new key suffix under each block's encoding
 _MOVED_TO_ENCODING = {"emd_pos.weight": "absolute.weight"}
@@ -145,3 +155,33 @@ def load_checkpoint(path, *, map_location="cpu") -> tuple[TransformerLM, dict]:
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path} is not a loadable posenc checkpoint ({type(e).__name__}: {reason})") from None
     return model, ckpt
+
+
+def run_checkpoint(ckpt_dir: str | Path, encoding: str, seed: int, *, seeds: int) -> Path:
+    """The checkpoint of model ``encoding``, seed ``seed``, in a compare run's ``checkpoints/``
+    folder ``ckpt_dir``: ``<encoding>.pt`` for a run of one seed (``seeds`` 1), ``<encoding>.seed<k>.pt``
+    with several.
+
+    Always a file directly in ``ckpt_dir``: a model name that is not one safe file name (an
+    unnamed layer pattern whose options hold a ``/``; a ``NAME`` is checked by
+    :meth:`CompareConfig.validate`) is spelt safely, with a hash of the name.
+
+    Raises:
+        ValueError: the path would leave ``ckpt_dir``.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    stem = encoding if _file_name(encoding) else _safe_stem(encoding)
+    path = ckpt_dir / (f"{stem}.pt" if seeds == 1 else f"{stem}.seed{seed}.pt")
+    if path.parent != ckpt_dir or os.path.realpath(path.parent) != os.path.realpath(ckpt_dir):
+        raise ValueError(f"checkpoint of model {encoding!r} would leave {str(ckpt_dir)!r}: {str(path)!r}")
+    return path
+
+
+def _file_name(name: str) -> bool:
+    bad = ("/", "\\", "\x00", os.sep)
+    return bool(name) and not name.startswith(".") and not any(c in name for c in bad) and len(name.encode()) <= 200
+
+
+def _safe_stem(name: str) -> str:
+    keep = re.sub(r"[^A-Za-z0-9._+=(),*@-]", "_", name).lstrip(".")[:80]
+    return f"{keep}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"

@@ -20,6 +20,7 @@ __all__ = [
     "check_lengths",
     "check_positions",
     "default_positions",
+    "position_limit_reason",
     "sinusoidal_table",
     "sinusoidal_inv_freq",
     "rope_angles",
@@ -327,3 +328,12 @@ def check_lengths(encodings, pos: Tensor) -> None:
                     raise ValueError(e.length_error(hi, axis))
         elif max(his) >= limit:
             raise ValueError(e.length_error(max(his)))
+
+
+def position_limit_reason(encodings, seq_len: int) -> str | None:
+    """Why a model of ``encodings`` cannot run ``seq_len`` positions (an encoding that does not
+    extrapolate, with a table that ends before them), or None when it can."""
+    for enc in encodings:
+        if enc.position_limit is not None and seq_len > enc.position_limit:
+            return f"{enc.name} supports positions < {enc.position_limit} (max_len={enc.max_len}); needs {seq_len}"
+    return None

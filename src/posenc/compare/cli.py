@@ -29,9 +29,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from ..output.rundir import RunDir, default_out, is_locked
 from .arguments import _eval_lens, _int_list, _items, parse_encoding_options, split_encodings
 from .config import PRESETS, CompareConfig, from_dict, preset_config, resolve_eval_lens
-from .rundir import RunDir, default_out, is_locked, outputs_of
+from .report import outputs_of
 
 __all__ = ["add_arguments", "run"]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data import TASK_NAMES
+from ..extend.methods import EXTEND_METHODS
 from .checks import (
     AT_MOST_STEPS,
     ATTENTION_DEFAULTS,
@@ -39,8 +40,6 @@ __all__ = [
 
 # The seven encodings of the core: what `posenc compare` trains by default.
 CORE_ENCODINGS = ["nope", "learned", "sinusoidal", "rope", "alibi", "t5", "shaw"]
-# The length-extension methods `extend` may list (posenc.compare.extend runs them).
-EXTEND_METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "rerope", "leaky-rerope", "self-extend")
 
 
 @dataclass

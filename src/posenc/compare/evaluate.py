@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..data import positions_for
+from ..functional import position_limit_reason
 from ..model import TransformerLM
 from ..train import autocast, masked_loss
 from .config import CompareConfig
@@ -57,10 +58,7 @@ def batch_for(model: TransformerLM, seq_len: int, settings: EvalSettings) -> int
 
 def not_applicable(model: TransformerLM, seq_len: int) -> str | None:
     """Why ``model`` cannot run ``seq_len`` tokens (an encoding that does not extrapolate), or None."""
-    for enc in model.encodings:
-        if enc.position_limit is not None and seq_len > enc.position_limit:
-            return f"{enc.name} supports positions < {enc.position_limit} (max_len={enc.max_len}); needs {seq_len}"
-    return None
+    return position_limit_reason(model.encodings, seq_len)
 
 
 def solved_rows(hit: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

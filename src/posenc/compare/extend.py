@@ -1,162 +1,32 @@
-"""``posenc compare --extend``: trained RoPE models run past their training length by
-changing only how positions enter attention (issue 14 item 6), without retraining.
+"""``posenc compare --extend``: the trained rotary models run past their training length by
+changing only how positions enter attention, without retraining (issue 14 item 6).
 
-For every trained model whose encoding takes the options a method needs (``rope``: all of
-them; ``xpos``: ``none`` and ``ntk``), the model is rebuilt with the method's options
-(:func:`with_options`: the same weights), and evaluated at every evaluation length as the
-comparison evaluates (perplexity, or accuracy for ``--task``). One setting per method,
-chosen for the longest evaluation length ``L_max`` from the training length ``L`` (both in
-tokens), ``s = L_max / L``, ``w = L / 2``:
-
-============  ==================================================  ============================
-method        options                                             after
-============  ==================================================  ============================
-none          the trained model as it is
-linear        ``rope_scaling`` linear, factor ``s``                Chen et al. 2023 (PI)
-ntk           ``base · s^(Dr/(Dr-2))``                             bloc97 2023 ("NTK-aware")
-dynamic       ``rope_scaling`` dynamic, factor 1: NTK with         Peng et al. 2024, §3.3
-              ``s' = max(1, l'/L)`` of the current length ``l'``
-yarn          ``rope_scaling`` yarn, factor ``s``, original ``L``  Peng et al. 2024 (HF defaults)
-rerope        window ``w``, log-n with base ``L``                  Su 2023 (bojone/rerope)
-leaky-rerope  window ``w``, factor ``k = ⌈(L_max - w)/(L - w)⌉``  bojone/rerope
-self-extend   window ``W = w``, group ``G = ⌈(L_max - W)/(L - W)⌉`` Jin et al. 2024: the largest
-                                                                  distance ``W + (L_max - W)/G``
-                                                                  stays within ``L``
-============  ==================================================  ============================
-
-(``k`` and ``G`` are at least 2.) ``posenc extend`` (:mod:`posenc.extend`) takes its settings
-from :func:`method_options` too, with two more methods (:data:`METHODS`): ``longrope``
-(``rope_scaling`` longrope, factor ``s``, with the model's own searched factors: Ding et al.
-2024; not applicable without them) and ``sink-window`` (StreamingLLM, Xiao et al. 2024: 4
-sink tokens and a window of ``L - 4``, a cache of the training length). :func:`merge_extend`
-joins the ``"extend"`` rows of sharded runs. The table and ``extend.png`` have one row / line per
-(encoding, method); ``results.json`` gets an ``"extend"`` list with the options used.
-A model whose training failed (NaN) or diverged (:func:`~posenc.compare.diagnostics.run_health`)
-is not extended: the table's notes name it; a NaN from an extension reads ``NaN``.
+For every trained model whose encoding a method of ``--extend`` applies to
+(:func:`posenc.extend.methods.applies`: ``rope`` takes all of them, ``xpos`` ``none`` and
+``ntk``), the model is rebuilt with the method's options (:func:`~posenc.extend.methods.with_options`:
+the same weights) and evaluated at every evaluation length as the comparison evaluates
+(perplexity, or accuracy for ``--task``), one setting per method
+(:func:`~posenc.extend.methods.method_options`, shared with ``posenc extend``).
+:func:`merge_extend` joins the ``"extend"`` rows of sharded runs. The table and ``extend.png``
+have one row / line per (encoding, method); ``results.json`` gets an ``"extend"`` list with the
+options used. A model whose training failed (NaN) or diverged
+(:func:`~posenc.compare.diagnostics.run_health`) is not extended: the table's notes name it; a
+NaN from an extension reads ``NaN``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from pathlib import Path
 from typing import Any
 
 from ..checkpoint import load_checkpoint
-from ..model import TransformerLM
+from ..extend.methods import EXTEND_METHODS, applies, describe, method_options, with_options
 from ..output import Column, Table, length_axis, pyplot, readable_log_axis, save_figure, write_csv, write_text
-from ..registry import available, get_class, options_of
-from .config import EXTEND_METHODS
 from .diagnostics import finite, run_health
 from .evaluate import EvalSettings, evaluate
 from .train import checkpoint_path
 
-__all__ = [
-    "EXTEND_METHODS",
-    "METHODS",
-    "SINKS",
-    "method_options",
-    "with_options",
-    "run_extend",
-    "extend_table",
-    "write_extend",
-]
-
-_NEEDS = {"ntk": "base", "linear": "rope_scaling", "dynamic": "rope_scaling", "yarn": "rope_scaling",
-          "longrope": "rope_scaling"}  # fmt: skip
-
-
-# every method ``posenc extend`` runs: compare's, plus LongRoPE (where the model has its
-# searched factors) and StreamingLLM's sink + window cache (a cache policy, not an option)
-METHODS = (*EXTEND_METHODS, "longrope", "sink-window")
-SINKS = 4  # StreamingLLM's attention sinks (Xiao et al. 2024, §3.2: four initial tokens)
-
-
-def method_options(
-    method: str,
-    *,
-    train_tokens: int,
-    longest_tokens: int,
-    base: float | None = None,
-    rotary_dim: int | None = None,
-    longrope: dict | None = None,
-) -> dict:
-    """The encoding options that apply ``method`` to a RoPE model trained at ``train_tokens``
-    for lengths up to ``longest_tokens`` (see the module docstring). ``longrope``: the
-    model's ``short_factor``/``long_factor`` (LongRoPE searches them per model; none: not
-    applicable). ``sink-window``: ``{"sinks": 4, "window": train_tokens - 4}``, the cache of
-    StreamingLLM filled to the training length.
-
-    Raises:
-        ValueError: an unknown method, ``longrope`` without factors, or a rotary method
-            without ``base``/``rotary_dim``.
-    """
-    if method not in METHODS:
-        raise ValueError(f"extension method must be one of {METHODS}, got {method!r}")
-    if not isinstance(train_tokens, int) or isinstance(train_tokens, bool) or train_tokens < 2:
-        raise ValueError(f"train_tokens must be an int >= 2, got {train_tokens!r}")
-    L, s = train_tokens, max(1.0, longest_tokens / train_tokens)
-    if method == "sink-window":
-        sinks = min(SINKS, L // 2)
-        return {"sinks": sinks, "window": L - sinks}
-    if method == "longrope":
-        if not longrope or not {"short_factor", "long_factor"} <= set(longrope):
-            raise ValueError("longrope needs the model's searched short_factor/long_factor; this model has none")
-        return {"rope_scaling": {"rope_type": "longrope", "factor": s, "original_max_position_embeddings": L,
-                                 "short_factor": list(longrope["short_factor"]),
-                                 "long_factor": list(longrope["long_factor"])}}  # fmt: skip
-    if method == "ntk" and (base is None or rotary_dim is None):
-        raise ValueError("ntk needs the model's RoPE base and rotary_dim")
-    w = max(1, L // 2)
-    far = max(2, math.ceil((longest_tokens - w) / (L - w))) if L > w else 2
-    if method == "ntk":
-        return {"base": base * s ** (rotary_dim / (rotary_dim - 2))}
-    return {
-        "none": {},
-        "linear": {"rope_scaling": {"rope_type": "linear", "factor": s}},
-        "dynamic": {"rope_scaling": {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}},
-        "yarn": {"rope_scaling": {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L}},
-        "rerope": {"rope_extension": {"type": "rerope", "window": w, "scale_base": L}},
-        "leaky-rerope": {"rope_extension": {"type": "leaky-rerope", "window": w, "factor": far, "scale_base": L}},
-        "self-extend": {"rope_extension": {"type": "self-extend", "window": w, "group_size": far}},
-    }[method]
-
-
-def applies(method: str, encoding: str) -> bool:
-    """``encoding`` takes the options ``method`` sets."""
-    if encoding not in available():
-        return False  # a layer pattern or preset: its layers differ
-    opts = options_of(get_class(encoding))
-    if method == "none":
-        return "base" in opts  # a rotary model: its row is the baseline of the others
-    if method == "sink-window":
-        return True  # a cache policy: positions counted inside the cache, any encoding
-    return _NEEDS.get(method, "rope_extension") in opts
-
-
-def with_options(model: TransformerLM, **options) -> TransformerLM:
-    """A copy of ``model`` (same weights, same device, eval mode) whose encodings take ``options``
-    on top of their own, e.g. ``with_options(lm, rope_extension={"type": "rerope", "window": 32})``."""
-    cfg = model.config
-    if cfg.layers is not None:
-        layers = [dataclasses.replace(s, options={**s.options, **options}) for s in cfg.layers]
-        cfg = dataclasses.replace(cfg, layers=layers)
-    else:
-        cfg = dataclasses.replace(cfg, options={**cfg.options, **options})
-    p = next(model.parameters())
-    new = TransformerLM(config=cfg).to(device=p.device, dtype=p.dtype)
-    new.load_state_dict(model.state_dict())
-    return new.eval()
-
-
-def _describe(opts: dict) -> str:
-    if not opts:
-        return "as trained"
-    if "base" in opts:
-        return f"base {opts['base']:.4g}"
-    d = dict(opts.get("rope_scaling") or opts.get("rope_extension"))
-    kind = d.pop("rope_type", None) or d.pop("type")
-    return ", ".join(f"{k.replace('original_max_position_embeddings', 'original')} {v:g}" for k, v in d.items()) or kind
+__all__ = ["run_extend", "extend_table", "write_extend", "merge_extend"]
 
 
 def run_extend(cfg, source, ckpt_dir: Path, runs: list[dict[str, Any]], *, device, log=print) -> list[dict[str, Any]]:
@@ -188,9 +58,9 @@ def run_extend(cfg, source, ckpt_dir: Path, runs: list[dict[str, Any]], *, devic
             except ValueError as e:  # e.g. rope_extension on axial RoPE (positions with axes)
                 log(f"extend {name} / {m}: not applicable ({e})")
                 continue
-            log(f"extend {name} / {m} ({_describe(opts)}): evaluating at {', '.join(map(str, lens))}")
+            log(f"extend {name} / {m} ({describe(m, opts)}): evaluating at {', '.join(map(str, lens))}")
             evals = [evaluate(model, source, n, device=device, settings=settings) for n in lens]
-            entry = {"encoding": name, "seed": seed, "method": m, "options": opts, "setting": _describe(opts)}
+            entry = {"encoding": name, "seed": seed, "method": m, "options": opts, "setting": describe(m, opts)}
             out.append({**entry, "eval": evals})
     skipped = sorted({r["encoding"] for r in runs} - {e["encoding"] for e in out} - unhealthy)
     if skipped:

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..data.tasks import depth_axis
+from ..data.tasks import DEPTH_TASKS, depth_axis
 from ..output import Column, Table, clean, write_csv, write_json, write_text
 from .checks import model_names, parse_named
+from .config import CompareConfig
 from .diagnostics import mfu, run_health
 from .extend import merge_extend
 from .plots import draw_figures, per_position_absent, run_subtitle
@@ -16,6 +17,8 @@ from .reading import SPREAD_LIMIT, caveats, metric_name, summarize, train_spread
 from .report_md import report_markdown, table_rows
 
 __all__ = [
+    "OUTPUTS",
+    "outputs_of",
     "write_outputs",
     "results_table",
     "csv_rows",
@@ -24,6 +27,22 @@ __all__ = [
     "run_subtitle",
     "per_position_absent",
 ]
+
+
+# the files a comparison (or --merge) writes at the top of its folder, whatever its config
+OUTPUTS = ("config.json", "results.json", "results.csv", "table.md", "report.md", "extrapolation.png",
+           "per_position.png")  # fmt: skip
+
+
+def outputs_of(config: dict[str, Any] | CompareConfig) -> list[str]:
+    """The top-level files a run of ``config`` writes: :data:`OUTPUTS`, the heatmap of a task
+    scored at several depths or densities (``<task>.png``: passkey, flip-flop), the
+    ``extend.*`` files of an ``--extend`` run."""
+    d = config.to_dict() if isinstance(config, CompareConfig) else config
+    task = d.get("task")
+    return [*OUTPUTS, *([f"{task}.png"] if task in DEPTH_TASKS else []),
+            *(["extend.md", "extend.csv", "extend.png"] if d.get("extend") else []),
+            *(["vocab.json"] if d.get("data_dir") else [])]  # fmt: skip
 
 
 def results_table(results: dict[str, Any]) -> Table:

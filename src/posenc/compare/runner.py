@@ -15,12 +15,12 @@ import torch
 from .._version import __version__
 from ..data import load_source
 from ..output import write_json
+from ..output.rundir import RunDir
 from ..registry import available
 from ..train import Runtime, setup
 from .config import CompareConfig, from_dict, parse_shard
 from .pool import plan_workers, run_jobs
-from .report import run_subtitle, write_outputs
-from .rundir import RunDir, outputs_of
+from .report import outputs_of, run_subtitle, write_outputs
 from .train import accumulation_steps, checkpoint_path, train_encoding
 
 VOCAB_FILE = "vocab.json"  # a data_dir run's vocabulary (JSON), in the run folder
@@ -105,7 +105,7 @@ def compare(
     ``cfg.workers`` worker processes of one thread each (0: one per core; see
     :mod:`posenc.compare.pool`); results do not depend on which worker ran them.
 
-    The folder belongs to this run (see :mod:`posenc.compare.rundir`): a non-empty one is
+    The folder belongs to this run (see :mod:`posenc.output.rundir`): a non-empty one is
     refused unless ``resume`` (continue it; its checkpoints must carry ``cfg``'s
     fingerprint) or ``overwrite`` (start it over: only what the folder's manifest lists is
     removed), and a second process is kept out by a lock for as long as this one runs. A
@@ -220,7 +220,7 @@ def check_extend(cfg: CompareConfig) -> None:
     rotary encoding): refused before any training otherwise, not an empty table after it."""
     if not cfg.extend:
         return
-    from .extend import applies
+    from ..extend.methods import applies
 
     names = available() if cfg.encodings == ["all"] else cfg.encoding_names()  # every shard's
     if not any(applies(m, n) for n in names for m in cfg.extend):

@@ -16,9 +16,6 @@ Rank 0 evaluates and writes the files.
 
 from __future__ import annotations
 
-import hashlib
-import os
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,16 +23,16 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import CheckpointError, load_checkpoint
+from ..checkpoint import CheckpointError, load_checkpoint, run_checkpoint
 from ..data import Batch, positions_for, step_generator
 from ..model import TransformerLM
+from ..output.rundir import RunDirError
 from ..positions import randomized_positions
 from ..train import Callback, Every, Progress, Runtime, Trainer, adamw, cosine_schedule, lm_loss, wsd_schedule
 from ..train.fsdp import shard_model
 from .config import CompareConfig
 from .diagnostics import convergence, process_matmul_peak, training_flops_per_token
 from .evaluate import EvalSettings, evaluate, model_axes
-from .rundir import RunDirError, check_checkpoint
 
 __all__ = [
     "accumulation_steps", "batches", "build_model", "checkpoint_path", "lr_schedule", "max_positions", "model_max_len",
@@ -109,27 +106,8 @@ def batches(
 
 
 def checkpoint_path(ckpt_dir: Path, cfg: CompareConfig, encoding: str, seed: int) -> Path:
-    """``<encoding>.pt`` for a one-seed run, ``<encoding>.seed<k>.pt`` with several seeds.
-
-    Always a file directly in ``ckpt_dir``: a model name that is not one safe file name (an
-    unnamed layer pattern whose options hold a ``/``; a ``NAME`` is checked by
-    :meth:`CompareConfig.validate`) is spelt safely, with a hash of the name.
-    """
-    stem = encoding if _file_name(encoding) else _safe_stem(encoding)
-    path = ckpt_dir / (f"{stem}.pt" if len(cfg.seeds) == 1 else f"{stem}.seed{seed}.pt")
-    if path.parent != ckpt_dir or os.path.realpath(path.parent) != os.path.realpath(ckpt_dir):
-        raise ValueError(f"checkpoint of model {encoding!r} would leave {str(ckpt_dir)!r}: {str(path)!r}")
-    return path
-
-
-def _file_name(name: str) -> bool:
-    bad = ("/", "\\", "\x00", os.sep)
-    return bool(name) and not name.startswith(".") and not any(c in name for c in bad) and len(name.encode()) <= 200
-
-
-def _safe_stem(name: str) -> str:
-    keep = re.sub(r"[^A-Za-z0-9._+=(),*@-]", "_", name).lstrip(".")[:80]
-    return f"{keep}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
+    """The checkpoint of ``encoding``, ``seed`` in a run of ``cfg`` (:func:`posenc.checkpoint.run_checkpoint`)."""
+    return run_checkpoint(ckpt_dir, encoding, seed, seeds=len(cfg.seeds))
 
 
 class _Validate(Callback):
@@ -206,7 +184,7 @@ def train_encoding(
 
     With ``resume`` and a checkpoint in ``ckpt_dir``, continue from it (or return its
     stored result if that model had finished); a checkpoint written under another
-    config, or unreadable, is a :class:`~posenc.compare.rundir.RunDirError`. ``position``:
+    config, or unreadable, is a :class:`~posenc.output.rundir.RunDirError`. ``position``:
     ``(i, n)``, this model's place in the run, shown in the progress lines.
     """
     rt = runtime
@@ -314,3 +292,18 @@ def load_for_resume(path: Path, cfg: CompareConfig):
         ) from None
     check_checkpoint(path, extra, cfg)
     return saved, extra
+
+
+def check_checkpoint(path: Path, extra: dict[str, Any], cfg: CompareConfig) -> None:
+    """Raise :class:`RunDirError` when the checkpoint at ``path`` was written under another config."""
+    saved = extra.get("fingerprint")
+    if saved == cfg.fingerprint():
+        return
+    old = extra.get("compare_config")
+    fields = cfg.differing_fields(old) if isinstance(old, dict) else []
+    diff = ", ".join(f"{f}: {old.get(f)!r} -> {getattr(cfg, f, None)!r}" for f in fields[:6]) if fields else ""
+    raise RunDirError(
+        f"--resume: checkpoint {str(path)!r} was written under another config"
+        + (f" ({diff})" if diff else " (no fingerprint: written by an older posenc)")
+        + "; a run folder belongs to one config: start it over with --overwrite, or use another --out"
+    )

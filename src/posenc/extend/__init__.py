@@ -1,7 +1,8 @@
 """``posenc extend``: a trained checkpoint past its training length, per training-free method.
 
 * :mod:`.model` reads ``MODEL`` (an HF checkpoint directory or a compare run directory) and
-  builds the model under each method (:func:`posenc.compare.extend.method_options`);
+  builds the model under each method;
+* :mod:`.methods` the methods, their settings and the layers they apply to;
 * :mod:`.evaluate` perplexity (sliding and non-overlapping windows) with chunked prefill;
 * :mod:`.passkey` passkey retrieval, the Self-Extend / LongLoRA prompt;
 * :mod:`.run` the (method, length) cells, resumable; :mod:`.report` the files;

@@ -153,9 +153,9 @@ def _check_out(out: Path, model: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..compare.rundir import RunDir, default_out
     from ..data import DataError
     from ..output import write_json
+    from ..output.rundir import RunDir, default_out
     from .model import load_subject
     from .report import FILES, write_outputs
     from .run import log_stderr, parse_lengths, resolve_lengths, run_cells

@@ -9,8 +9,8 @@
 * a ``posenc compare`` run directory: its checkpoint of ``--encoding`` (seed ``--seed``) is
   read with :func:`posenc.checkpoint.load_checkpoint` (``weights_only=True``).
 
-A method changes only how positions enter attention (:func:`posenc.compare.extend.method_options`):
-its options go to every layer whose encoding takes them (:func:`posenc.compare.extend.applies`),
+A method changes only how positions enter attention (:func:`posenc.extend.methods.method_options`):
+its options go to every layer whose encoding takes them (:func:`posenc.extend.methods.applies`),
 the other layers keep theirs, so a model mixing RoPE and NoPE layers is extended in its RoPE
 layers. No per-family code: the layers' specs are read from the converted model's config.
 ``sink-window`` (StreamingLLM) is a cache policy, not an option: it applies to any model
@@ -19,22 +19,17 @@ layers. No per-family code: the layers' specs are read from the converted model'
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..compare.extend import applies, method_options, with_options
+from .folder import ModelError, digest, file_digest, first, read_hf
+from .methods import applies, method_options, with_options
 
 __all__ = ["Subject", "load_subject", "ModelError"]
-
-
-class ModelError(ValueError):
-    """``MODEL`` cannot be read as asked (one sentence naming the path)."""
 
 
 @dataclass
@@ -53,9 +48,9 @@ class Subject:
     fingerprint: str = ""  # a hash of the model's config, weights and tokenizer: --resume checks it
 
     @property
-    def positions(self):
-        """What holds the model's encodings (``.encodings``): the model, or an HF model's posenc stack."""
-        return self.model if self.kind == "run" else self.model.posenc_stack
+    def encodings(self) -> list:
+        """The model's position encodings (an HF model's: its posenc stack's)."""
+        return list((self.model if self.kind == "run" else self.model.posenc_stack).encodings)
 
     def variant(self, method: str, longest: int) -> tuple[Any, dict, str | None]:
         """``(model, options, why_not)`` for ``method`` set for lengths up to ``longest``:
@@ -120,223 +115,65 @@ def _train_len_hf(config) -> int:
     raise ModelError("the model's config names no training length (max_position_embeddings); pass --train-len")
 
 
-# Every size a config.json gives, bounded before anything is allocated: a hostile or damaged
-# config (num_hidden_layers 1e9, hidden_size -32) is one line, never a traceback or a hang.
-# The limits are far above any published checkpoint (DeepSeek-V3: 61 layers, width 7168,
-# vocabulary 129 280); the weights' total is then held against the machine's memory.
-CONFIG_LIMITS = {"num_hidden_layers": 4096, "hidden_size": 1 << 17, "intermediate_size": 1 << 20,
-                 "num_attention_heads": 4096, "num_key_value_heads": 4096, "head_dim": 1 << 14,
-                 "vocab_size": 1 << 23, "max_position_embeddings": 1 << 26}  # fmt: skip
+# what extend reads of a compare run's config; the checkpoint's own record of the fields that
+# decide the model (_TRAINED_AS) must agree (encodings and seeds may grow on a resumed run)
+_RUN_FIELDS = ("task", "encodings", "seeds", "train_len")
+_TRAINED_AS = ("task", "train_len")
 
 
-def _check_sizes(config, path: Path, dtype) -> None:
-    """Refuse sizes out of :data:`CONFIG_LIMITS` and weights that cannot fit in memory."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    sizes = {}
-    for name, high in CONFIG_LIMITS.items():
-        v = getattr(text, name, None)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= high:
-            raise ModelError(f"MODEL {str(path)!r}: config.json has {name} {v!r}; allowed: an int in 1..{high}")
-        sizes[name] = v
-    width, vocab, depth = sizes.get("hidden_size", 1), sizes.get("vocab_size", 1), sizes.get("num_hidden_layers", 1)
-    inner = sizes.get("intermediate_size", 4 * width)
-    weights = 2 * vocab * width + depth * (4 * width * width + 3 * width * inner)  # an estimate, within ~2x
-    need = weights * torch.empty((), dtype=dtype).element_size()
-    have = _physical_memory()
-    if have and need > have:
+def _run_config(raw: Any, path: Path) -> dict:
+    """The fields of a compare run's ``config.json`` that extend reads, checked."""
+    if not isinstance(raw, dict):
+        raise ModelError(f"MODEL {str(path)!r}: config.json is not a posenc compare config (not a JSON object)")
+    d = dict(raw)
+    if "seed" in d and "seeds" not in d:  # a config written before seeds existed
+        d["seeds"] = [d.pop("seed")]
+    d.setdefault("seeds", [0])
+    d.setdefault("task", None)
+    ok = (isinstance(d.get("encodings"), list) and all(isinstance(e, str) for e in d["encodings"])
+          and isinstance(d["seeds"], list) and all(isinstance(x, int) and x >= 0 for x in d["seeds"]) and d["seeds"]
+          and isinstance(d.get("train_len"), int) and d["train_len"] >= 2)  # fmt: skip
+    if not ok:
         raise ModelError(
-            f"MODEL {str(path)!r}: config.json describes ~{weights:.3g} weights ({need / 2**30:.1f} GiB), more than "
-            f"this machine's memory ({have / 2**30:.1f} GiB)"
+            f"MODEL {str(path)!r}: config.json is not a posenc compare config (encodings, seeds, train_len)"
         )
-
-
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-def _check_rope_type(config, path: Path) -> None:
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    params = getattr(text, "rope_parameters", None) or {}
-    per_type = params.values() if params and all(isinstance(v, dict) for v in params.values()) else [params]
-    allowed = ["default", *ROPE_INIT_FUNCTIONS]
-    for p in per_type:
-        kind = p.get("rope_type", p.get("type", "default")) if isinstance(p, dict) else None
-        if kind not in allowed:
-            raise ModelError(f"MODEL {str(path)!r}: config.json has rope_type {kind!r}; allowed: {', '.join(allowed)}")
-
-
-def _raw_json(path: Path, name: str) -> dict | None:
-    """``path/name`` as a JSON object; None when there is no such file."""
-    f = path / name
-    if not f.exists():
-        return None
-    try:
-        if not f.is_file():
-            raise ValueError("not a regular file")
-        d = json.loads(f.read_text(encoding="utf-8"))
-        if not isinstance(d, dict):
-            raise ValueError(f"a JSON {type(d).__name__}, not an object")
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ModelError(f"MODEL {str(path)!r}: {name} is not readable JSON ({_first(e)})") from None
-    return d
-
-
-def _check_no_code(path: Path, raw: dict, known: set[str]) -> None:
-    """Nothing in the folder is imported: a model or tokenizer that needs its own code (``auto_map``
-    to a module of the folder) is refused before transformers reads anything."""
-    model_type = raw.get("model_type")
-    if model_type not in known:
-        needs = " (its auto_map names code in the folder; posenc runs no code from a model folder)" if (
-            raw.get("auto_map")) else ""  # fmt: skip
-        names = ", ".join(sorted({t for t in known if not t.startswith("posenc_")}))
-        raise ModelError(f"MODEL {str(path)!r}: model_type {model_type!r} is not one posenc.hf converts{needs}; "
-                         f"allowed: {names}")  # fmt: skip
-    if model_type.startswith("posenc_"):
-        from ..hf.remote import check_remote_code
-
-        try:
-            check_remote_code(path, raw)
-        except ValueError as e:
-            raise ModelError(f"MODEL {str(path)!r}: {e}") from None
-    tok = _raw_json(path, "tokenizer_config.json") or {}
-    if tok.get("auto_map"):
-        raise ModelError(
-            f"MODEL {str(path)!r}: tokenizer_config.json's auto_map names tokenizer code in the folder; posenc runs "
-            "no code from a model folder (save the tokenizer as a tokenizer.json of a transformers class instead)"
-        )
-
-
-def _load_hf(path: Path, *, device, dtype) -> Subject:
-    import pickle
-
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    import posenc.hf as ph
-
-    raw = _raw_json(path, "config.json")
-    # every family posenc.hf converts, stock or saved after conversion (no per-family code here)
-    known = {t for c, entry in ph.SUPPORTED.items() for t in (c.config_class.model_type, entry[1].model_type)}
-    _check_no_code(path, raw, known)
-    try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    except Exception as e:  # noqa: BLE001 - whatever a damaged config makes transformers raise: one line
-        raise ModelError(
-            f"MODEL {str(path)!r}: config.json is not a readable Hugging Face config ({_first(e)})"
-        ) from None
-    _check_sizes(config, path, dtype)
-    _check_rope_type(config, path)
-    from transformers.utils import logging as hf_logging
-
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # (a bar per load; extend logs its own progress, and errors stay one line)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype, trust_remote_code=False)
-    except pickle.UnpicklingError:  # transformers reads .bin files with weights_only=True
-        raise ModelError(
-            f"MODEL {str(path)!r}: its weights file holds Python objects, not only tensors; posenc refuses to load it "
-            "(loading could run code; nothing was executed): save the model as safetensors"
-        ) from None
-    except Exception as e:  # noqa: BLE001 - missing or damaged weights, sizes the config gets wrong: one line
-        raise ModelError(f"MODEL {str(path)!r}: the weights cannot be read ({_first(e)})") from None
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
-    model = model.to(device).eval()
-    weights = weights_fingerprint(model)
-    if not config.model_type.startswith("posenc_"):
-        try:
-            model = ph.convert(model).eval()  # the model's own scheme (its RoPE and rope_parameters, GPT-2's table)
-        except (TypeError, ValueError) as e:
-            raise ModelError(f"MODEL {str(path)!r}: posenc.hf cannot convert it ({_first(e)})") from None
-    tokenizer, tok_files = _load_tokenizer(path)
-    specs = [dict(s) for s in model.config.posenc_layers]
-    dims = model.posenc_stack.dims
-    fingerprint = _digest({"config": raw, "weights": weights, "tokenizer": tok_files})
-    return Subject("hf", model, _train_len_hf(model.config), model.config.vocab_size, str(path), tokenizer, specs,
-                   _rope_facts(specs, dims.head_dim), fingerprint)  # fmt: skip
-
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-                    "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json")  # fmt: skip
-
-
-def _load_tokenizer(path: Path):
-    """``(tokenizer or None, {file: sha256})`` of the tokenizer saved in ``path``."""
-    from transformers import AutoTokenizer
-
-    files = {f: _file_digest(path / f) for f in _TOKENIZER_FILES if (path / f).is_file()}
-    if not any(f in files for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None, files
-    try:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    except Exception as e:  # noqa: BLE001 - a malformed tokenizer file raises anything from KeyError up
-        raise ModelError(
-            f"MODEL {str(path)!r}: the tokenizer cannot be read ({type(e).__name__}: {_first(e)})"
-        ) from None
-    return tok, files
-
-
-def weights_fingerprint(model: torch.nn.Module) -> str:
-    """sha256 of every tensor of ``model``'s state dict (names, dtypes, shapes and bytes)."""
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
-
-
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _digest(d: Any) -> str:
-    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return {k: d[k] for k in _RUN_FIELDS}
 
 
 def _load_run(path: Path, encoding: str | None, seed: int | None, *, device, dtype) -> Subject:
-    from ..checkpoint import CheckpointError, load_checkpoint
-    from ..compare.config import from_dict
-    from ..compare.train import checkpoint_path
+    from ..checkpoint import CheckpointError, load_checkpoint, run_checkpoint
 
     try:
         raw = json.loads((path / "config.json").read_text())
-        cfg = from_dict(raw)
-    except (ValueError, TypeError, KeyError) as e:
-        raise ModelError(f"MODEL {str(path)!r}: config.json is not a posenc compare config ({_first(e)})") from None
-    if cfg.task:
-        raise ModelError(f"MODEL {str(path)!r} trained the task {cfg.task!r}; posenc extend evaluates language models")
-    names = [e for e in cfg.encodings if applies("none", e)]
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ModelError(f"MODEL {str(path)!r}: config.json is not readable JSON ({first(e)})") from None
+    cfg = _run_config(raw, path)
+    if cfg["task"]:
+        raise ModelError(
+            f"MODEL {str(path)!r} trained the task {cfg['task']!r}; posenc extend evaluates language models"
+        )
+    names = [e for e in cfg["encodings"] if applies("none", e)]
     if encoding is None:
         if len(names) != 1:
             raise ModelError(f"MODEL {str(path)!r} holds the rotary models {names}: choose one with --encoding")
         encoding = names[0]
-    if encoding not in cfg.encodings:
-        raise ModelError(f"--encoding {encoding!r}: the run trained {list(cfg.encodings)}")
+    if encoding not in cfg["encodings"]:
+        raise ModelError(f"--encoding {encoding!r}: the run trained {list(cfg['encodings'])}")
     if seed is None:
-        seed = cfg.seeds[0]
-    elif seed not in cfg.seeds:
-        raise ModelError(f"--seed {seed}: the run trained seeds {list(cfg.seeds)}")
-    ckpt = checkpoint_path(path / "checkpoints", cfg, encoding, seed)
+        seed = cfg["seeds"][0]
+    elif seed not in cfg["seeds"]:
+        raise ModelError(f"--seed {seed}: the run trained seeds {list(cfg['seeds'])}")
+    try:
+        ckpt = run_checkpoint(path / "checkpoints", encoding, seed, seeds=len(cfg["seeds"]))
+    except ValueError as e:
+        raise ModelError(str(e)) from None
     if not ckpt.is_file():
         raise ModelError(f"MODEL {str(path)!r}: no checkpoint {ckpt.name} for {encoding!r} seed {seed}")
     try:
         model, extra = load_checkpoint(ckpt, map_location=device)
     except CheckpointError as e:
         raise ModelError(str(e)) from None
-    trained = _trained_config(extra, cfg, ckpt)
+    _check_trained_as(extra, cfg, ckpt)
     if extra.get("encoding", encoding) != encoding or extra.get("seed", seed) != seed:
         raise ModelError(f"{str(ckpt)!r} holds {extra.get('encoding')!r} seed {extra.get('seed')}, "
                          f"not {encoding!r} seed {seed}: the run folder was changed after training")  # fmt: skip
@@ -344,32 +181,29 @@ def _load_run(path: Path, encoding: str | None, seed: int | None, *, device, dty
     enc = model.encodings[0]
     rope = {"base": float(enc.base), "rotary_dim": int(enc.rotary_dim)} if hasattr(enc, "rotary_dim") else {}
     specs = [{"encoding": encoding, "options": dict(model.config.options)}]
-    fingerprint = _digest({"checkpoint": _file_digest(ckpt)})
-    return Subject("run", model, trained.train_len, model.vocab_size, f"{path} ({encoding}, seed {seed})",
+    fingerprint = digest({"checkpoint": file_digest(ckpt)})
+    return Subject("run", model, cfg["train_len"], model.vocab_size, f"{path} ({encoding}, seed {seed})",
                    None, specs, rope, fingerprint)  # fmt: skip
 
 
-def _trained_config(extra: dict, cfg, ckpt: Path):
-    """The config the checkpoint was trained under (it records it); ``cfg`` (the folder's
-    config.json) must be the same, or the folder was edited after training."""
-    from ..compare.config import from_dict
-
+def _check_trained_as(extra: dict, cfg: dict, ckpt: Path) -> None:
+    """The checkpoint records the config it was trained under: what extend reads of the run
+    folder's ``config.json`` (``cfg``) must be the same, or the folder was edited after training.
+    A checkpoint of a posenc older than this record is taken with its folder's config."""
     saved = extra.get("compare_config")
-    if not isinstance(saved, dict):  # written by a posenc older than the fingerprints: config.json it is
-        return cfg
+    if not isinstance(saved, dict):
+        return
     try:
-        trained = from_dict(saved)
-    except (ValueError, TypeError, KeyError) as e:
-        raise ModelError(f"{str(ckpt)!r}: its training config is damaged ({_first(e)})") from None
-    if trained.fingerprint() != cfg.fingerprint():
-        fields = cfg.differing_fields(saved)
-        diff = ", ".join(f"{f} {saved.get(f)!r} in the checkpoint, {getattr(cfg, f, None)!r} in config.json"
-                         for f in fields[:4])  # fmt: skip
+        trained = _run_config(saved, ckpt)
+    except ModelError:
+        raise ModelError(f"{str(ckpt)!r}: its record of the training config is damaged") from None
+    diff = [f"{k} {trained[k]!r} in the checkpoint, {cfg[k]!r} in config.json" for k in _TRAINED_AS
+            if trained[k] != cfg[k]]  # fmt: skip
+    if diff:
         raise ModelError(
-            f"{str(ckpt)!r} was trained under another config than the run folder's config.json ({diff or 'fingerprint'}); "
+            f"{str(ckpt)!r} was trained under another config than the run folder's config.json ({'; '.join(diff)}); "
             "the folder was edited after training: restore its config.json"
         )
-    return trained
 
 
 def load_subject(model: str, *, encoding=None, seed=None, train_len=None, device="cpu", dtype=torch.float32) -> Subject:
@@ -393,7 +227,11 @@ def load_subject(model: str, *, encoding=None, seed=None, train_len=None, device
         if given:
             raise ModelError(f"{' and '.join(given)}: only for a compare run directory; MODEL {model!r} is an HF "
                              "checkpoint (one model, its own encodings)")  # fmt: skip
-        subject = _load_hf(path, device=device, dtype=dtype)
+        model, tokenizer, fingerprint = read_hf(path, device=device, dtype=dtype)
+        specs = [dict(s) for s in model.config.posenc_layers]
+        rope = _rope_facts(specs, model.posenc_stack.dims.head_dim)
+        subject = Subject("hf", model, _train_len_hf(model.config), model.config.vocab_size, str(path), tokenizer,
+                          specs, rope, fingerprint)  # fmt: skip
     if train_len is not None:
         subject.train_len = train_len
     return subject
@@ -404,8 +242,3 @@ def _is_hf(path: Path) -> bool:
         return "model_type" in json.loads((path / "config.json").read_text())
     except (ValueError, OSError):
         return False
-
-
-def _first(e: BaseException) -> str:
-    s = str(e).strip()
-    return (s.splitlines()[0] if s else type(e).__name__)[:200]

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from ..compare.evaluate import not_applicable
-from ..compare.extend import METHODS
+from ..functional import position_limit_reason
 from .evaluate import peak_rss_bytes, perplexity
+from .methods import METHODS, describe
 from .model import Subject
 from .passkey import DEPTHS, Tokens, passkey_accuracy
 
@@ -60,20 +60,6 @@ def default_stride(length: int) -> int:
     return max(1, min(256, length // 2))
 
 
-def describe(method: str, opts: dict) -> str:
-    """A short description of a method's setting."""
-    if method == "sink-window":
-        return f"sinks {opts['sinks']}, window {opts['window']}"
-    if not opts:
-        return "as trained"
-    if "base" in opts and len(opts) == 1:
-        return f"base {opts['base']:.4g}"
-    d = dict(opts.get("rope_scaling") or opts.get("rope_extension") or {})
-    d.pop("rope_type", None), d.pop("type", None)
-    d.pop("short_factor", None), d.pop("long_factor", None)
-    return ", ".join(f"{k.replace('original_max_position_embeddings', 'original')} {v:g}" for k, v in d.items())
-
-
 def run_cells(subject: Subject, settings: dict[str, Any], text: torch.Tensor, done: list[dict], save, *,
               device, log=print) -> list[dict]:  # fmt: skip
     """Every (method, length) cell of ``settings`` not in ``done``; ``save(cells)`` after each."""
@@ -92,7 +78,7 @@ def run_cells(subject: Subject, settings: dict[str, Any], text: torch.Tensor, do
                 continue
             model, opts, why = subject.variant(m, longest)
             if model is not None and m != "sink-window":  # (sink-window's positions stay inside its cache)
-                why = not_applicable(subject.positions, n)  # a learned table ends where it was trained
+                why = position_limit_reason(subject.encodings, n)  # a learned table ends where it was trained
                 model = None if why else model
             cell: dict[str, Any] = {"method": m, "length": n, "options": opts, "setting": describe(m, opts)}
             if model is None:

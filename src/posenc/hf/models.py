@@ -17,7 +17,9 @@ for encoders), so ``save_pretrained`` / ``from_pretrained`` round-trip. The olde
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 
 import torch
 from huggingface_hub.dataclasses import strict
@@ -27,7 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 from ..base import PositionEncoding
 from .attention import NAME
 from .families import FAMILIES, Family, family_by_type
-from .remote import HASH_FIELD, check_remote_code, save_remote_code
+from .remote import HASH_FIELD, check_remote_code, remote_source, save_remote_code
 from .specs import check_layers, check_share, default_specs
 from .stack import PosencStack, PositionsOff, RotaryOff, build_encoding
 
@@ -37,6 +39,7 @@ __all__ = [
     "PosencGPT2Config",
     "PosencGPT2LMHeadModel",
     "Family",
+    "check_saved",
     "posenc_classes",
     "register_auto",
 ]
@@ -94,7 +97,7 @@ class _PosencModel:
         posenc writes (:func:`posenc.hf.remote.check_remote_code`): a ``ValueError`` if not."""
         path = pretrained_model_name_or_path
         if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
-            check_remote_code(path)
+            check_saved(path)
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
@@ -131,6 +134,33 @@ def _restore(enc: PositionEncoding, stack: PosencStack) -> None:
     for name, p in enc.named_parameters():
         if name in missing:
             p.copy_(fresh[name].to(p.dtype))
+
+
+def check_saved(folder, config: dict | None = None) -> None:
+    """Refuse a saved posenc model folder whose ``posenc_remote.py`` (or its recorded sha256, or
+    ``auto_map``) is not what posenc writes for its model type (:func:`posenc.hf.remote.check_remote_code`).
+    ``config``: the folder's ``config.json`` as read (default: read here).
+
+    Raises:
+        ValueError: the remote code differs, or the model type is not a posenc one.
+    """
+    if config is None:
+        try:
+            config = json.loads((pathlib.Path(os.fspath(folder)) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return  # no readable config: transformers reports it
+    if not isinstance(config, dict):
+        return
+
+    def source():
+        kind = config.get("model_type")
+        stock = kind.removeprefix("posenc_") if isinstance(kind, str) and kind.startswith("posenc_") else None
+        fam = next((f for f in FAMILIES.values() if f.model_type == stock), None)
+        if fam is None:
+            raise ValueError(f"model_type {kind!r} is not a posenc model type, yet the folder has posenc's remote code")
+        return remote_source(*posenc_classes(fam), fam)
+
+    check_remote_code(folder, config, source)
 
 
 _CLASSES: dict[str, tuple[type, type]] = {}

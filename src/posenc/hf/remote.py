@@ -23,7 +23,6 @@ imports the module before any posenc code can look at it: check the hash first.)
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import pathlib
 
@@ -43,22 +42,10 @@ from posenc.hf.models import posenc_classes
 '''
 
 
-def remote_source(model_type: str) -> tuple[str, dict]:
-    """``(text, auto_map)`` of the module posenc writes for a posenc model type (``"posenc_llama"``).
-
-    Raises:
-        ValueError: not a posenc model type of a family posenc.hf has.
-    """
-    from .families import FAMILIES
-    from .models import posenc_classes
-
-    stock = model_type.removeprefix("posenc_") if isinstance(model_type, str) else None
-    fam = next((f for f in FAMILIES.values() if f.model_type == stock), None)
-    if fam is None or stock == model_type:
-        raise ValueError(f"model_type {model_type!r} is not a posenc model type")
-    config_cls, model_cls = posenc_classes(fam)
-    text = _SOURCE.format(config=config_cls.__name__, model=model_cls.__name__, model_type=fam.model_type)
-    auto = "AutoModelForMaskedLM" if fam.auto == "masked" else "AutoModelForCausalLM"
+def remote_source(config_cls: type, model_cls: type, family) -> tuple[str, dict]:
+    """``(text, auto_map)`` of the module posenc writes for a family's posenc classes."""
+    text = _SOURCE.format(config=config_cls.__name__, model=model_cls.__name__, model_type=family.model_type)
+    auto = "AutoModelForMaskedLM" if family.auto == "masked" else "AutoModelForCausalLM"
     return text, {"AutoConfig": f"{MODULE}.{config_cls.__name__}", auto: f"{MODULE}.{model_cls.__name__}"}
 
 
@@ -77,35 +64,29 @@ def save_remote_code(save_directory, family, config_cls: type, model_cls: type) 
     if root.is_file():
         raise ValueError(f"save_directory {str(root)!r} is a file; give a directory")
     root.mkdir(parents=True, exist_ok=True)
-    text, auto_map = remote_source(config_cls.model_type)
+    text, auto_map = remote_source(config_cls, model_cls, family)
     (root / f"{MODULE}.py").write_text(text)
     return auto_map, _sha256(text)
 
 
-def check_remote_code(folder, config: dict | None = None) -> None:
+def check_remote_code(folder, config: dict, source) -> None:
     """Refuse a posenc model folder whose remote code is not what posenc writes for it.
 
     ``folder``'s :data:`MODULE` ``.py`` (when there is one) must be, byte for byte, the
-    module posenc writes for the folder's ``model_type``, and the sha256 that ``config.json``
+    module posenc writes for the folder's model type, and the sha256 that ``config.json``
     records must be its; the ``auto_map`` may name that module's classes only. ``config``:
-    the folder's ``config.json`` as read (default: read here).
+    the folder's ``config.json`` as read; ``source()``: ``(text, auto_map)`` of the module
+    posenc writes for it (:func:`remote_source`), asked only when the folder has remote code.
 
     Raises:
         ValueError: one sentence naming what differs.
     """
     root = pathlib.Path(os.fspath(folder))
-    if config is None:
-        try:
-            config = json.loads((root / "config.json").read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError):
-            return  # no readable config here: transformers reports it
-    if not isinstance(config, dict):
-        return
     module = root / f"{MODULE}.py"
     auto_map, recorded = config.get("auto_map"), config.get(HASH_FIELD)
     if not module.exists() and not auto_map and recorded is None:
         return  # nothing to run: a folder saved without remote code
-    text, expected_map = remote_source(config.get("model_type"))
+    text, expected_map = source()
     if auto_map is not None and auto_map != expected_map:
         raise ValueError(f"config.json's auto_map {auto_map} is not the one posenc writes ({expected_map})")
     if recorded is not None and recorded != _sha256(text):

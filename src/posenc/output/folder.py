@@ -2,7 +2,7 @@
 
 :class:`OutputFolder` (a context manager) is what ``posenc analyze`` and ``posenc bench``
 hold for their whole run, the same mechanism as ``posenc compare``'s
-:class:`~posenc.compare.rundir.RunDir`: an exclusive ``fcntl`` lock on ``<out>/.lock``
+:class:`~posenc.output.rundir.RunDir`: an exclusive ``fcntl`` lock on ``<out>/.lock``
 (the kernel frees it when the process dies, so a killed run leaves no stale lock). Any
 posenc tool that tries the same folder meanwhile is refused with one sentence naming the
 lock. On entry it also checks that the folder can be created and written (a small file

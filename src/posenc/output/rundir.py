@@ -1,4 +1,4 @@
-"""A comparison's run folder belongs to one config and one process at a time.
+"""A run folder (``posenc compare``'s, ``posenc extend``'s) belongs to one run and one process at a time.
 
 * :func:`default_out` names a new folder ``runs/<timestamp>-<random>``: two runs started in
   the same second never share one.
@@ -6,15 +6,13 @@
   (:class:`posenc.output.OutputFolder`: created, checked writable before the work, an
   exclusive ``fcntl`` lock on ``<out>/.lock`` for the whole run, which the kernel frees
   when the process dies, so a killed run never leaves a stale lock), refuses a non-empty folder unless the run resumes or
-  overwrites, and with ``overwrite`` removes what an earlier comparison wrote there and
-  nothing else: the paths its manifest lists (:mod:`posenc.compare.manifest`). Every
+  overwrites, and with ``overwrite`` removes what an earlier run of the same tool wrote there
+  and nothing else: the paths its manifest lists (:mod:`posenc.output.manifest`). Every
   path a run writes is listed there before it is written; a file the run would replace
   that no manifest lists is not replaced (refused), and no path is written through a
   symbolic link out of the folder. A run that fails before it has anything worth
   resuming removes what it wrote (:meth:`RunDir.discard`), so the corrected rerun finds
   the folder as it was.
-* :func:`check_checkpoint` refuses a checkpoint written under another config: every
-  checkpoint and ``results.json`` records :meth:`CompareConfig.fingerprint`.
 
 Errors are :class:`RunDirError` (a ``ValueError``), one sentence naming the path.
 """
@@ -27,29 +25,11 @@ import secrets
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
-from ..data.tasks import DEPTH_TASKS
-from ..output.folder import LOCK, OutputFolder, OutputFolderError
-from .config import CompareConfig
+from .folder import LOCK, OutputFolder, OutputFolderError
 from .manifest import MANIFEST, Manifest
 
-__all__ = ["RunDir", "RunDirError", "default_out", "check_checkpoint", "is_locked", "outputs_of", "OUTPUTS"]
-
-# the files a comparison (or --merge) writes at the top of its folder, whatever its config
-OUTPUTS = ("config.json", "results.json", "results.csv", "table.md", "report.md", "extrapolation.png",
-           "per_position.png")  # fmt: skip
-
-
-def outputs_of(config: dict[str, Any] | CompareConfig) -> list[str]:
-    """The top-level files a run of ``config`` writes: :data:`OUTPUTS`, the heatmap of a task
-    scored at several depths or densities (``<task>.png``: passkey, flip-flop), the
-    ``extend.*`` files of an ``--extend`` run."""
-    d = config.to_dict() if isinstance(config, CompareConfig) else config
-    task = d.get("task")
-    return [*OUTPUTS, *([f"{task}.png"] if task in DEPTH_TASKS else []),
-            *(["extend.md", "extend.csv", "extend.png"] if d.get("extend") else []),
-            *(["vocab.json"] if d.get("data_dir") else [])]  # fmt: skip
+__all__ = ["RunDir", "RunDirError", "default_out", "is_locked"]
 
 
 class RunDirError(OutputFolderError):
@@ -239,18 +219,3 @@ def _folders(rel: str) -> list[str]:
     """The folders on the way to ``rel`` (``"a/b/c"`` -> ``["a", "a/b"]``)."""
     parts = rel.split("/")
     return ["/".join(parts[:i]) for i in range(1, len(parts))]
-
-
-def check_checkpoint(path: Path, extra: dict[str, Any], cfg: CompareConfig) -> None:
-    """Raise :class:`RunDirError` when the checkpoint at ``path`` was written under another config."""
-    saved = extra.get("fingerprint")
-    if saved == cfg.fingerprint():
-        return
-    old = extra.get("compare_config")
-    fields = cfg.differing_fields(old) if isinstance(old, dict) else []
-    diff = ", ".join(f"{f}: {old.get(f)!r} -> {getattr(cfg, f, None)!r}" for f in fields[:6]) if fields else ""
-    raise RunDirError(
-        f"--resume: checkpoint {str(path)!r} was written under another config"
-        + (f" ({diff})" if diff else " (no fingerprint: written by an older posenc)")
-        + "; a run folder belongs to one config: start it over with --overwrite, or use another --out"
-    )

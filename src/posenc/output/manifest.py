@@ -1,4 +1,4 @@
-"""What a comparison wrote into its run folder: ``<out>/.posenc-manifest.json``.
+"""What a run (``posenc compare``, ``posenc extend``) wrote into its run folder: ``<out>/.posenc-manifest.json``.
 
 ``--overwrite`` removes only what a manifest lists, so a folder shared with other files
 loses none of them. A run records every path *before* writing it (a run killed half-way
@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path, PurePosixPath
 
-from ..output.files import write_text
+from .files import write_text
 
 __all__ = ["MANIFEST", "Manifest"]
 
