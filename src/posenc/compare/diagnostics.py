@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 # A model counts as still improving when its validation loss fell by more than this fraction
-# over the last 20 % of training (docs/compare.md has the measured curves behind it).
+# over the last 20 % of training (docs/compare.md, "Converged within the budget").
 CONVERGED_DROP = 0.02
 # A model has diverged when its training loss ended (the mean over the last 10 % of the
 # steps) more than this fraction above its first step's loss: training made it worse.

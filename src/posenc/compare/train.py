@@ -205,7 +205,7 @@ def train_encoding(
         shard_model(model)
     fused = (
         {"fused": True} if rt.device.type in ("cpu", "cuda") and not fsdp else {}
-    )  # one kernel per step (docs/compare.md, "Converged")
+    )  # one kernel per step (docs/compare.md, "Speed on a CPU, and MFU")
     trainer = Trainer(
         model, adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay, **fused), runtime=rt,
         loss=torch.compile(lm_loss) if cfg.compile else lm_loss,

@@ -26,7 +26,7 @@ __all__ = ["TASKS", "findings"]
 # The quick preset's settings for the two tasks. count: programs of U(3, 16) statements (~25
 # tokens a batch row; CoPE: up to 512), tested to 4x; flip-flop: 16 instructions (31 tokens;
 # Liu et al.: 256) at the training length and past it, each at p(ignore) = 0.8, 0.98 and 0.1.
-# The budget is the convergence check's (docs/compare.md, 2 seeds): at lr 1e-2 count's models
+# The budget is the convergence check's (docs/studies/cope2024.md, 2 seeds): at lr 1e-2 count's models
 # sat on a ~70 % plateau for thousands of steps (3 000 steps: 4 of 5 still improving; 6 000:
 # nope and t5), at 3e-3 every model of both tasks passes at 6 000 steps (count: 97-99 % at
 # n = 16; flip-flop: >= 99.9 %). The default encodings are what the papers compare: absolute

@@ -30,7 +30,7 @@ __all__ = ["BUDGETS", "TASKS", "TIERS", "TR20", "findings", "mean_ranks"]
 TR20 = ("kaz-copy", "kaz-copy-2x", "kaz-reverse", "kaz-reverse-2x")
 
 # The common budgets, and below them each task's own: the convergence study behind every
-# number (probes, commands, seeds) is docs/studies/kazemnejad2023.md.
+# number is in docs/studies/kazemnejad2023.md (the probes themselves: this page in the git history).
 _TR20 = {"train_len": 20, "eval_lens": [10, 20, 30, 40], "depth": 4, "steps": 8000}
 _TR8 = {"train_len": 8, "eval_lens": [4, 8, 12, 16], "depth": 2, "steps": 6000}
 BUDGETS: dict[str, dict[str, Any]] = {
