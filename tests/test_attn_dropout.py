@@ -125,7 +125,7 @@ def test_flex_refuses_dropout_and_auto_avoids_it():
     with pytest.raises(ValueError, match="backend 'flex' has no attention dropout"):
         attend(alibi, q, q, q, pos, pos, posenc.AttentionMask(causal=True), backend="flex", dropout=0.1)
     for bad in (1.0, -0.1, "0.1", True, float("nan")):
-        with pytest.raises(ValueError, match=r"attn_dropout must be a number in \[0, 1\)"):
+        with pytest.raises(ValueError, match=r"attn_dropout must be a finite number in \[0, 1\)"):  # Attention too
             posenc.Attention(DIM, HEADS, "rope", attn_dropout=bad)
         with pytest.raises(ValueError, match=r"attn_dropout must be a finite number in \[0, 1\)"):
             posenc.ModelConfig(vocab_size=8, dim=DIM, depth=1, heads=HEADS, attn_dropout=bad)

@@ -58,14 +58,17 @@ def test_help_exits_cleanly():
     assert e.value.code == 0
 
 
-def test_choice_list_drops_or_keeps_repeats_and_names_unknown_values():
+def test_a_list_of_choices_drops_or_keeps_repeats_and_names_unknown_values():
+    """The flag of a list of names (posenc.fields.ListOf(Choice)): the one list rule, then each name."""
     from argparse import ArgumentTypeError
 
-    from posenc.cli_types import choice_list
+    from posenc.fields import Choice, ListOf
 
-    assert choice_list(["a", "b"])("b, a,b") == ["b", "a"]
-    assert choice_list(iter(["a", "b"]), repeats=True)("b,a,b") == ["b", "a", "b"]  # any iterable, read once
-    with pytest.raises(ArgumentTypeError, match=r"unknown backend\(s\) 'c'; choose from a, b"):
-        choice_list(iter(["a", "b"]), "backend", repeats=True)("a,c")
+    assert ListOf(Choice(["a", "b"]), dedupe=True).parse("b, a,b") == ["b", "a"]
+    assert ListOf(Choice(iter(["a", "b"]))).parse("b,a,b") == ["b", "a", "b"]  # any iterable, read once
+    with pytest.raises(ArgumentTypeError, match=r"unknown backend 'c'; allowed: a, b"):
+        ListOf(Choice(iter(["a", "b"]), what="backend")).parse("a,c")
+    with pytest.raises(ArgumentTypeError, match=r"unknown backends 'c', 'd'; allowed: a, b"):
+        ListOf(Choice(["a", "b"], what="backend")).parse("c,a,d")
     with pytest.raises(ArgumentTypeError, match="expected comma-separated backends from a, b"):
-        choice_list(["a", "b"], "backend")(",,")
+        ListOf(Choice(["a", "b"], what="backend")).parse(",,")

@@ -82,13 +82,13 @@ def test_extend_run(tmp_path):
 def test_extend_config():
     assert preset_config("quick").fingerprint() == preset_config("quick", extend=["none", "yarn"]).fingerprint()
     for bad in (["pi"], [], "yarn"):
-        with pytest.raises(ValueError, match="extend must list methods of none, linear"):
+        with pytest.raises(ValueError, match="extend must be a non-empty list of methods from none, linear"):
             preset_config("quick", extend=bad)
 
 
 def test_extend_bad_method_is_exit_2(tmp_path, capsys):
     assert run_cli(*TINY, "--extend", "none,pi", "--out", str(tmp_path / "x")) == 2
-    assert "extend must list methods" in capsys.readouterr().err
+    assert "--extend must be a non-empty list of methods from none, linear" in capsys.readouterr().err
 
 
 def test_merge_extend_joins_shards_and_refuses_conflicts():

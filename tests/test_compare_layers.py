@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from tests.test_compare import TINY, run_cli
 
 import posenc
-from posenc.compare.cli import split_encodings
+from posenc.compare.checks import split_encodings
 from posenc.compare.config import CompareConfig
 
 
@@ -21,6 +22,9 @@ def test_split_encodings():
         "loc=rope(base=1e4,window=8)*3,rope",
         "x=nope",
     ]
+    for empty in ("", ",", "rope,,alibi", "rope,", "x=rope;", "x=rope;;alibi"):  # the one list rule
+        with pytest.raises(argparse.ArgumentTypeError, match="none empty"):
+            split_encodings(empty)
 
 
 def test_named_patterns_and_errors():

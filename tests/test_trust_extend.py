@@ -18,6 +18,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 import posenc.hf as ph  # noqa: E402
 from posenc.cli import main, make_parser  # noqa: E402
+from posenc.fields import ListOf  # noqa: E402
 from posenc.output.manifest import MANIFEST  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -380,6 +381,10 @@ def test_the_flag_table_covers_every_extend_flag():
     sub = make_parser()._subparsers._group_actions[0].choices["extend"]
     found = {a.option_strings[-1] for a in sub._actions if a.option_strings and a.nargs != 0}
     assert found == set(FLAGS)
+    # the one list rule (issue 62 item 4): every comma flag is fuzzed with an empty item
+    lists = {a.option_strings[-1] for a in sub._actions if isinstance(getattr(a.type, "__self__", None), ListOf)}
+    assert lists == {"--methods", "--lengths"}
+    assert all(any(",," in v[1:-1] for v in FLAGS[f]) for f in lists)
 
 
 CONVERT_BAD = [

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from posenc.cli import main, make_parser
-from posenc.compare.arguments import parse_encoding_options
-from posenc.compare.checks import MAX_LEN
+from posenc.compare.checks import MAX_LEN, parse_encoding_options
 from posenc.compare.cli import build_config
 from posenc.compare.config import CompareConfig, preset_config
 from posenc.compare.train import lr_schedule, val_steps

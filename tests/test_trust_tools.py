@@ -65,12 +65,13 @@ HUGE = "1" + "0" * 30
 POS = ["", "0", "-1", "nan", "inf", "-inf", "1e999", HUGE, "abc", "1.5", "0x10"]  # integers >= 1
 NONNEG = ["", "-1", "nan", "inf", HUGE, "abc", "1.5"]  # integers >= 0
 ANYINT = ["", "nan", "inf", HUGE, "abc", "1.5"]
-INTS = ["", ",", "0", "-1", "nan", "inf", HUGE, "abc", "1,,x", "8,0"]  # comma-separated integers >= 1
+INTS = ["", ",", "0", "-1", "nan", "inf", HUGE, "abc", "1,,x", "8,0", "512,,1024", "8,"]  # integers >= 1
 CHOICE = ["", "x"]
-NAMES = ["", ",", "nosuch"]
+NAMES = ["", ",", "nosuch", "rope,,alibi", "rope,"]  # the list rule: no empty item, in any comma list
 PATH = [""]
 ANALYZE = {"--out": PATH, "--seed": NONNEG, "--threads": POS}
-MODELS = {"--encodings": ["", ",", "nosuch", 'rope@{"base": -1}', "rope@{", "rope@[1]"], "--checkpoint": ["", "<missing>"],
+MODELS = {"--encodings": ["", ",", "nosuch", 'rope@{"base": -1}', "rope@{", "rope@[1]", "rope,,alibi"],
+          "--checkpoint": ["", "<missing>"],
           "--train-steps": NONNEG, "--train-dir": ["", "<file>"], "--max-len": POS}  # fmt: skip
 FLAGS: dict[str, dict[str, list[str]]] = {
     "analyze decompose": {**ANALYZE, **MODELS, "--length": [*POS, "1", "4097"], "--layer": [*ANYINT, "5", "-3"]},
@@ -107,15 +108,15 @@ FLAGS: dict[str, dict[str, list[str]]] = {
         "--heads": POS,
         "--head-dim": [*POS, "3"],  # rotary encodings and the references rotate pairs of dims
         "--windows": INTS,
-        "--masks": NAMES,
+        "--masks": [*NAMES, "causal,,bidir"],
         "--device": ["", "tpu", "cuda:x", "cpu:0", "cuda:99"],
         "--dtype": CHOICE,
         "--threads": POS,
         "--allocator": CHOICE,
-        "--modes": NAMES,
+        "--modes": [*NAMES, "fwd,,fwd+bwd"],
         "--warmup": NONNEG,
         "--repeats": POS,
-        "--backends": NAMES,
+        "--backends": [*NAMES, "auto,,eager"],
         "--chunk-size": POS,
         "--max-seconds": ["", "0", "-1", "nan", "inf", "-inf", "1e999", "abc"],
         "--train-len": POS,
@@ -139,6 +140,9 @@ FLAGS: dict[str, dict[str, list[str]]] = {
             "x=rope;x=alibi",
             "rope=alibi",
             "rope,rope",
+            "rope,,alibi",
+            "rope;",
+            "x=rope;;alibi",
             "rope*99999999999",
             "x=rope*99999999999",
             "x=" + "(" * 3000 + "rope" + ")" * 3000,
@@ -169,6 +173,7 @@ FLAGS: dict[str, dict[str, list[str]]] = {
             "rope.base=true",
             "nosuch.x=1",
             "rope.nosuch=1",
+            "rope.base=500,,t5.max_distance=8",
         ],
         "--train-len": [*POS, "99999999"],
         "--steps": [*POS, "100000000000000000000"],
@@ -254,6 +259,34 @@ def test_the_flag_table_covers_every_flag():
             found |= {(f"{group} {name}", f) for f in _value_flags(sub)}
     table = {(cmd, f) for cmd, flags in FLAGS.items() for f in flags}
     assert found - FREE_TEXT == table
+
+
+def _is_list_flag(action) -> bool:
+    """A comma-separated flag: its type is a list declaration's parser, or a list parser of its own."""
+    from posenc.cli_types import spec_list
+    from posenc.compare.checks import eval_lens_flag, parse_encoding_options, split_encodings
+    from posenc.fields import ListOf
+
+    own = (eval_lens_flag, parse_encoding_options, split_encodings, spec_list)
+    return isinstance(getattr(action.type, "__self__", None), ListOf) or action.type in own
+
+
+def test_every_comma_flag_is_fuzzed_with_an_empty_item():
+    """Issue 62 item 4: one list rule in every command; each comma flag's bad values hold one
+    with an empty item between two others (``512,,1024``), refused like ``compare --seeds 0,,1``."""
+    top = make_parser()._subparsers._group_actions[0].choices
+    parsers = {cmd: top[cmd] for cmd in ("bench", "compare", "list")}
+    for group in ("analyze", "study"):
+        parsers |= {f"{group} {n}": p for n, p in top[group]._subparsers._group_actions[0].choices.items()}
+    lists = {(cmd, a.option_strings[-1]) for cmd, p in parsers.items() for a in p._actions if _is_list_flag(a)}
+    assert {
+        ("bench", "--lengths"),
+        ("bench", "--memory-lengths"),
+        ("bench", "--windows"),
+        ("compare", "--seeds"),
+    } <= lists
+    missing = {(cmd, f) for cmd, f in lists if not any(",," in v[1:-1] for v in FLAGS[cmd][f])}
+    assert missing == set()
 
 
 @pytest.mark.parametrize(

@@ -14,13 +14,13 @@ another model argument.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .adaptive import check_cutoffs
 from .attention_setup import check_kv_heads
 from .backends import canonical_backend
+from .fields import DROPOUT, Float, Int, check
 from .layer_spec import SPEC_FIELDS, LayerSpec
 from .patterns import is_pattern, layers
 from .qk_norm import check_qk_norm
@@ -30,11 +30,7 @@ from .validate import check_args, score_setting
 __all__ = ["LayerSpec", "ModelConfig"]
 
 _OWN = ("kv_heads", "score_scale", "softcap")  # ModelConfig fields a LayerSpec may override
-
-
-def _number(v: Any) -> bool:
-    """A finite real number, not a bool."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+_POSITIVE = Int(1)
 
 
 @dataclass
@@ -81,22 +77,24 @@ class ModelConfig:
         adaptive_factor: band ``i``'s width is ``dim // adaptive_factor**i`` (fairseq: 4).
     """
 
-    vocab_size: int
-    dim: int
-    depth: int
-    heads: int
+    # a field with a range declares it (posenc.fields); the others are checked by their annotation
+    # (posenc.validate.check_args) or by the check Attention shares (kv_heads, qk_norm, scores)
+    vocab_size: int = _POSITIVE.field()
+    dim: int = _POSITIVE.field()
+    depth: int = _POSITIVE.field()
+    heads: int = _POSITIVE.field()
     encoding: str | list | tuple = "rope"
-    max_len: int | None = None
-    head_dim: int | None = None
+    max_len: int | None = Int(1, optional=True).field(None)
+    head_dim: int | None = Int(1, optional=True).field(None)
     causal: bool = True
-    mlp_ratio: float = 4.0
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
-    activation_dropout: float = 0.0
+    mlp_ratio: float = Float(0, lo_open=True).field(4.0)
+    dropout: float = DROPOUT.field(0.0)
+    attn_dropout: float = DROPOUT.field(0.0)
+    activation_dropout: float = DROPOUT.field(0.0)
     backend: str = "auto"
     share_encoding: bool | None = None
     tie_embeddings: bool = True
-    embed_std: float = 0.02
+    embed_std: float = Float(0).field(0.02)
     kv_heads: int | None = None
     qk_norm: str | None = None
     qk_norm_position: str = "before"
@@ -107,39 +105,22 @@ class ModelConfig:
     layers: list[LayerSpec] | None = None
     final_norm: bool = True
     adaptive_cutoffs: list[int] | None = None
-    adaptive_factor: float = 4.0
+    adaptive_factor: float = Float(1).field(4.0)
 
     def __post_init__(self) -> None:
-        for arg in ("vocab_size", "dim", "depth", "heads"):
-            val = getattr(self, arg)
-            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise ValueError(f"{arg} must be a positive int, got {val!r}")
+        check(self)  # every declared field's type and range
         if self.head_dim is None:
             if self.dim % self.heads:
                 raise ValueError(f"dim={self.dim} is not divisible by heads={self.heads}; pass head_dim explicitly")
             self.head_dim = self.dim // self.heads
-        if not isinstance(self.head_dim, int) or isinstance(self.head_dim, bool) or self.head_dim < 1:
-            raise ValueError(f"head_dim must be a positive int or None, got {self.head_dim!r}")
-        if self.max_len is not None and (
-            not isinstance(self.max_len, int) or isinstance(self.max_len, bool) or self.max_len < 1
-        ):
-            raise ValueError(f"max_len must be a positive int or None, got {self.max_len!r}")
-        for name in ("dropout", "attn_dropout", "activation_dropout"):
-            p = getattr(self, name)
-            if not _number(p) or not 0.0 <= p < 1.0:
-                raise ValueError(f"{name} must be a finite number in [0, 1), got {p!r}")
-        if not _number(self.mlp_ratio) or not (self.mlp_ratio > 0 and int(self.dim * self.mlp_ratio) >= 1):
+        if int(self.dim * self.mlp_ratio) < 1:
             raise ValueError(
                 f"mlp_ratio must be a finite number > 0 with int(dim * mlp_ratio) >= 1 (dim={self.dim}), "
                 f"got {self.mlp_ratio!r}"
             )
-        if not _number(self.embed_std) or self.embed_std < 0:
-            raise ValueError(f"embed_std must be a finite number >= 0, got {self.embed_std!r}")
         canonical_backend(self.backend)
         if self.adaptive_cutoffs is not None:
             self.adaptive_cutoffs = check_cutoffs(self.adaptive_cutoffs, self.vocab_size)
-        if not _number(self.adaptive_factor) or self.adaptive_factor < 1:
-            raise ValueError(f"adaptive_factor must be a finite number >= 1, got {self.adaptive_factor!r}")
         check_qk_norm(self.qk_norm, self.qk_norm_position, self.qk_norm_eps)
         self.score_scale = score_setting("score_scale", self.score_scale)
         self.softcap = score_setting("softcap", self.softcap)

@@ -10,9 +10,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .fields import Int, check
 from .validate import check_args, score_setting
 
 __all__ = ["SPEC_FIELDS", "LayerSpec"]
+
+_SIZE = Int(1, optional=True)  # keys of a window, tokens of a chunk, k/v heads: None is off / the model's
 
 
 @dataclass
@@ -33,12 +36,14 @@ class LayerSpec:
     :func:`posenc.layers` builds lists of specs from a pattern (``"rope*3,nope"``).
     """
 
+    # a size declares its range (posenc.fields); sinks is checked by its annotation, the scores
+    # by the check Attention shares (posenc.validate.score_setting)
     encoding: str = "rope"
     options: dict[str, Any] = field(default_factory=dict)
-    window: int | None = None
-    chunk: int | None = None
+    window: int | None = _SIZE.field(None)
+    chunk: int | None = _SIZE.field(None)
     sinks: bool = False
-    kv_heads: int | None = None
+    kv_heads: int | None = _SIZE.field(None)
     score_scale: float | None = None
     softcap: float | None = None
 
@@ -48,10 +53,7 @@ class LayerSpec:
         if not isinstance(self.options, dict):
             raise TypeError(f"LayerSpec.options must be a dict, got {type(self.options).__name__}")
         self.options = dict(self.options)
-        for name in ("window", "chunk", "kv_heads"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise ValueError(f"LayerSpec.{name} must be a positive int or None, got {v!r}")
+        check(self, "LayerSpec.")  # window, chunk, kv_heads
         if not isinstance(self.sinks, bool):
             raise TypeError(f"LayerSpec.sinks must be a bool, got {self.sinks!r}")
         check_args("LayerSpec", LayerSpec, {"options": self.options})  # no NaN or infinite option

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from .fields import DROPOUT
+
 __all__ = [
     "check_args",
     "check_device_type",
@@ -253,9 +255,9 @@ def score_setting(name: str, value: Any) -> float | None:
 
 
 def check_dropout(p, name: str = "dropout") -> float:
-    """``p`` when it is a dropout probability (a finite number in ``[0, 1)``); else ``ValueError``."""
-    if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p < 1.0:
-        raise ValueError(f"{name} must be a number in [0, 1), got {p!r}")
+    """``p`` when it is a dropout probability (:data:`posenc.fields.DROPOUT`, a finite number in
+    ``[0, 1)``); else ``ValueError``."""
+    DROPOUT.check(name, p)
     return float(p)
 
 

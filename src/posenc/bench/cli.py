@@ -25,7 +25,8 @@ import torch
 
 from ..allocator import tune_allocator
 from ..backends import backend_names
-from ..cli_types import choice_list, device_name, finite_float, int_in, int_list, nonempty_path
+from ..cli_types import device_name, nonempty_path
+from ..fields import Choice, Float, Int, ListOf
 from ..output import OutputFolder, check_creatable, write_text
 from ..registry import available
 from .compile import graph_breaks
@@ -42,15 +43,26 @@ MAX_L = 1 << 20  # longest sequence a flag takes (1M tokens)
 # default, so that its models have the heads posenc's have
 TRAIN_HEAD_DIM = 64
 
+# The ranges of the flags (posenc.fields; bench's flags have no config field of their own).
+# Lists of names: split by the list rule when parsed, their names checked by _check (exit 2).
+LENGTHS = ListOf(Int(1, MAX_L))
+NAMES = {
+    "--encodings": ListOf(Choice(available, what="encoding"), dedupe=True),
+    "--masks": ListOf(Choice(MASKS, what="mask"), dedupe=True),
+    "--modes": ListOf(Choice(MODES, what="mode"), dedupe=True),
+    "--backends": ListOf(Choice(backend_names, what="backend"), dedupe=True),
+}
+BATCH = Int(1, 4096)  # sequences per batch
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--encodings", type=choice_list(None, "encoding"), default=None, help="comma-separated names (default: all)"
+        "--encodings", type=NAMES["--encodings"].convert, default=None, help="comma-separated names (default: all)"
     )
-    p.add_argument("--lengths", type=int_list(1, MAX_L), default=None, help="comma-separated L (default 512..8192)")
+    p.add_argument("--lengths", type=LENGTHS.parse, default=None, help="comma-separated L (default 512..8192)")
     p.add_argument(
         "--memory-lengths",
-        type=int_list(1, MAX_L),
+        type=LENGTHS.parse,
         default=[],
         help="comma-separated L at which only peak memory is measured (one untimed fwd+bwd per posenc layer)",
     )
@@ -62,23 +74,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="at --memory-lengths on CPU: live torch tensor bytes from the profiler, or the peak resident "
         "memory of a fresh process per case (what must fit in the machine's RAM)",
     )
-    p.add_argument("--batch", type=int_in(1, 4096), default=1)
-    p.add_argument("--heads", type=int_in(1, 1024), default=8)
+    p.add_argument("--batch", type=BATCH.parse, default=1)
+    p.add_argument("--heads", type=Int(1, 1024).parse, default=8)
     p.add_argument(
-        "--head-dim", type=int_in(2, 4096, even=True), default=64, help="rotary encodings rotate pairs of dims"
+        "--head-dim", type=Int(2, 4096, even=True).parse, default=64, help="rotary encodings rotate pairs of dims"
     )
     p.add_argument(
         "--windows",
-        type=int_list(1, MAX_L),
+        type=LENGTHS.parse,
         default=[],
         help="also each posenc layer with a sliding window of W keys (W,...)",
     )
     p.add_argument(
-        "--masks", type=choice_list(None, "mask"), default=["causal"], help="causal and/or bidir (default causal)"
+        "--masks", type=NAMES["--masks"].convert, default=["causal"], help="causal and/or bidir (default causal)"
     )
     p.add_argument("--device", type=device_name, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--threads", type=int_in(1, 1024), default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=Int(1, 1024).parse, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument(
         "--allocator",
         choices=("tuned", "default"),
@@ -86,16 +98,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="tuned (default): glibc keeps freed blocks in its heap (posenc.tune_allocator), so one case's "
         "timing does not depend on what ran before it in the process; default: the C library's own settings",
     )
-    p.add_argument("--modes", type=choice_list(None, "mode"), default=list(MODES), help="fwd and/or fwd+bwd")
-    p.add_argument("--warmup", type=int_in(0, 10_000), default=1)
-    p.add_argument("--repeats", type=int_in(1, 10_000), default=5)
+    p.add_argument("--modes", type=NAMES["--modes"].convert, default=list(MODES), help="fwd and/or fwd+bwd")
+    p.add_argument("--warmup", type=Int(0, 10_000).parse, default=1)
+    p.add_argument("--repeats", type=Int(1, 10_000).parse, default=5)
     p.add_argument(
         "--backends",
-        type=choice_list(None, "backend"),
+        type=NAMES["--backends"].convert,
         default=["auto"],
         help="posenc backends to time per encoding (auto = what the layer picks; others where supported)",
     )
-    p.add_argument("--chunk-size", type=int_in(1, MAX_L), default=1024, help="query chunk of the chunked backend")
+    p.add_argument("--chunk-size", type=Int(1, MAX_L).parse, default=1024, help="query chunk of the chunked backend")
     p.add_argument("--no-references", action="store_true", help="skip HF / x-transformers layers")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory run")
     p.add_argument("--profile", action="store_true", help="top operators of each posenc layer (one profiled step)")
@@ -104,21 +116,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-seconds",
-        type=finite_float(0, 1e6, lo_open=True),
+        type=Float(0, 1e6, lo_open=True).parse,
         default=60.0,
         help="skip longer L for a case slower than this per run",
     )
     p.add_argument("--throughput", action=argparse.BooleanOptionalAction, default=True, help="training tokens/s")
-    p.add_argument("--train-len", type=int_in(1, 65536), default=256, help="sequence length of the throughput runs")
-    p.add_argument("--train-batch", type=int_in(1, 4096), default=8)
+    p.add_argument("--train-len", type=Int(1, 65536).parse, default=256, help="sequence length of the throughput runs")
+    p.add_argument("--train-batch", type=BATCH.parse, default=8)
     p.add_argument(
         "--train-dim",
-        type=int_in(TRAIN_HEAD_DIM, 65536, multiple=TRAIN_HEAD_DIM),
+        type=Int(TRAIN_HEAD_DIM, 65536, multiple=TRAIN_HEAD_DIM).parse,
         default=256,
         help=f"model width of the throughput runs: train_dim // {TRAIN_HEAD_DIM} heads of {TRAIN_HEAD_DIM} dims, "
         "as x-transformers' are",
     )
-    p.add_argument("--train-depth", type=int_in(1, 256), default=4, help="layers of the throughput runs")
+    p.add_argument("--train-depth", type=Int(1, 256).parse, default=4, help="layers of the throughput runs")
     p.add_argument("--train-packed", action="store_true", help="also train each posenc model on packed documents")
     p.add_argument(
         "--train-hf",
@@ -131,8 +143,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also the KV-cache memory of decoding with grouped k/v (kv_heads = H/4) against full heads, "
         "measured on a --train-dim/--train-depth rope model (H = train_dim // 64)",
     )
-    p.add_argument("--kv-tokens", type=int_in(1, MAX_L), default=256, help="tokens decoded by --kv-cache")
-    p.add_argument("--kv-heads", type=int_in(1, 1024), default=None, help="k/v heads of --kv-cache (default H/4)")
+    p.add_argument("--kv-tokens", type=Int(1, MAX_L).parse, default=256, help="tokens decoded by --kv-cache")
+    p.add_argument("--kv-heads", type=Int(1, 1024).parse, default=None, help="k/v heads of --kv-cache (default H/4)")
     p.add_argument("--out", type=nonempty_path, default=Path("bench-results"), help="output folder")
     p.add_argument(
         "--markdown", type=nonempty_path, default=None, help="also write a Markdown report (RESULTS.md) here"
@@ -144,12 +156,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> str:
     """Names a flag does not know, flags that are fine alone but not together, or that this
     machine cannot serve: one sentence naming them (ValueError). Returns the device."""
-    lists = (("--encodings", args.encodings or [], available()), ("--masks", args.masks, MASKS),
-             ("--modes", args.modes, MODES), ("--backends", args.backends, backend_names()))  # fmt: skip
-    for flag, given, allowed in lists:
-        unknown = [v for v in given if v not in allowed]
-        if unknown:
-            raise ValueError(f"{flag}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(allowed)}")
+    for flag, decl in NAMES.items():
+        unknown = decl.unknown(getattr(args, flag[2:]) or [])
+        if unknown is not None:
+            raise ValueError(f"{flag}: {unknown}")
     timed = not args.memory_only
     if args.memory_only and not args.memory_lengths:
         raise ValueError("--memory-only needs --memory-lengths")

@@ -1,23 +1,30 @@
-"""Every field of :class:`~posenc.compare.CompareConfig` checked for its type and range, and
-the names of the compared models checked before any of them becomes a file name.
+"""The checks of :class:`~posenc.compare.CompareConfig` beyond each field's own declaration,
+and the parsers of ``posenc compare``'s list and mapping flags.
 
 A config reaches a comparison from the command line, from a ``--config`` file, from
 :func:`~posenc.compare.from_dict` or from Python; each path ends in
-:meth:`CompareConfig.validate`, which calls :func:`check_fields` and :func:`check_models`.
-Every error is one ``ValueError`` naming the field, the value and what is allowed.
+:meth:`CompareConfig.validate`, which calls :func:`check_fields` (every field's declared type
+and range, :mod:`posenc.fields`, then the fields that go together) and :func:`check_models`
+(the names of the compared models, checked before any of them becomes a file name). Every error
+is one ``ValueError`` naming the field, the value and what is allowed.
+
+The flag parsers (``--encodings``, ``--encoding-options``, ``--eval-lens``) are the ``flag=`` of
+those fields' declarations: ``argparse`` ``type`` functions that follow the one list rule
+(:func:`posenc.fields.split_list`) and raise :class:`argparse.ArgumentTypeError` naming the value.
 """
 
 from __future__ import annotations
 
-import math
+import argparse
+import json
 import re
 from typing import Any
 
-from ..qk_norm import QK_NORM_POSITIONS, QK_NORMS
+from ..fields import check, split_list
 
 __all__ = [
     "ATTENTION_DEFAULTS",
-    "AT_MOST_STEPS",
+    "COUNT",
     "MAX_LEN",
     "MODEL_NAME",
     "MODEL_NAME_RULE",
@@ -25,100 +32,35 @@ __all__ = [
     "SCHEDULES",
     "SCHEDULE_DEFAULTS",
     "check_attention_fields",
+    "check_encodings",
     "check_fields",
     "check_models",
     "check_paper_fields",
     "check_schedule_fields",
     "check_task_lengths",
+    "eval_lens_flag",
     "model_names",
+    "parse_encoding_options",
     "parse_named",
+    "split_encodings",
 ]
 
 # The longest sequence or position range a comparison may ask for (train_len, eval_lens,
 # max_pos): 2^20 tokens. Position tables are allocated up to it (a learned table of
 # max_pos x D floats), so an absurd value is refused here instead of by the allocator.
 MAX_LEN = 2**20
+COUNT = 2**31 - 1  # steps, tokens, samples: anything larger is a typo, not a budget
 
 # A model name becomes a file name (<out>/checkpoints/<NAME>.pt): one safe path component.
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 MODEL_NAME_RULE = "letters, digits and . _ + -, starting with a letter or digit, at most 64 characters"
 
-_COUNT = 2**31 - 1  # steps, tokens, samples: anything larger is a typo, not a budget
-# int fields: (lowest, highest) allowed; None in the config allowed for those in _OPTIONAL
-_INTS: dict[str, tuple[int, int]] = {
-    "dim": (1, 65536), "depth": (1, 1024), "heads": (1, 65536), "train_len": (1, MAX_LEN),
-    "steps": (1, _COUNT), "batch_size": (1, 65536), "warmup": (0, _COUNT), "max_pos": (1, MAX_LEN),
-    "eval_tokens": (1, _COUNT), "eval_samples": (1, _COUNT), "eval_batch_size": (1, 65536),
-    "stride": (1, MAX_LEN), "position_buckets": (1, 65536), "val_points": (0, 100000),
-    "checkpoint_every": (1, _COUNT), "workers": (0, 4096),
-}  # fmt: skip
-# float fields: (low, high, low included, high included)
-_FLOATS: dict[str, tuple[float, float, bool, bool]] = {
-    "val_fraction": (0.0, 1.0, False, False), "mlp_ratio": (0.0, 64.0, False, True),
-    "dropout": (0.0, 1.0, True, False), "attn_dropout": (0.0, 1.0, True, False),
-    "activation_dropout": (0.0, 1.0, True, False), "embed_std": (0.0, 100.0, False, True), "lr": (0.0, 100.0, False, True),
-    "min_lr_ratio": (0.0, 1.0, True, True), "decay_fraction": (0.0, 1.0, False, True), "weight_decay": (0.0, 100.0, True, True),
-    "grad_clip": (0.0, 1e9, True, True),
-}  # fmt: skip
-_BOOLS = ("tie_embeddings", "compile", "randomized_positions", "packed", "sliding")
-_STRS = ("preset", "dataset_split", "dataset_field", "device", "dtype", "schedule")
-_OPTIONAL_STRS = ("text", "dataset", "dataset_config", "task", "shard")
-_OPTIONAL = ("max_pos", "stride")
-_SEED_MAX = 2**31 - 1
-# int fields bounded by steps, with why: a preset's value is cut to a shorter run's steps
-# (preset_config), a value given is refused
-AT_MOST_STEPS: dict[str, str] = {
-    "warmup": "a longer warmup never reaches the peak lr",
-    "val_points": "one validation point after every step at most",
-}
-
-
-def _interval(lo: float, hi: float, lo_in: bool, hi_in: bool) -> str:
-    return f"{'[' if lo_in else '('}{lo:g}, {hi:g}{']' if hi_in else ')'}"
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
 
 def check_fields(cfg: Any) -> None:
-    """Raise ``ValueError`` for a field of the wrong type or outside its range."""
-    for name, (lo, hi) in _INTS.items():
-        v = getattr(cfg, name)
-        if v is None and name in _OPTIONAL:
-            continue
-        if not _is_int(v) or not lo <= v <= hi:
-            raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {v!r}")
-    for name, why in AT_MOST_STEPS.items():
-        if getattr(cfg, name) > cfg.steps:
-            raise ValueError(f"{name} must be an int in [0, steps={cfg.steps}] ({why}), got {getattr(cfg, name)!r}")
-    for name, (lo, hi, lo_in, hi_in) in _FLOATS.items():
-        v = getattr(cfg, name)
-        ok = (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
-        if not (ok and (lo <= v if lo_in else lo < v) and (v <= hi if hi_in else v < hi)):
-            raise ValueError(f"{name} must be a finite number in {_interval(lo, hi, lo_in, hi_in)}, got {v!r}")
-    for name in _BOOLS:
-        if not isinstance(getattr(cfg, name), bool):
-            raise ValueError(f"{name} must be true or false, got {getattr(cfg, name)!r}")
-    for name in _STRS + _OPTIONAL_STRS:
-        v = getattr(cfg, name)
-        if not (isinstance(v, str) and v.strip()) and not (v is None and name in _OPTIONAL_STRS):
-            raise ValueError(f"{name} must be a non-empty string, got {v!r}")
-    seeds = cfg.seeds
-    if not isinstance(seeds, list) or not seeds or any(not _is_int(s) or not 0 <= s <= _SEED_MAX for s in seeds):
-        raise ValueError(f"seeds must be a non-empty list of ints >= 0 (at most {_SEED_MAX}), got {seeds!r}")
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds must be distinct, got {seeds!r}")
-    lens = cfg.eval_lens
-    if not isinstance(lens, list) or not lens or any(not _is_int(n) or not 1 <= n <= MAX_LEN for n in lens):
-        raise ValueError(f"eval_lens must be a non-empty list of ints in [1, {MAX_LEN}], got {lens!r}")
+    """Raise ``ValueError`` for a field of the wrong type or outside its declared range, then
+    for fields whose values do not go together (``dim`` and ``heads``, ``stride`` and ``sliding``)."""
+    check(cfg, none="unset")
     _check_sliding(cfg)
-    v = cfg.encodings  # (extend: CompareConfig.validate checks it against the methods)
-    if not isinstance(v, list) or any(not isinstance(x, str) or not x.strip() for x in v):
-        raise ValueError(f"encodings must be a list of non-empty strings, got {v!r}")
-    opts = cfg.encoding_options
-    if not isinstance(opts, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in opts.items()):
-        raise ValueError(f"encoding_options must map encoding names to dicts, got {opts!r}")
     if cfg.dim % cfg.heads:
         raise ValueError(
             f"dim must be divisible by heads (each head gets dim / heads dims), got dim={cfg.dim}, heads={cfg.heads}"
@@ -277,22 +219,9 @@ ATTENTION_DEFAULTS: dict[str, Any] = {
 
 
 def check_attention_fields(cfg) -> None:
-    """``ValueError`` naming a bad attention field and its allowed values."""
-    kv = cfg.kv_heads
-    if kv is not None:
-        if not isinstance(kv, int) or isinstance(kv, bool) or not 1 <= kv <= cfg.heads or cfg.heads % kv:
-            raise ValueError(f"kv_heads must be an int in [1, heads={cfg.heads}] that divides heads, got {kv!r}")
-    if cfg.qk_norm is not None and cfg.qk_norm not in QK_NORMS:
-        raise ValueError(f"qk_norm must be one of {', '.join(QK_NORMS)} or unset, got {cfg.qk_norm!r}")
-    if cfg.qk_norm_position not in QK_NORM_POSITIONS:
-        raise ValueError(
-            f"qk_norm_position must be one of {', '.join(QK_NORM_POSITIONS)}, got {cfg.qk_norm_position!r}"
-        )
-    for name in ("score_scale", "softcap"):
-        v = getattr(cfg, name)
-        ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0)
-        if not ok:
-            raise ValueError(f"{name} must be a finite number > 0 or unset, got {v!r}")
+    """``ValueError`` unless ``kv_heads`` is at most ``heads`` and divides it."""
+    if cfg.kv_heads is not None and (cfg.kv_heads > cfg.heads or cfg.heads % cfg.kv_heads):
+        raise ValueError(f"kv_heads must be an int in [1, heads={cfg.heads}] that divides heads, got {cfg.kv_heads!r}")
 
 
 # The learning-rate schedules of a comparison: cosine (posenc.train.cosine_schedule) or
@@ -304,9 +233,7 @@ SCHEDULE_DEFAULTS: dict[str, Any] = {"schedule": "cosine", "decay_fraction": 0.2
 
 
 def check_schedule_fields(cfg) -> None:
-    """``ValueError`` naming an unknown schedule, or a cooldown share given to the cosine."""
-    if cfg.schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
+    """``ValueError`` naming a cooldown share given to the cosine."""
     if cfg.schedule == "cosine" and cfg.decay_fraction != SCHEDULE_DEFAULTS["decay_fraction"]:
         raise ValueError(
             f"decay_fraction applies to schedule wsd or wsd-sqrt only, and schedule is cosine "
@@ -328,26 +255,13 @@ PAPER_DEFAULTS: dict[str, Any] = {
 
 
 def check_paper_fields(cfg) -> None:
-    """``ValueError`` naming a bad paper field (type, range, or a tokens-per-update mismatch)."""
-    for name in ("tokens_per_update", "micro_batch"):
-        v = getattr(cfg, name)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 2**31 - 1):
-            raise ValueError(f"{name} must be an int in [1, {2**31 - 1}] or unset, got {v!r}")
-    if cfg.data_dir is not None and not (isinstance(cfg.data_dir, str) and cfg.data_dir.strip()):
-        raise ValueError(f"data_dir must name a directory, got {cfg.data_dir!r}")
-    for name in ("final_norm", "fsdp"):
-        if not isinstance(getattr(cfg, name), bool):
-            raise ValueError(f"{name} must be true or false, got {getattr(cfg, name)!r}")
+    """``ValueError`` naming paper fields that do not go together (a tokens-per-update mismatch,
+    a data source given twice); their types and ranges are declared."""
     if cfg.fsdp and cfg.val_points:
         raise ValueError(
             f"fsdp evaluates once, after training, from the gathered weights: val_points must be 0, got {cfg.val_points}"
         )
     c = cfg.adaptive_cutoffs
-    if c is not None and not (
-        isinstance(c, list) and c and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in c)
-        and all(a < b for a, b in zip(c, c[1:]))
-    ):  # fmt: skip
-        raise ValueError(f"adaptive_cutoffs must be a non-empty list of strictly increasing ints >= 1, got {c!r}")
     if c is not None and cfg.data_dir is None and cfg.task is None and c[-1] >= 256:
         raise ValueError(
             f"adaptive_cutoffs {c} need a word-level vocabulary: give --data-dir DIR (WikiText-103's "
@@ -370,3 +284,49 @@ def check_paper_fields(cfg) -> None:
         )
     if cfg.micro_batch is not None and cfg.batch_size % cfg.micro_batch:
         raise ValueError(f"micro_batch must divide batch_size={cfg.batch_size}, got {cfg.micro_batch}")
+
+
+# ============================================================================ flag parsers
+def parse_encoding_options(s: str) -> dict[str, dict[str, Any]]:
+    """``"t5.max_distance=64,rope.base=500"`` -> ``{"t5": {"max_distance": 64}, "rope": {"base": 500}}``;
+    a JSON value keeps its commas (``rope.rope_scaling={"rope_type":"yarn","factor":4}``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in split_list(s, "comma-separated ENCODING.OPTION=VALUE items", json=True):
+        key, sep, raw = item.partition("=")
+        name, dot, opt = key.partition(".")
+        if not (sep and dot and name and opt):
+            raise argparse.ArgumentTypeError(f"expected ENCODING.OPTION=VALUE, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw  # a bare string
+        out.setdefault(name, {})[opt] = value
+    return out
+
+
+def split_encodings(s: str) -> list[str]:
+    """``"rope,irope=rope*3,nope;alibi"`` -> ``["rope", "irope=rope*3,nope", "alibi"]``: a
+    ``NAME=PATTERN`` entry runs to the next ``;`` (or the end), other entries end at ``,``;
+    an empty entry (``"rope,,alibi"``, ``"rope;"``) is refused, as in every comma list."""
+    what = "comma-separated encodings, layer presets or NAME=PATTERN entries (each up to the next ';')"
+    out = []
+    for part in s.split(";"):
+        names = part.split(",")
+        for i, item in enumerate(names):
+            if "=" in item.split("(")[0]:  # NAME=PATTERN: the rest of this ';' part
+                out.append(",".join(names[i:]).strip())
+                break
+            out.append(item.strip())
+    if not all(out):
+        raise argparse.ArgumentTypeError(f"expected {what} (none empty), got {s!r}")
+    return out
+
+
+def eval_lens_flag(s: str) -> list[int | str]:
+    """``--eval-lens``: ints or multiples of the training length (``4x``: resolved by
+    :func:`posenc.compare.config.resolve_eval_lens` once the training length is settled)."""
+    what = "comma-separated integers or multiples such as 4x"
+    try:
+        return [x if re.fullmatch(r"[0-9]+x", x) else int(x) for x in split_list(s, what)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None

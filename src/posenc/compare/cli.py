@@ -29,9 +29,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from ..fields import Bool, declared
 from ..output.rundir import RunDir, default_out, is_locked
-from .arguments import _eval_lens, _int_list, _items, parse_encoding_options, split_encodings
-from .config import PRESETS, CompareConfig, from_dict, preset_config, resolve_eval_lens
+from .config import CompareConfig, from_dict, preset_config, resolve_eval_lens
 from .report import outputs_of
 
 __all__ = ["add_arguments", "run"]
@@ -124,19 +124,6 @@ _HELP = {
 }
 
 
-def _parser_for(type_str: str):
-    """An argparse ``type`` for a dataclass field annotation (a string: postponed annotations);
-    the ranges are :meth:`CompareConfig.validate`'s."""
-    t = type_str.replace(" | None", "")
-    if t.startswith("dict["):
-        return parse_encoding_options
-    if t == "list[int]":
-        return _int_list
-    if t == "list[str]":
-        return _items
-    return {"int": int, "float": float, "str": str}[t]
-
-
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     """Keeps the examples' layout and shows every configuration field's default."""
 
@@ -165,20 +152,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     g = parser.add_argument_group("configuration (every field of CompareConfig; defaults: the quick preset)")
     quick = preset_config("quick")
-    for f in fields(CompareConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.name == "preset":
-            act = g.add_argument(flag, dest="cfg_preset", choices=sorted(PRESETS), help=_HELP["preset"])
-        elif f.type == "bool":
-            act = g.add_argument(flag, dest=f"cfg_{f.name}", action=argparse.BooleanOptionalAction, default=None,
-                                 help=_HELP[f.name])  # fmt: skip
+    # each field's flag reads its declaration (posenc.fields): the type here, the range in
+    # CompareConfig.validate, which names the flag (where_given) as it names a --config file's field
+    for name, decl in declared(CompareConfig).items():
+        flag = "--" + name.replace("_", "-")
+        if name == "preset":
+            act = g.add_argument(flag, dest="cfg_preset", choices=decl.names(), help=_HELP["preset"])
+        elif isinstance(decl, Bool):
+            act = g.add_argument(flag, dest=f"cfg_{name}", action=argparse.BooleanOptionalAction, default=None,
+                                 help=_HELP[name])  # fmt: skip
         else:
-            act = g.add_argument(
-                flag, dest=f"cfg_{f.name}", metavar=f.name.upper(), default=None,
-                type={"encodings": split_encodings, "eval_lens": _eval_lens}.get(f.name, _parser_for(f.type)),
-                help=_HELP[f.name],
-            )  # fmt: skip
-        act.preset_default = getattr(quick, f.name)
+            act = g.add_argument(flag, dest=f"cfg_{name}", metavar=name.upper(), default=None, type=decl.reader(),
+                                 help=_HELP[name])  # fmt: skip
+        act.preset_default = getattr(quick, name)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -11,17 +11,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from ..data import TASK_NAMES
 from ..extend.methods import EXTEND_METHODS
+from ..fields import DROPOUT, SEED, Bool, Choice, Float, Int, ListOf, Map, Str, declared
+from ..qk_norm import QK_NORM_POSITIONS, QK_NORMS
 from .checks import (
-    AT_MOST_STEPS,
     ATTENTION_DEFAULTS,
+    COUNT,
+    MAX_LEN,
     PAPER_DEFAULTS,
     SCHEDULE_DEFAULTS,
+    SCHEDULES,
     check_attention_fields,
     check_encodings,
     check_fields,
@@ -29,8 +33,11 @@ from .checks import (
     check_paper_fields,
     check_schedule_fields,
     check_task_lengths,
+    eval_lens_flag,
     model_names,
+    parse_encoding_options,
     parse_named,
+    split_encodings,
 )
 
 __all__ = [
@@ -46,85 +53,94 @@ CORE_ENCODINGS = ["nope", "learned", "sinusoidal", "rope", "alibi", "t5", "shaw"
 class CompareConfig:
     """Everything that decides a comparison's numbers.
 
-    Lengths of synthetic tasks (``train_len``, ``eval_lens``, ``max_pos``) count
-    problem size ``n`` (items), not tokens; see :mod:`posenc.data.tasks`.
+    Each field declares its type and range once (:mod:`posenc.fields`): :meth:`validate` checks
+    them, and ``posenc compare`` makes each field a flag of that type. Lengths of synthetic tasks
+    (``train_len``, ``eval_lens``, ``max_pos``) count problem size ``n`` (items), not tokens;
+    see :mod:`posenc.data.tasks`.
     """
 
-    # what to compare
-    encodings: list[str] = field(default_factory=lambda: list(CORE_ENCODINGS))  # or ["all"]
-    preset: str = "quick"
-    # data: the embedded corpus unless text / dataset / task is given
-    text: str | None = None  # a UTF-8 file
-    dataset: str | None = None  # a Hugging Face dataset name (optional `datasets` package)
-    dataset_config: str | None = None
-    dataset_split: str = "train"
-    dataset_field: str = "text"
-    task: str | None = None  # copy | reverse | sort | associative-recall | grid | passkey | count | flip-flop | kaz-*
-    val_fraction: float = 0.1
-    # model: the same for every encoding
-    dim: int = 64  # D
-    depth: int = 2  # blocks
-    heads: int = 8  # H: 8 heads of 8 dims (docs/compare.md, "Converged within the budget": why not 4 of 16)
-    mlp_ratio: float = 4.0  # MLP width / D
-    dropout: float = 0.0
-    tie_embeddings: bool = False
+    # ---- what to compare
+    encodings: list[str] = ListOf(Str(), flag=split_encodings).field(CORE_ENCODINGS)  # or ["all"]
+    preset: str = Choice(lambda: sorted(PRESETS), what="preset").field("quick")
+
+    # ---- data: the embedded corpus unless text / dataset / task / data_dir is given
+    text: str | None = Str(optional=True).field(None)  # a UTF-8 file
+    dataset: str | None = Str(optional=True).field(None)  # a Hugging Face dataset name (optional `datasets` package)
+    dataset_config: str | None = Str(optional=True).field(None)
+    dataset_split: str = Str().field("train")
+    dataset_field: str = Str().field("text")
+    # copy | reverse | sort | associative-recall | grid | passkey | count | flip-flop | kaz-*
+    task: str | None = Choice(TASK_NAMES, what="task", optional=True).field(None)
+    data_dir: str | None = Str(optional=True).field(None)  # WikiText-103 word-level: wiki.{train,valid,test}.tokens
+    val_fraction: float = Float(0, 1, lo_open=True, hi_open=True).field(0.1)
+
+    # ---- model: the same for every encoding
+    dim: int = Int(1, 65536).field(64)  # D
+    depth: int = Int(1, 1024).field(2)  # blocks
+    heads: int = Int(1, 65536).field(8)  # H: 8 heads of 8 dims (docs/compare.md, "Converged within the budget")
+    kv_heads: int | None = Int(1, 65536, optional=True).field(None)  # grouped-query k/v heads dividing heads
+    mlp_ratio: float = Float(0, 64, lo_open=True).field(4.0)  # MLP width / D
+    dropout: float = DROPOUT.field(0.0)
+    attn_dropout: float = DROPOUT.field(0.0)  # on the attention probabilities (fairseq's attention_dropout)
+    activation_dropout: float = DROPOUT.field(0.0)  # after the MLP's activation (fairseq's activation_dropout)
+    tie_embeddings: bool = Bool().field(False)
     # Token embeddings N(0, embed_std^2). 1.0 matches unit-amplitude sinusoidal positions
     # (Vaswani et al. scale N(0, 1/D) embeddings by sqrt(D)); GPT-2's 0.02 lets the
     # sinusoids drown the tokens, and the sinusoidal model then stays at unigram loss.
-    embed_std: float = 1.0
+    embed_std: float = Float(0, 100, lo_open=True).field(1.0)
+    final_norm: bool = Bool().field(True)  # False: pre-norm without a final norm
+    # adaptive input + softmax bands (word-level vocabularies)
+    adaptive_cutoffs: list[int] | None = ListOf(Int(1), increasing=True, optional=True).field(None)
+    qk_norm: str | None = Choice(QK_NORMS, optional=True).field(None)  # posenc.qk_norm
+    qk_norm_position: str = Choice(QK_NORM_POSITIONS).field("before")  # before | after the q/k stage
+    score_scale: float | None = Float(0, lo_open=True, optional=True).field(None)  # replaces Dh^-1/2
+    softcap: float | None = Float(0, lo_open=True, optional=True).field(None)  # tanh soft-capping c*tanh(s/c)
     # per-encoding options, e.g. {"t5": {"max_distance": 64}, "rope": {"base": 500.0}}
-    encoding_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # training
-    train_len: int = 64
-    steps: int = 1600
-    batch_size: int = 32
-    lr: float = 1e-2
-    warmup: int = 100  # linear warmup steps (at most `steps`; preset_config cuts its own to `steps`)
-    min_lr_ratio: float = 0.0  # the decay ends at lr * min_lr_ratio
-    schedule: str = "cosine"  # cosine | wsd | wsd-sqrt (warmup-stable-decay; posenc.train.wsd_schedule)
-    decay_fraction: float = 0.2  # wsd: the cooldown's share of the steps
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    seeds: list[int] = field(default_factory=lambda: [0])  # one model per encoding and seed
-    device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "float32"  # float32 | bfloat16 (autocast)
-    compile: bool = False  # torch.compile the training step (see docs/compare.md for when it pays)
-    randomized_positions: bool = False  # Ruoss et al. 2023
-    max_pos: int | None = None  # L_max for randomized positions; None: the longest eval length
-    packed: bool = False  # train on packed documents (document_ids; positions restart per document)
-    # evaluation
-    eval_lens: list[int] = field(default_factory=lambda: [64, 128, 256, 512])
-    eval_tokens: int = 16384  # scored tokens per evaluation length (text)
-    eval_samples: int = 256  # problems per evaluation length (tasks)
-    eval_batch_size: int = 16
-    sliding: bool = False  # sliding windows instead of non-overlapping ones
-    stride: int | None = None  # sliding stride; None: half the window
-    position_buckets: int = 16
+    encoding_options: dict[str, dict[str, Any]] = Map(
+        what="a dict of encoding names to dicts of options", flag=parse_encoding_options
+    ).field({})
+
+    # ---- training
+    train_len: int = Int(1, MAX_LEN).field(64)
+    steps: int = Int(1, COUNT).field(1600)
+    batch_size: int = Int(1, 65536).field(32)
+    tokens_per_update: int | None = Int(1, COUNT, optional=True).field(None)  # = batch_size x train_len, fixed
+    micro_batch: int | None = Int(1, COUNT, optional=True).field(None)  # per process per forward; None: batch / W
+    lr: float = Float(0, 100, lo_open=True).field(1e-2)
+    # linear warmup steps (preset_config cuts a preset's own to `steps`)
+    warmup: int = Int(0, COUNT, at_most="steps", note="a longer warmup never reaches the peak lr").field(100)
+    min_lr_ratio: float = Float(0, 1).field(0.0)  # the decay ends at lr * min_lr_ratio
+    schedule: str = Choice(SCHEDULES).field("cosine")  # warmup-stable-decay: posenc.train.wsd_schedule
+    decay_fraction: float = Float(0, 1, lo_open=True).field(0.2)  # wsd: the cooldown's share of the steps
+    weight_decay: float = Float(0, 100).field(0.01)
+    grad_clip: float = Float(0, 1e9).field(1.0)
+    seeds: list[int] = ListOf(SEED, distinct=True).field([0])  # one model per encoding and seed
+    randomized_positions: bool = Bool().field(False)  # Ruoss et al. 2023
+    max_pos: int | None = Int(1, MAX_LEN, optional=True).field(None)  # L_max of randomized positions
+    packed: bool = Bool().field(False)  # packed documents (document_ids; positions restart per document)
+    device: str = Choice(("auto", "cpu", "cuda")).field("auto")
+    dtype: str = Choice(("float32", "bfloat16")).field("float32")  # bfloat16: autocast
+    compile: bool = Bool().field(False)  # torch.compile the training step (docs/compare.md: when it pays)
+    fsdp: bool = Bool().field(False)  # under torchrun: shard weights, gradients, optimizer state (FSDP2)
+
+    # ---- evaluation
+    eval_lens: list[int] = ListOf(Int(1, MAX_LEN), flag=eval_lens_flag).field([64, 128, 256, 512])
+    eval_tokens: int = Int(1, COUNT).field(16384)  # scored tokens per evaluation length (text)
+    eval_samples: int = Int(1, COUNT).field(256)  # problems per evaluation length (tasks)
+    eval_batch_size: int = Int(1, 65536).field(16)
+    sliding: bool = Bool().field(False)  # sliding windows instead of non-overlapping ones
+    stride: int | None = Int(1, MAX_LEN, optional=True).field(None)  # sliding stride; None: half the window
+    position_buckets: int = Int(1, 65536).field(16)
     # convergence: the validation loss at the training length after every 1/val_points of
     # the steps (the evaluation's own windows or problems; 0: only at the end)
-    val_points: int = 5
+    val_points: int = Int(0, 100_000, at_most="steps", note="one validation point after every step at most").field(5)
     # inference-time context extension of the trained rotary models (posenc.compare.extend)
-    extend: list[str] | None = None  # e.g. ["none", "yarn", "rerope", "self-extend"]
-    # bookkeeping
-    checkpoint_every: int = 100  # steps; a checkpoint is also written after each encoding
-    workers: int = 0  # CPU processes training models side by side (1 thread each); 0: one per core
-    shard: str | None = None  # "i/n": this job runs encodings i, i+n, ... (1-based)
-    # word-level, multi-process runs (the paper preset's: posenc.studies.press2022; their defaults
-    # leave older runs unchanged)
-    data_dir: str | None = None  # WikiText-103 word-level: wiki.{train,valid,test}.tokens
-    tokens_per_update: int | None = None  # must equal batch_size x train_len; fixed whatever the processes
-    micro_batch: int | None = None  # sequences per process per forward (accumulation); None: batch_size / W
-    final_norm: bool = True  # False: pre-norm without a final norm
-    adaptive_cutoffs: list[int] | None = None  # adaptive input + softmax bands (word-level vocabularies)
-    fsdp: bool = False  # under torchrun: shard weights, gradients and optimizer state (FSDP2) instead of DDP
-    # attention as today's models have it (posenc.Attention; defaults leave older runs unchanged)
-    kv_heads: int | None = None  # grouped-query k/v heads (1: multi-query); None: heads
-    qk_norm: str | None = None  # rms | gemma-rms | l2 (posenc.qk_norm)
-    qk_norm_position: str = "before"  # before | after the q/k stage
-    score_scale: float | None = None  # replaces the Dh^-1/2 factor of every encoding's score scale
-    softcap: float | None = None  # tanh logit soft-capping c*tanh(s/c) (Gemma 2)
-    attn_dropout: float = 0.0  # dropout on the attention probabilities (fairseq's attention_dropout)
-    activation_dropout: float = 0.0  # dropout after the MLP's activation (fairseq's activation_dropout)
+    extend: list[str] | None = ListOf(Choice(EXTEND_METHODS, what="method"), optional=True).field(None)
+
+    # ---- bookkeeping
+    checkpoint_every: int = Int(1, COUNT).field(100)  # steps; a checkpoint is also written after each encoding
+    workers: int = Int(0, 4096).field(0)  # CPU processes training models side by side (1 thread each); 0: per core
+    shard: str | None = Str(optional=True).field(None)  # "i/n": this job runs encodings i, i+n, ... (1-based)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -132,11 +148,7 @@ class CompareConfig:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad field and its allowed range (types included:
         a ``--config`` file's ``"steps": true`` is refused, not read as 1)."""
-        check_fields(self)  # every field's type and range (posenc.compare.checks)
-        if self.preset not in PRESETS:
-            raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
-        if not self.encodings:
-            raise ValueError("encodings must name at least one encoding (or 'all')")
+        check_fields(self)  # every field's declaration, then the fields that go together
         # passkey draws its filler from the text or dataset named (the embedded corpus by default)
         task = None if self.task == "passkey" else self.task
         sources = [n for n, v in (("text", self.text), ("dataset", self.dataset), ("task", task)) if v]
@@ -146,8 +158,6 @@ class CompareConfig:
             raise ValueError(
                 f"dataset_config applies to a dataset only, and none is given (got {self.dataset_config!r})"
             )
-        if self.task is not None and self.task not in TASK_NAMES:
-            raise ValueError(f"task must be one of {TASK_NAMES}, got {self.task!r}")
         check_task_lengths(self)
         if self.task == "grid" and self.randomized_positions:
             raise ValueError("randomized_positions draws 1-D positions; the grid task has 2-D ones")
@@ -156,18 +166,10 @@ class CompareConfig:
                 "packed needs a text source and positions that restart per document; got "
                 + ("task=" + repr(self.task) if self.task is not None else "randomized_positions=True")
             )
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.max_pos is not None and self.max_pos < self.train_len:
             raise ValueError(f"max_pos must be >= train_len={self.train_len}, got {self.max_pos}")
         if self.shard is not None:
             parse_shard(self.shard)
-        if self.extend is not None:
-            bad = [m for m in self.extend if m not in EXTEND_METHODS] if isinstance(self.extend, list) else self.extend
-            if bad or not self.extend:
-                raise ValueError(f"extend must list methods of {', '.join(EXTEND_METHODS)}, got {self.extend!r}")
         if self.encodings != ["all"]:
             check_models(self.encoding_names(), self.named_patterns())
         check_paper_fields(self)
@@ -227,12 +229,29 @@ class CompareConfig:
         for k, v in {**PAPER_DEFAULTS, **ATTENTION_DEFAULTS, **SCHEDULE_DEFAULTS}.items():
             if d[k] == v:
                 del d[k]
-        return d
+        return {k: d[k] for k in sorted(d, key=lambda k: _WRITTEN.get(k, len(_WRITTEN)))}
 
     def save(self, path: str | Path) -> None:
         from ..output import write_json
 
         write_json(path, self.to_dict())
+
+
+# config.json's order of the fields, the order they were added in (the source groups them by
+# part): to_dict keeps it, so a config is written as before; a new field goes after these.
+_WRITTEN = {k: i for i, k in enumerate((
+    "encodings", "preset", "text", "dataset", "dataset_config", "dataset_split", "dataset_field", "task",
+    "val_fraction", "dim", "depth", "heads", "mlp_ratio", "dropout", "tie_embeddings", "embed_std",
+    "encoding_options", "train_len", "steps", "batch_size", "lr", "warmup", "min_lr_ratio", "schedule",
+    "decay_fraction", "weight_decay", "grad_clip", "seeds", "device", "dtype", "compile", "randomized_positions",
+    "max_pos", "packed", "eval_lens", "eval_tokens", "eval_samples", "eval_batch_size", "sliding", "stride",
+    "position_buckets", "val_points", "extend", "checkpoint_every", "workers", "shard", "data_dir",
+    "tokens_per_update", "micro_batch", "final_norm", "adaptive_cutoffs", "fsdp", "kv_heads", "qk_norm",
+    "qk_norm_position", "score_scale", "softcap", "attn_dropout", "activation_dropout",
+))}  # fmt: skip
+# int fields bounded by steps (at_most="steps"): a preset's value is cut to a shorter run's
+# steps (preset_config), a value given is refused
+AT_MOST_STEPS = tuple(k for k, d in declared(CompareConfig).items() if getattr(d, "at_most", None) == "steps")
 
 
 def from_dict(d: dict[str, Any]) -> CompareConfig:
@@ -351,8 +370,7 @@ def register_task_defaults(preset: str, tasks: dict[str, dict[str, Any]]) -> Non
 def preset_config(preset: str, **overrides: Any) -> CompareConfig:
     """The preset's config (with its settings for ``overrides["task"]``, if a task is
     given) with ``overrides`` applied on top."""
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    declared(CompareConfig)["preset"].check("preset", preset)
     base = {
         f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
         for f in fields(CompareConfig)

@@ -25,9 +25,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..fields import SEED, Choice, Float, Int, ListOf, Str
+
 __all__ = ["add_arguments", "run"]
 
 _DTYPES = ("float32", "bfloat16", "float16")
+MAX_LENGTH = 1 << 24  # tokens: a longer --lengths entry is refused before any text is read
+MAX_TRIALS = 10_000  # --passkey-trials
+MAX_WINDOWS = 10_000  # --windows
+# The ranges of the flags (posenc.fields; extend's flags have no config field of their own).
+# --lengths: the list rule here; each item (N >= 8 tokens or Nx) by posenc.extend.run.parse_lengths.
+LENGTHS = ListOf(Str(what="length"), note="each N >= 8 tokens, or Nx: N times the training length")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,22 +44,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "examples:" + __doc__.split("Examples::", 1)[1]
     parser.add_argument("model", metavar="MODEL", help="a local HF checkpoint directory, or a compare run directory")
-    parser.add_argument("--methods", default=",".join(METHODS),
-                        help=f"comma list of {', '.join(METHODS)} (default: all)")  # fmt: skip
-    parser.add_argument("--lengths", default="1x,2x,4x",
+    parser.add_argument("--methods", type=ListOf(Choice(METHODS, what="method"), dedupe=True).parse,
+                        default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)} (default: all)")  # fmt: skip
+    parser.add_argument("--lengths", type=LENGTHS.parse, default="1x,2x,4x",
                         help="tokens, or multiples of the training length: 1x,2x,4x (default) or 4096,8192")  # fmt: skip
     parser.add_argument("--text", help="UTF-8 text file for perplexity (default: the held-out tenth of posenc's "
                         "embedded corpus, Python's documentation)")  # fmt: skip
-    parser.add_argument("--windows", type=int, default=4,
+    parser.add_argument("--windows", type=Int(1, MAX_WINDOWS).parse, default=4,
                         help="windows of each length the perplexity covers (default 4)")  # fmt: skip
-    parser.add_argument("--stride", type=int, help="sliding-window stride in tokens (default: min(256, L/2))")
-    parser.add_argument("--chunk", type=int, default=512, help="tokens per prefill forward call (default 512)")
-    parser.add_argument("--passkey-trials", type=int, default=5, help="trials per length and depth; 0: no passkey")
-    parser.add_argument("--within", type=float, default=10.0,
+    parser.add_argument("--stride", type=Int(1, MAX_LENGTH).parse,
+                        help="sliding-window stride in tokens (default: min(256, L/2))")  # fmt: skip
+    parser.add_argument("--chunk", type=Int(1, MAX_LENGTH).parse, default=512,
+                        help="tokens per prefill forward call (default 512)")  # fmt: skip
+    parser.add_argument("--passkey-trials", type=Int(0, MAX_TRIALS).parse, default=5,
+                        help="trials per length and depth; 0: no passkey")  # fmt: skip
+    parser.add_argument("--within", type=Float(0, 1000, lo_open=True, hi_open=True).parse, default=10.0,
                         help="the reading's tolerance: perplexity within this %% of the in-window value (default 10)")  # fmt: skip
-    parser.add_argument("--train-len", type=int, help="the model's training length in tokens (default: its config)")
+    parser.add_argument("--train-len", type=Int(8, MAX_LENGTH).parse,
+                        help="the model's training length in tokens (default: its config)")  # fmt: skip
     parser.add_argument("--encoding", help="compare run directory: the encoding whose checkpoint to extend")
-    parser.add_argument("--seed", type=int, help="compare run directory: the seed of that checkpoint")
+    parser.add_argument("--seed", type=SEED.parse, help="compare run directory: the seed of that checkpoint")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     parser.add_argument("--dtype", default="float32", choices=_DTYPES, help="weights and activations (default float32)")
     parser.add_argument("--out", help="output folder (default: runs/<timestamp>-<random>)")
@@ -59,35 +71,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="start over in --out (removes only what a run listed)")
 
 
-def _positive(args, name: str, low: int) -> None:
-    v = getattr(args, name)
-    if v is not None and v < low:
-        raise ValueError(f"--{name.replace('_', '-')} must be an int >= {low}, got {v}")
-
-
-def _methods(text: str) -> list[str]:
-    from .run import METHODS
-
-    names = [m.strip() for m in text.split(",")]
-    bad = [m for m in names if m not in METHODS]
-    if bad:
-        raise ValueError(f"--methods: unknown method {bad[0]!r}; allowed: {', '.join(METHODS)}")
-    return list(dict.fromkeys(names))
-
-
 # a resumed run must be the same run: the settings, and these fingerprints of what they name
 _CHANGED = {"model_fingerprint": "the model's config, weights or tokenizer changed",
             "text_fingerprint": "the text's tokens changed"}  # fmt: skip
-MAX_LENGTH = 1 << 24  # tokens: a longer --lengths entry is refused before any text is read
-MAX_TRIALS = 10_000  # --passkey-trials
-MAX_WINDOWS = 10_000  # --windows
 
 
 def _settings(args, subject, lengths, device, text_fingerprint: str) -> dict[str, Any]:
     from .passkey import Tokens
 
     tokens = subject.tokenizer is not None and Tokens(subject.tokenizer).name or "bytes (UTF-8, ids 0-255)"
-    return {"model": str(Path(args.model).resolve()), "methods": _methods(args.methods), "lengths": lengths,
+    return {"model": str(Path(args.model).resolve()), "methods": args.methods, "lengths": lengths,
             "train_len": subject.train_len,
             "text": "embedded corpus (held-out last 10 %)" if args.text is None else args.text,
             "tokens_source": tokens, "windows": args.windows, "stride": args.stride, "chunk": args.chunk,
@@ -161,18 +154,7 @@ def run(args: argparse.Namespace) -> int:
     from .run import log_stderr, parse_lengths, resolve_lengths, run_cells
 
     try:
-        spec = parse_lengths(args.lengths)
-        _methods(args.methods)
-        for name, low in (("windows", 1), ("stride", 1), ("chunk", 1), ("passkey_trials", 0), ("train_len", 8),
-                          ("seed", 0)):  # fmt: skip
-            _positive(args, name, low)
-        for name, low, high in (("passkey_trials", 0, MAX_TRIALS), ("windows", 1, MAX_WINDOWS)):
-            if getattr(args, name) > high:
-                raise ValueError(
-                    f"--{name.replace('_', '-')} must be an int in {low}..{high}, got {getattr(args, name)}"
-                )
-        if not 0 < args.within < 1000:
-            raise ValueError(f"--within must be a percentage in (0, 1000), got {args.within}")
+        spec = parse_lengths(",".join(args.lengths))  # (each flag's range: checked as it was parsed)
         if args.out is not None and (not args.out.strip() or "\x00" in args.out):
             raise ValueError(f"--out must name a folder, got {args.out!r}")
         out = Path(args.out or default_out())

@@ -29,12 +29,13 @@ import argparse
 import json
 
 from ..checkpoint import CheckpointError, load_checkpoint
-from ..cli_types import fail, int_in, nonempty_path
-from ..compare.config import from_dict
+from ..cli_types import fail, nonempty_path
+from ..compare.config import CompareConfig, from_dict
 from ..compare.evaluate import not_applicable
 from ..compare.train import checkpoint_path
 from ..data import load_source
 from ..data.kazemnejad import VOCAB
+from ..fields import SEED, Int, declared
 from .kazemnejad2023.answer_errors import CLASSES, answer_errors, exact_match_by_category
 from .kazemnejad2023.suite import suite_finding, suite_ranks, suite_table_md
 
@@ -61,9 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     errors.add_argument("run", type=nonempty_path, metavar="RUN", help="a finished run folder")
     errors.add_argument("encoding", metavar="ENCODING", help="a model of the run")
-    errors.add_argument("n", type=int_in(), metavar="N", help="the problem size")
-    errors.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="the model's seed (default: 0)")
-    errors.add_argument("--samples", type=int_in(1, 2**31 - 1), help="test samples (default: the run's --eval-samples)")
+    errors.add_argument(
+        "n", type=Int().parse, metavar="N", help="the problem size (the task's range: checked with the run)"
+    )
+    errors.add_argument("--seed", type=SEED.parse, default=0, help="the model's seed (default: 0)")
+    samples = declared(CompareConfig)["eval_samples"]  # the range of the run's own --eval-samples
+    errors.add_argument("--samples", type=samples.parse, help="test samples (default: the run's --eval-samples)")
     errors.add_argument("--by-category", action="store_true", help="exact match per category of the original builder")
     errors.set_defaults(study_command=answer_errors_command)
 
