@@ -132,7 +132,7 @@ def test_exact_match_by_category_adds_up_to_evaluate_accuracy():
     oracle = _Oracle(src, n, src.eval_records(n, samples), lambda r: r["cat"][1] >= n - 2, prompt_wrong=True)
     oracle.encodings, oracle.heads = [], 1  # what evaluate reads of a model besides its forward
     settings = EvalSettings(batch_size=16, samples=samples)
-    acc = evaluate(oracle, src, n, device=torch.device("cpu"), settings=settings)["accuracy"]
+    acc = evaluate(oracle, src, n, device=torch.device("cpu"), settings=settings).accuracy
     r = exact_match_by_category(oracle, src, n, samples=samples, batch_size=16)
     solved = sum(c["solved"] for c in r["categories"].values())
     assert 0 < solved < samples and acc == solved / samples

@@ -154,7 +154,7 @@ def test_checkpoint_loads_for_analysis(tiny_run):
     assert extra["done"] and extra["encoding"] == "alibi" and model.encoding_name == "alibi"
     cfg = from_dict(extra["compare_config"])
     e = evaluate(model.eval(), make_source(cfg), 32, device=torch.device("cpu"), settings=EvalSettings.from_config(cfg))
-    assert e["loss"] == pytest.approx(load(tiny_run)["runs"][1]["eval"][1]["loss"], rel=1e-6)
+    assert e.loss == pytest.approx(load(tiny_run)["runs"][1]["eval"][1]["loss"], rel=1e-6)
 
 
 def test_bad_data_source_is_a_clear_error(tmp_path, capsys, monkeypatch):

@@ -93,15 +93,20 @@ def test_extend_bad_method_is_exit_2(tmp_path, capsys):
 
 def test_merge_extend_joins_shards_and_refuses_conflicts():
     from posenc.compare.extend import merge_extend
+    from posenc.compare.results import RunResults
 
-    row = {"encoding": "rope", "seed": 0, "method": "yarn", "options": {}, "eval": [{"length": 64, "ppl": 3.0}]}
+    def part(*rows):
+        return RunResults.from_json({"config": {}, "runs": [], **({"extend": list(rows)} if rows else {})})
+
+    row = {"encoding": "rope", "seed": 0, "method": "yarn", "options": {}, "setting": "s",
+           "eval": [{"length": 64, "ppl": 3.0}]}  # fmt: skip
     other = {**row, "method": "rerope"}
     seed1 = {**row, "seed": 1}
-    merged = merge_extend([{"extend": [row, other]}, {"extend": [seed1, row]}, {"runs": []}])
-    assert merged == [row, other, seed1]
+    merged = merge_extend([part(row, other), part(seed1, row), part()])
+    assert [r.to_json() for r in merged] == [row, other, seed1]
     clash = {**row, "eval": [{"length": 64, "ppl": 4.0}]}
     with pytest.raises(ValueError, match=r"different extend rows for rope seed 0 / yarn"):
-        merge_extend([{"extend": [row]}, {"extend": [clash]}])
+        merge_extend([part(row), part(clash)])
 
 
 def test_method_options_of_extend_only_methods():

@@ -66,9 +66,9 @@ def test_batch_shrinks_with_the_length_and_the_numbers_do_not_move():
     assert batch_for(model, 128, small) == 3
     a = evaluate(model, source, 128, device=torch.device("cpu"), settings=s)
     b = evaluate(model, source, 128, device=torch.device("cpu"), settings=small)
-    assert a["tokens"] == b["tokens"] == 2048
+    assert a.tokens == b.tokens == 2048
     tol = tolerance(n=16 + 128 + 16)
-    assert a["loss"] == pytest.approx(b["loss"], rel=tol["rtol"], abs=tol["atol"])
+    assert a.loss == pytest.approx(b.loss, rel=tol["rtol"], abs=tol["atol"])
 
 
 def test_a_run_evaluates_at_multiples(tmp_path):

@@ -1,4 +1,4 @@
-"""Jobs on worker processes (posenc.compare.pool)."""
+"""Jobs on worker processes (posenc.compare.runner)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from posenc.compare.pool import plan_workers, run_jobs
+from posenc.compare.runner import plan_workers, run_jobs
 
 
 def _square_and_threads(x: int):

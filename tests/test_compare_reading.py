@@ -16,8 +16,27 @@ from posenc.compare.diagnostics import (
     still_improving,
     training_flops_per_token,
 )
-from posenc.compare.reading import caveats, findings, passkey_reach, summarize
-from posenc.compare.stats import interval, rank_with_ties, t_quantile, tied, untied_within, wilson
+from posenc.compare.reading import Summary, caveats, findings, passkey_reach, summarize
+from posenc.compare.results import (
+    ModelRun,
+    RunResults,
+    ValPoint,
+    interval,
+    rank_with_ties,
+    t_quantile,
+    tied,
+    untied_within,
+    wilson,
+)
+
+
+def _summary(results: dict) -> Summary:
+    """The summary of a ``results.json`` dict (the one summary of its run)."""
+    return summarize(RunResults.from_json(results))
+
+
+def _points(curve: list[dict]) -> list[ValPoint]:
+    return [ValPoint.from_json(p) for p in curve]
 
 
 # ------------------------------------------------------------------ statistics
@@ -84,50 +103,53 @@ def test_a_chain_of_ties_names_the_pairs_it_can_tell_apart():
 def test_convergence_flags_a_model_still_improving():
     falling = [5.0 - 0.002 * i for i in range(1000)]  # a line losing 0.4 nats over the tail
     vals = [{"step": 200 * k, "loss": v} for k, v in zip(range(1, 6), (4.0, 3.5, 3.2, 3.1, 2.9))]
-    c = convergence(falling, vals)
+    c = convergence(falling, _points(vals))
     assert c["converged"] is False and c["train_slope"] == pytest.approx(-0.398 / 3.201, rel=1e-3)
     assert c["val_from_step"] == 800 and c["val_drop"] == pytest.approx(0.2 / 3.1)
     flat = [3.0 + 0.01 * math.sin(i) for i in range(1000)]
-    done = convergence(flat, [{"step": 800, "loss": 3.001}, {"step": 1000, "loss": 3.0}])
+    done = convergence(flat, _points([{"step": 800, "loss": 3.001}, {"step": 1000, "loss": 3.0}]))
     assert done["converged"] is True and abs(done["train_slope"]) < 0.01
     # the validation loss decides: a flat training loss with a falling validation loss is still
     # improving; a training loss still falling on seen data over a flat validation loss is not
-    assert convergence(flat, vals)["converged"] is False and convergence(flat, vals)["decided_by"] == "val_drop"
-    assert convergence(falling, [{"step": 800, "loss": 3.001}, {"step": 1000, "loss": 3.0}])["converged"] is True
+    assert convergence(flat, _points(vals))["converged"] is False
+    assert convergence(flat, _points(vals))["decided_by"] == "val_drop"
+    assert (
+        convergence(falling, _points([{"step": 800, "loss": 3.001}, {"step": 1000, "loss": 3.0}]))["converged"] is True
+    )
     # without validation points the training loss's line decides, at the same threshold
     assert convergence(falling, [])["converged"] is False and convergence(flat, [])["converged"] is True
     assert convergence(falling, [])["decided_by"] == "train_slope"
     # a task: exact match decides (a solved task's loss is ~0 and its relative drop noise)
     solved = [{"step": 800, "loss": 8e-4, "accuracy": 1.0}, {"step": 1000, "loss": 2e-5, "accuracy": 1.0}]
-    c = convergence(flat, solved)
+    c = convergence(flat, _points(solved))
     assert c["converged"] is True and c["decided_by"] == "val_accuracy_gain" and c["val_drop"] > 0.9
     rising = [{"step": 800, "loss": 0.3, "accuracy": 0.35}, {"step": 1000, "loss": 0.1, "accuracy": 0.9}]
-    c = convergence(flat, rising)
+    c = convergence(flat, _points(rising))
     assert c["converged"] is False and c["val_accuracy_gain"] == pytest.approx(0.55)
     assert still_improving([c]) == "exact match rose 55.0 points over the last 20%"
     # exact match cannot pass 100 %: a steep rise that ends within the threshold of it has
     # nothing left to gain (converged); one that ends further below it is still improving
     ceiling = [{"step": 800, "loss": 0.009, "accuracy": 0.95}, {"step": 1000, "loss": 0.0, "accuracy": 1.0}]
-    assert convergence(flat, ceiling)["converged"] is True
-    assert convergence(flat, ceiling)["val_accuracy_gain"] == pytest.approx(0.05)
+    assert convergence(flat, _points(ceiling))["converged"] is True
+    assert convergence(flat, _points(ceiling))["val_accuracy_gain"] == pytest.approx(0.05)
     for end, done in ((0.985, True), (0.975, False)):
         pts = [{"step": 800, "loss": 0.2, "accuracy": 0.85}, {"step": 1000, "loss": 0.05, "accuracy": end}]
-        assert convergence(flat, pts)["converged"] is done, end
+        assert convergence(flat, _points(pts))["converged"] is done, end
     # not solved, exact match flat near 0 while the loss still falls 12 %: still learning
     stuck = [{"step": 800, "loss": 1.65, "accuracy": 0.004}, {"step": 1000, "loss": 1.448, "accuracy": 0.004}]
-    c = convergence(flat, stuck)
+    c = convergence(flat, _points(stuck))
     assert c["converged"] is False and c["decided_by"] == "val_drop"
     assert still_improving([c]) == "validation loss fell 12.2% over the last 20%"
     # solved and flat: a falling loss is noise, exact match decides
-    assert convergence(flat, [{**p, "accuracy": 0.95} for p in stuck])["converged"] is True
+    assert convergence(flat, _points([{**p, "accuracy": 0.95} for p in stuck]))["converged"] is True
     # either side of the threshold: a 1.9 % drop is converged, 2.1 % is not
-    assert convergence(flat, [{"step": 800, "loss": 1.0}, {"step": 1000, "loss": 0.981}])["converged"] is True
-    assert convergence(flat, [{"step": 800, "loss": 1.0}, {"step": 1000, "loss": 0.979}])["converged"] is False
+    assert convergence(flat, _points([{"step": 800, "loss": 1.0}, {"step": 1000, "loss": 0.981}]))["converged"] is True
+    assert convergence(flat, _points([{"step": 800, "loss": 1.0}, {"step": 1000, "loss": 0.979}]))["converged"] is False
     assert convergence([1.0] * 3, [])["converged"] is None  # too short to tell
     # a task solved exactly: the training loss is 0.0 over the whole tail (rope on flip-flop did
     # this at the quick budget); a flat line at 0, not a division by zero
-    exact = convergence([0.5] * 80 + [0.0] * 920, [{"step": 800, "loss": 0.0, "accuracy": 1.0},
-                                                   {"step": 1000, "loss": 0.0, "accuracy": 1.0}])  # fmt: skip
+    exact = convergence([0.5] * 80 + [0.0] * 920, _points([{"step": 800, "loss": 0.0, "accuracy": 1.0},
+                                                           {"step": 1000, "loss": 0.0, "accuracy": 1.0}]))  # fmt: skip
     assert exact["train_slope"] == 0.0 and exact["converged"] is True
     assert convergence([0.5] * 80 + [0.0] * 920, [])["converged"] is True
     with pytest.raises(ValueError, match="threshold"):
@@ -143,21 +165,24 @@ def test_a_stored_status_is_recomputed_under_the_current_rule():
            "threshold": 0.02}  # fmt: skip
     run = {"encoding": "nope", "seed": 0, "convergence": old, "train_loss": flat, "val_curve": curve,
            "eval": [{"length": 8, "loss": 0.0, "accuracy": 1.0, "applicable": True}]}  # fmt: skip
-    assert run_convergence(run)["converged"] is True and run["convergence"] is old  # the stored dict is untouched
+    stored = ModelRun.from_json(run)
+    assert run_convergence(stored)["converged"] is True and stored.convergence == old  # the stored dict is untouched
     results = {"config": {"task": "copy", "train_len": 8, "eval_lens": [8], "encodings": ["nope"], "seeds": [0]},
                "runs": [run]}  # fmt: skip
-    assert summarize(results).converged["nope"] is True
-    assert not any("not converged" in c for c in caveats(results))
+    assert _summary(results).converged["nope"] is True
+    assert not any("not converged" in c for c in caveats(_summary(results)))
     # at the stored threshold, not the default: a 3-point rise to 95 % passes at 0.04 (not at 0.02)
     loose = {**run, "convergence": {**old, "threshold": 0.04},
              "val_curve": [{**curve[0], "accuracy": 0.92}, {**curve[1], "accuracy": 0.95}]}  # fmt: skip
-    assert run_convergence(loose)["converged"] is True and run_convergence(loose)["threshold"] == 0.04
-    assert convergence(flat, loose["val_curve"])["converged"] is False
-    assert summarize({**results, "runs": [loose]}).converged["nope"] is True
+    assert run_convergence(ModelRun.from_json(loose))["converged"] is True
+    assert run_convergence(ModelRun.from_json(loose))["threshold"] == 0.04
+    assert convergence(flat, _points(loose["val_curve"]))["converged"] is False
+    assert _summary({**results, "runs": [loose]}).converged["nope"] is True
     # without stored histories the stored dict is all there is
     bare = {k: v for k, v in run.items() if k not in ("train_loss", "val_curve")}
-    assert run_convergence(bare) is old and summarize({**results, "runs": [bare]}).converged["nope"] is False
-    assert run_convergence({"encoding": "nope"}) == {}
+    assert run_convergence(ModelRun.from_json(bare)) == old
+    assert _summary({**results, "runs": [bare]}).converged["nope"] is False
+    assert run_convergence(ModelRun("nope")) == {}
 
 
 # ------------------------------------------------------------------ FLOPs and MFU
@@ -186,9 +211,9 @@ def test_matmul_peak_is_a_rate():
 def test_mfu_from_results():
     runs = [{"encoding": "a", "train_flops": 6e9, "train_seconds": 2.0}, {"encoding": "b", "train_flops": 2e9,
             "train_seconds": 2.0}]  # fmt: skip
-    m = mfu({"runs": runs, "environment": {"matmul_peak_flops": 4e9}})
+    m = mfu(RunResults.from_json({"config": {}, "runs": runs, "environment": {"matmul_peak_flops": 4e9}}))
     assert m["mfu"] == pytest.approx(0.5) and m["per_encoding"] == {"a": 0.75, "b": 0.25}
-    assert mfu({"runs": runs, "environment": {}}) is None
+    assert mfu(RunResults.from_json({"config": {}, "runs": runs, "environment": {}})) is None
 
 
 # ------------------------------------------------------------------ findings flip with the numbers
@@ -215,87 +240,84 @@ PRESS = {"sinusoidal": [5.0, 15.0, 60.0], "rope": [4.8, 7.0, 40.0], "t5": [4.7, 
 
 
 def _finding(results, source):
-    return next(f for f in findings(results) if f["source"].startswith(source) and "flat" not in f["claim"])
+    return next(f for f in findings(_summary(results)) if f.source.startswith(source) and "flat" not in f.claim)
 
 
 def test_press_ordering_agrees_then_disagrees_when_swapped():
     f = _finding(_results(PRESS), "Press")
-    assert f["verdict"] == "agrees"
-    assert (
-        "L=512: sinusoidal x12.00 vs rope x8.33 (as published); rope x8.33 vs t5 x1.70 (as published)"
-        in (f["evidence"])
+    assert f.verdict == "agrees"
+    assert "L=512: sinusoidal x12.00 vs rope x8.33 (as published); rope x8.33 vs t5 x1.70 (as published)" in (
+        f.evidence
     )
     # rotary degrading more than sinusoidal at every length past training, T5 more than rotary
     swapped = dict(PRESS, rope=[4.8, 20.0, 90.0], t5=[4.7, 30.0, 200.0], alibi=[4.9, 40.0, 300.0])
-    assert _finding(_results(swapped), "Press")["verdict"] == "disagrees"
+    assert _finding(_results(swapped), "Press").verdict == "disagrees"
     partly = dict(PRESS, rope=[4.8, 7.0, 90.0])  # worse than sinusoidal only at 512
-    assert _finding(_results(partly), "Press")["verdict"] == "partly"
+    assert _finding(_results(partly), "Press").verdict == "partly"
 
 
 def test_press_compares_degradation_not_level():
     # rope is worse everywhere, but it degrades less than sinusoidal: Press et al.'s ordering holds
     level = {"sinusoidal": [4.0, 8.0, 16.0], "rope": [6.0, 9.0, 12.0]}
-    assert _finding(_results(level), "Press")["verdict"] == "agrees"
+    assert _finding(_results(level), "Press").verdict == "agrees"
 
 
 def test_ties_within_intervals_are_undecided():
     close = {"sinusoidal": [5.0, 6.0, 7.0], "rope": [5.0, 6.05, 7.05]}  # within the seeds' spread
     f = _finding(_results(close, seeds=(0, 1, 2)), "Press")
-    assert f["verdict"] == "undecided" and "(tied)" in f["evidence"]
-    assert _finding(_results(close), "Press")["verdict"] == "undecided"  # one seed: within 2 %
+    assert f.verdict == "undecided" and "(tied)" in f.evidence
+    assert _finding(_results(close), "Press").verdict == "undecided"  # one seed: within 2 %
 
 
 def test_alibi_flat_and_haviv_flip():
-    flat = next(f for f in findings(_results(PRESS)) if "flat" in f["claim"])
-    assert flat["verdict"] == "agrees" and "(x1.010)" in flat["evidence"]
-    bent = next(f for f in findings(_results(dict(PRESS, alibi=[4.9, 5.5, 7.0]))) if "flat" in f["claim"])
-    assert bent["verdict"] == "disagrees"
+    flat = next(f for f in findings(_summary(_results(PRESS))) if "flat" in f.claim)
+    assert flat.verdict == "agrees" and "(x1.010)" in flat.evidence
+    bent = next(f for f in findings(_summary(_results(dict(PRESS, alibi=[4.9, 5.5, 7.0])))) if "flat" in f.claim)
+    assert bent.verdict == "disagrees"
     with_nope = dict(PRESS, nope=[5.1, 6.0, 7.0])
-    assert _finding(_results(with_nope), "Haviv")["verdict"] == "agrees"  # 5.1 vs sinusoidal 5.0
-    assert _finding(_results(dict(with_nope, nope=[8.0, 9.0, 9.0])), "Haviv")["verdict"] == "disagrees"
+    assert _finding(_results(with_nope), "Haviv").verdict == "agrees"  # 5.1 vs sinusoidal 5.0
+    assert _finding(_results(dict(with_nope, nope=[8.0, 9.0, 9.0])), "Haviv").verdict == "disagrees"
 
 
 def test_kazemnejad_ordering_on_tasks():
     acc = {"nope": [1.0, 0.9, 0.6], "t5": [1.0, 0.7, 0.4], "alibi": [1.0, 0.5, 0.2], "rope": [1.0, 0.3, 0.1],
            "sinusoidal": [0.95, 0.1, 0.0]}  # fmt: skip
     res = _results(acc, lengths=(16, 32, 64), task="copy")
-    assert _finding(res, "Kazemnejad")["verdict"] == "agrees"
-    assert _finding(res, "Kazemnejad")["evidence"].startswith("n=32: nope 90.0% vs t5 70.0%")  # sizes, not tokens
+    assert _finding(res, "Kazemnejad").verdict == "agrees"
+    assert _finding(res, "Kazemnejad").evidence.startswith("n=32: nope 90.0% vs t5 70.0%")  # sizes, not tokens
     flipped = dict(acc, nope=[1.0, 0.9, 0.0])  # NoPE collapses at 4x only
-    assert _finding(_results(flipped, lengths=(16, 32, 64), task="copy"), "Kazemnejad")["verdict"] == "partly"
+    assert _finding(_results(flipped, lengths=(16, 32, 64), task="copy"), "Kazemnejad").verdict == "partly"
     # an encoding that never learned the task in-distribution takes no part in the ordering
     unlearned = dict(acc, nope=[0.3, 0.0, 0.0])
     f = _finding(_results(unlearned, lengths=(16, 32, 64), task="copy"), "Kazemnejad")
-    assert (
-        "nope" not in f["evidence"].split("(left out")[0]
-        and "not learned at the training length: nope" in (f["evidence"])
-    )
+    assert "nope" not in f.evidence.split("(left out")[0] and "not learned at the training length: nope" in (f.evidence)
 
 
 def test_caveats_name_unconverged_single_seed_unlearned_and_spread():
-    c = caveats(_results(PRESS, converged=False))
+    c = caveats(_summary(_results(PRESS, converged=False)))
     assert any(x.startswith("not converged: train longer") and "sinusoidal (validation loss fell 5.0%" in x for x in c)
     assert any(x.startswith("one seed") for x in c)
     assert not any(
-        x.startswith("one seed") or x.startswith("not converged") for x in caveats(_results(PRESS, seeds=(0, 1)))
+        x.startswith("one seed") or x.startswith("not converged")
+        for x in caveats(_summary(_results(PRESS, seeds=(0, 1))))
     )
     acc = {"nope": [0.4, 0.1], "rope": [0.95, 0.2]}
-    c = caveats(_results(acc, lengths=(16, 32), task="copy"))
+    c = caveats(_summary(_results(acc, lengths=(16, 32), task="copy")))
     assert any("not learned at the training length" in x and "nope 40.0%" in x and "rope" not in x for x in c)
     wide = dict(PRESS, sinusoidal=[7.0, 15.0, 60.0])  # 7.0 / 4.7 > 1.15
-    assert any("max/min 1.49 > 1.15 (sinusoidal 7.00 vs t5 4.70)" in x for x in caveats(_results(wide)))
-    assert not any("max/min" in x for x in caveats(_results(PRESS)))
+    assert any("max/min 1.49 > 1.15 (sinusoidal 7.00 vs t5 4.70)" in x for x in caveats(_summary(_results(wide))))
+    assert not any("max/min" in x for x in caveats(_summary(_results(PRESS))))
 
 
 def test_summary_intervals_and_passkey_depths():
-    s = summarize(_results(PRESS, seeds=(0, 1, 2)))
+    s = _summary(_results(PRESS, seeds=(0, 1, 2)))
     assert s.cells["rope"][512].n == 3 and s.cells["rope"][512].kind == "t95"
     assert s.ratios["sinusoidal"][64].mean == pytest.approx(1.0)
     runs = [{"encoding": "rope", "seed": 0, "eval": [
         {"length": n, "applicable": True, "accuracy": sum(a) / 5,
          "depths": [{"depth": d, "accuracy": x} for d, x in zip((0, 0.25, 0.5, 0.75, 1), a)]}
         for n, a in ((64, [1.0] * 5), (128, [0.95, 1.0, 1.0, 1.0, 1.0]), (256, [0.1, 0.5, 1.0, 1.0, 1.0]))]}]  # fmt: skip
-    s = summarize({"config": {"train_len": 64, "task": "passkey", "eval_samples": 64}, "runs": runs})
+    s = _summary({"config": {"train_len": 64, "task": "passkey", "eval_samples": 64}, "runs": runs})
     assert s.depths["rope"][256][0].kind == "wilson" and s.cells["rope"][256].n == 5 * 64
     assert passkey_reach(s) == {"rope": 128}
     assert [s.depths["rope"][128][d].mean for d in (0, 0.25)] == [0.95, 1.0]
@@ -303,7 +325,7 @@ def test_summary_intervals_and_passkey_depths():
 
 # ------------------------------------------------------------------ report.md
 def test_report_markdown_has_every_part_and_reads_the_numbers():
-    from posenc.compare.report_md import fmt_interval, report_markdown, table_rows
+    from posenc.compare.report import fmt_interval, report_markdown, table_rows
 
     res = _results(PRESS, seeds=(0, 1, 2))
     for r in res["runs"]:
@@ -312,12 +334,12 @@ def test_report_markdown_has_every_part_and_reads_the_numbers():
         r["convergence"]["threshold"] = 0.03
     res.update(command="posenc compare --seeds 0,1,2", environment={"torch": "2.x", "matmul_peak_flops": 1.2e9},
                wall_seconds=12.0)  # fmt: skip
-    heads, rows, notes = table_rows(res)
+    heads, rows, notes = table_rows(_summary(res))
     assert heads[4] == "L=64 (train)" and rows[1][0] == "rope" and rows[1][-1] == "ok"
     assert any("mean ± 95 % t-interval of 3 seeds" in n for n in notes)
     assert any(n.startswith("MFU 50.0%: 0.6 GFLOP/s") for n in notes)
     assert any("max/min 1.064" in n and "within 1.15" in n for n in notes)
-    report = report_markdown(res, ["extrapolation.png"])
+    report = report_markdown(_summary(res), ["extrapolation.png"])
     for part in ("## Command", "posenc compare --seeds 0,1,2", "![extrapolation.png](extrapolation.png)",
                  "- **agrees** — Press et al. 2022, Table 2: past the training length", "## Ranking at each length",
                  "- L=512: alibi > t5 > rope > sinusoidal", "## Convergence", "| `rope` | 1 | 50: 1.700, 100: 1.600 |",
@@ -330,12 +352,12 @@ def test_report_markdown_has_every_part_and_reads_the_numbers():
                      lengths=(8, 12, 16, 20), seeds=(0, 1), task="copy")  # fmt: skip
     for r in chain["runs"]:
         r.update(params=1000, train_seconds=10.0, train_tokens_per_s=1e4, train_flops=6e9)
-    assert "- L=20: a = b = c (within a rank: a > c)" in report_markdown(chain, [])
+    assert "- L=20: a = b = c (within a rank: a > c)" in report_markdown(_summary(chain), [])
     # the reading flips with the numbers: rotary breaking worse than sinusoidal
     swapped = _results(dict(PRESS, rope=[4.8, 20.0, 90.0]), seeds=(0, 1, 2))
-    assert "- **partly** — Press et al. 2022, Table 2" in report_markdown(swapped, [])
+    assert "- **partly** — Press et al. 2022, Table 2" in report_markdown(_summary(swapped), [])
     # unconverged models are named next to their row
     slow = _results(PRESS, converged=False)
-    assert table_rows(slow)[1][0][-1].startswith("not converged: train longer (validation loss fell 5.0%")
+    assert table_rows(_summary(slow))[1][0][-1].startswith("not converged: train longer (validation loss fell 5.0%")
     assert fmt_interval(interval([1.0, 2.0]), "ppl") == "1.50 (1.00–2.00)" and fmt_interval(None, "ppl") == "n/a"
     assert fmt_interval(interval([0.5, 0.6, 0.7]), "accuracy") == "60.0% ± 24.8%"

@@ -20,7 +20,8 @@ import posenc
 from posenc.cli import make_parser
 from posenc.compare import CompareConfig, preset_config
 from posenc.compare.cli import build_config
-from posenc.compare.report import per_position_absent, run_subtitle
+from posenc.compare.plots import per_position_absent, run_subtitle
+from posenc.compare.results import load_results
 from posenc.output import readable_log_axis
 from posenc.output.rundir import RunDir, default_out
 
@@ -257,7 +258,7 @@ def test_per_position_plot_has_a_difference_panel_and_says_why_learned_is_absent
     assert run_cli(*TINY, "--encodings", "nope,learned,alibi", "--steps", "2", "--out", str(out)) == 0
     w, h = Image.open(out / "per_position.png").size
     assert h > 900  # two panels: the losses and their difference from nope
-    absent = per_position_absent(load(out)["runs"], 32)
+    absent = per_position_absent(load_results(out).runs, 32)
     assert list(absent) == ["learned"] and "max_len=16" in absent["learned"]  # printed under the plot
 
 

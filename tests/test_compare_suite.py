@@ -8,7 +8,7 @@ import json
 
 import pytest
 from tests.test_compare_paper_findings import AS_PUBLISHED
-from tests.test_compare_reading import _results
+from tests.test_compare_reading import _results, _summary
 
 from posenc.cli import main
 from posenc.studies.kazemnejad2023.suite import suite_finding, suite_ranks, suite_table_md
@@ -20,18 +20,18 @@ SECOND = {"nope": [1.0, 0.5, 0.5], "t5": [1.0, 0.7, 0.7], "alibi": [1.0, 0.9, 0.
 
 
 def test_ranks_by_hand_over_two_tasks():
-    suite = suite_ranks([_results(AS_PUBLISHED, task="kaz-copy"), _results(SECOND, task="kaz-sum")])
+    suite = suite_ranks([_summary(_results(AS_PUBLISHED, task="kaz-copy")), _summary(_results(SECOND, task="kaz-sum"))])
     # kaz-copy, at 128: nope = t5 (1.5), alibi 3, rope 4, learned 5 (n/a); at 512 the same.
     # kaz-sum, at 128: alibi 1, t5 2, nope 3, rope 4, learned 5; at 512: rope 1, t5 2, nope 3,
     # alibi 4, learned 5 (learned did not learn kaz-sum, but the paper ranks every model)
-    assert suite["rank"] == {"nope": (1.5 + 1.5 + 3 + 3) / 4, "t5": (1.5 + 1.5 + 2 + 2) / 4,
+    assert suite.rank == {"nope": (1.5 + 1.5 + 3 + 3) / 4, "t5": (1.5 + 1.5 + 2 + 2) / 4,
                              "alibi": (3 + 3 + 1 + 4) / 4, "rope": (4 + 4 + 4 + 1) / 4, "learned": 5.0}  # fmt: skip
-    assert suite["mrr"]["rope"] == pytest.approx((1 / 4 + 1 / 4 + 1 / 4 + 1) / 4)
-    assert suite["cells"] == dict.fromkeys(AS_PUBLISHED, 4)
+    assert suite.mrr["rope"] == pytest.approx((1 / 4 + 1 / 4 + 1 / 4 + 1) / 4)
+    assert suite.cells == dict.fromkeys(AS_PUBLISHED, 4)
     f = suite_finding(suite)
     # t5 1.75 < nope 2.25 < alibi 2.75 < rope 3.25 < learned 5: every tier pair in order
-    assert f["verdict"] == "agrees"
-    assert f["evidence"].startswith("mean rank over 2 task(s) (kaz-copy, kaz-sum), past the training length")
+    assert f.verdict == "agrees"
+    assert f.evidence.startswith("mean rank over 2 task(s) (kaz-copy, kaz-sum), past the training length")
     table = suite_table_md(suite)
     assert table.splitlines()[0] == "| encoding | `kaz-copy` | `kaz-sum` | suite rank | suite MRR |"
     assert "| `t5` | 1.50 | 2.00 | 1.75 | 0.58 |" in table
@@ -41,10 +41,12 @@ def test_reversed_suite_disagrees_and_unlearned_tasks_are_not_counted():
     reversed_ = {"nope": [1.0, 0.1, 0.05], "t5": [1.0, 0.1, 0.05], "alibi": [1.0, 0.5, 0.4],
                  "rope": [1.0, 0.9, 0.8], "learned": [1.0, 0.95, 0.9]}  # fmt: skip
     nobody = {e: [0.3, 0.0, 0.0] for e in AS_PUBLISHED}  # a task no encoding learned
-    suite = suite_ranks([_results(reversed_, task="kaz-copy"), _results(nobody, task="kaz-addition")])
+    suite = suite_ranks(
+        [_summary(_results(reversed_, task="kaz-copy")), _summary(_results(nobody, task="kaz-addition"))]
+    )
     f = suite_finding(suite)
-    assert f["verdict"] == "disagrees"
-    assert f["evidence"].endswith("not counted: kaz-addition (no encoding reached 90% exact match at n=64)")
+    assert f.verdict == "disagrees"
+    assert f.evidence.endswith("not counted: kaz-addition (no encoding reached 90% exact match at n=64)")
     assert "`kaz-addition`" not in suite_table_md(suite).splitlines()[0]
 
 
@@ -52,23 +54,25 @@ def test_a_task_where_all_tie_is_not_counted_and_unfinished_models_are_named():
     """A task every encoding fails past the training length (kaz-copy here at this scale: all
     0 %) ranks nothing; a counted task's unconverged encodings are named in the evidence."""
     tie = {e: [1.0, 0.0, 0.0] for e in AS_PUBLISHED}
-    suite = suite_ranks([_results(tie, task="kaz-copy"), _results(SECOND, task="kaz-sum", converged=False)])
-    assert [t["task"] for t in suite["tasks"] if not t["skipped"]] == ["kaz-sum"]
-    assert suite["cells"] == dict.fromkeys(AS_PUBLISHED, 2)
+    suite = suite_ranks(
+        [_summary(_results(tie, task="kaz-copy")), _summary(_results(SECOND, task="kaz-sum", converged=False))]
+    )
+    assert [t.task for t in suite.tasks if not t.skipped] == ["kaz-sum"]
+    assert suite.cells == dict.fromkeys(AS_PUBLISHED, 2)
     f = suite_finding(suite)
     assert (
         "still improving when training stopped (ranked unfinished): kaz-sum: nope, t5, alibi, rope, learned"
-        in f["evidence"]
+        in f.evidence
     )
-    assert f["evidence"].endswith("not counted: kaz-copy (every encoding ties at every length past n=64)")
-    assert "still improving" not in suite_finding(suite_ranks([_results(SECOND, task="kaz-sum")]))["evidence"]
+    assert f.evidence.endswith("not counted: kaz-copy (every encoding ties at every length past n=64)")
+    assert "still improving" not in suite_finding(suite_ranks([_summary(_results(SECOND, task="kaz-sum"))])).evidence
 
 
 def test_one_run_per_kazemnejad_task():
     with pytest.raises(ValueError, match="one run per task: 'kaz-copy' is given 2 times"):
-        suite_ranks([_results(AS_PUBLISHED, task="kaz-copy")] * 2)
+        suite_ranks([_summary(_results(AS_PUBLISHED, task="kaz-copy"))] * 2)
     with pytest.raises(ValueError, match="got task 'count'"):
-        suite_ranks([_results(AS_PUBLISHED, task="count")])
+        suite_ranks([_summary(_results(AS_PUBLISHED, task="count"))])
 
 
 def _study(*argv, capsys):

@@ -144,8 +144,8 @@ def test_stride_1_sliding_evaluation_scores_each_token_with_up_to_L_minus_1_toke
         for t in range(n + L - 1):  # predict stream[t + 1]
             ctx = stream[max(0, t - L + 1) : t + 1][None]
             nll.append(-float(model(ctx)[0, -1, stream[t + 1]]))
-    assert got["tokens"] == len(nll) == n + L - 1
+    assert got.tokens == len(nll) == n + L - 1
     # each log-prob: projections over D, attention over <= L keys, the softmax over the vocabulary
     tol = tolerance(n=2 * 16 + L + data.vocab_size + len(nll))
-    assert got["loss"] == pytest.approx(sum(nll) / len(nll), rel=tol["rtol"], abs=tol["atol"])
-    assert got["ppl"] == pytest.approx(math.exp(got["loss"]))
+    assert got.loss == pytest.approx(sum(nll) / len(nll), rel=tol["rtol"], abs=tol["atol"])
+    assert got.ppl == pytest.approx(math.exp(got.loss))

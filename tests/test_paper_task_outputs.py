@@ -12,7 +12,9 @@ import pytest
 from tests.test_compare import TINY, run_cli
 
 from posenc.compare import plots
+from posenc.compare.reading import summarize
 from posenc.compare.report import csv_rows
+from posenc.compare.results import RunResults
 from posenc.data import TASK_NAMES, CountTask, load_source
 from posenc.data.lengths import sequence_length
 from posenc.data.tasks import depth_axis
@@ -92,7 +94,7 @@ def _train_line(axes) -> set[float]:
     return {float(ln.get_xdata()[0]) for ax in axes for ln in ax.get_lines() if ln.get_label() == "train length"}
 
 
-def _task_results(task: str, n: int, depths=None) -> dict:
+def _task_results(task: str, n: int, depths=None) -> RunResults:
     def entry(m):
         L = sequence_length(task, m)
         e = {
@@ -111,13 +113,13 @@ def _task_results(task: str, n: int, depths=None) -> dict:
     run = {"encoding": "rope", "seed": 0, "params": 10, "train_seconds": 1.0, "train_tokens_per_s": 1.0,
            "train_loss": [2.0, 1.0], "eval": [entry(n), entry(2 * n)]}  # fmt: skip
     cfg = {"train_len": n, "eval_lens": [n, 2 * n], "task": task, "seeds": [0], "steps": 2, "preset": "quick"}
-    return {"config": cfg, "runs": [run]}
+    return RunResults.from_json({"config": cfg, "runs": [run]})
 
 
 @pytest.mark.parametrize("task", ["count", "associative-recall"])
 def test_per_position_marks_the_training_sequence_length(tmp_path, monkeypatch, task):
     seen = _spy(monkeypatch)
-    assert plots.draw_figures(tmp_path, _task_results(task, 6)) == ["extrapolation.png", "per_position.png"]
+    assert plots.draw_figures(tmp_path, summarize(_task_results(task, 6))) == ["extrapolation.png", "per_position.png"]
     assert _train_line(seen["per_position.png"]) == {float(EXPECTED[task](6))}  # count: 26, not 2 n = 12
 
 

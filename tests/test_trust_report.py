@@ -21,9 +21,9 @@ from posenc.cli import main
 from posenc.compare import plots
 from posenc.compare.diagnostics import chance_loss, convergence, run_health, still_improving
 from posenc.compare.evaluate import EvalSettings, evaluate
-from posenc.compare.reading import caveats, findings, summarize
-from posenc.compare.report import merge_results, results_table, summary, write_outputs
-from posenc.compare.report_md import report_markdown, table_rows
+from posenc.compare.reading import Summary, caveats, findings, summarize
+from posenc.compare.report import merge_results, notes_json, report_markdown, results_table, table_rows, write_outputs
+from posenc.compare.results import ModelRun, RunResults
 from posenc.data import load_source
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--train-len", "16", "--eval-lens", "16,32",
@@ -46,9 +46,17 @@ def _run(enc, train_loss, ppl16, ppl32, seed=0, loss=True):
             "eval": [entry(16, ppl16), entry(32, ppl32)]}  # fmt: skip
 
 
-def _results(*runs, seeds=(0,)):
+def _results(*runs, seeds=(0,)) -> RunResults:
     cfg = {"train_len": 16, "eval_lens": [16, 32], "task": None, "seeds": list(seeds), "steps": 50, "preset": "quick"}
-    return {"config": cfg, "runs": list(runs)}
+    return RunResults.from_json({"config": cfg, "runs": list(runs)})
+
+
+def _summary(*runs) -> Summary:
+    return summarize(_results(*runs))
+
+
+def _health(run: dict, config: dict) -> dict:
+    return run_health(ModelRun.from_json(run), config)
 
 
 def test_health_rule_rise_chance_and_nan():
@@ -56,26 +64,26 @@ def test_health_rule_rise_chance_and_nan():
     assert chance_loss(text) == pytest.approx(math.log(256)) and chance_loss({"task": "copy"}) == pytest.approx(
         math.log(17)
     )
-    assert run_health(_run("rope", FALLING, 90.0, 95.0), text) == {"state": "ok", "why": None}
-    rose = run_health(_run("rope", ROSE, 1e18, 1e18), text)
+    assert _health(_run("rope", FALLING, 90.0, 95.0), text) == {"state": "ok", "why": None}
+    rose = _health(_run("rope", ROSE, 1e18, 1e18), text)
     assert rose["state"] == "diverged" and rose["why"].startswith("training loss rose 427% (5.50 at step 1 -> 29.00")
     # a loss that fell in training but ends above a uniform guess at the training length
-    above = run_health(_run("rope", FALLING, 300.0, 310.0), text)
+    above = _health(_run("rope", FALLING, 300.0, 310.0), text)
     assert above["state"] == "diverged" and "above chance ln(256) = 5.55" in above["why"]
     assert "loss 5.70 at L=16" in above["why"]
     # a loss 4 % up is noise, not divergence (the rule: more than 5 % above the first step's)
-    assert run_health(_run("rope", [5.0] * 45 + [5.2] * 5, 90.0, 95.0), text)["state"] == "ok"
-    assert run_health(_run("rope", [5.0] * 45 + [5.3] * 5, 90.0, 95.0), text)["state"] == "diverged"
-    nan_eval = run_health(_run("rope", FALLING, None, None), text)
+    assert _health(_run("rope", [5.0] * 45 + [5.2] * 5, 90.0, 95.0), text)["state"] == "ok"
+    assert _health(_run("rope", [5.0] * 45 + [5.3] * 5, 90.0, 95.0), text)["state"] == "diverged"
+    nan_eval = _health(_run("rope", FALLING, None, None), text)
     assert nan_eval == {"state": "failed", "why": "loss NaN at L=16, 32"}
-    nan_train = run_health(_run("rope", FALLING[:3] + [float("nan")] * 47, float("nan"), float("nan")), text)
+    nan_train = _health(_run("rope", FALLING[:3] + [float("nan")] * 47, float("nan"), float("nan")), text)
     assert nan_train["state"] == "failed" and nan_train["why"].startswith("training loss NaN from step 4")
     # results.json writes NaN as null
-    assert run_health(_run("rope", FALLING[:3] + [None] * 47, None, None), text)["state"] == "failed"
+    assert _health(_run("rope", FALLING[:3] + [None] * 47, None, None), text)["state"] == "failed"
     # a task: chance is ln(vocab) of the task (copy: 17 tokens, ln 17 = 2.83)
     task = {"train_len": 16, "task": "copy"}
-    run = {"train_loss": [2.8, 2.0, 1.0], "eval": [{"length": 16, "loss": 3.0, "accuracy": 0.0}]}
-    assert run_health(run, task)["state"] == "diverged" and "ln(17) = 2.83" in run_health(run, task)["why"]
+    run = {"encoding": "rope", "train_loss": [2.8, 2.0, 1.0], "eval": [{"length": 16, "loss": 3.0, "accuracy": 0.0}]}
+    assert _health(run, task)["state"] == "diverged" and "ln(17) = 2.83" in _health(run, task)["why"]
 
 
 def test_convergence_never_calls_a_diverged_run_converged():
@@ -90,28 +98,27 @@ def test_convergence_never_calls_a_diverged_run_converged():
 # ------------------------------------------------------------------ item 7: diverged in every output
 def test_diverged_model_is_flagged_and_never_ranked_or_read():
     # rope diverged (its loss rose) yet has the lowest numbers everywhere: it must not win
-    res = _results(
+    s = _summary(
         _run("sinusoidal", FALLING, 90.0, 270.0),
         _run("rope", ROSE, 80.0, 80.5),
         _run("t5", FALLING, 91.0, 120.0),
         _run("alibi", FALLING, 92.0, 93.0),
     )
-    heads, rows, notes = table_rows(res)
+    heads, rows, notes = table_rows(s)
     rope = next(r for r in rows if r[0] == "rope")
     assert rope[-1].startswith("diverged: training loss rose") and rope[-1] != "ok"
     assert [r[-1] for r in rows if r[0] != "rope"] == ["ok", "ok", "ok"]
     assert next(r for r in rows if r[0] == "alibi")[4:6] == ["92.00", "93.00"]  # healthy numbers kept
-    assert "diverged" in results_table(res).markdown()
-    s = summarize(res)
+    assert "diverged" in results_table(s).markdown()
     assert s.flagged == {"rope": "diverged"} and s.converged["rope"] is None
     assert "rope" not in s.at(16) and s.ranking(16) == [["sinusoidal", "t5", "alibi"]]
-    for f in findings(res):  # the reading compares healthy models only
-        assert "rope x" not in f["evidence"] and "rope " not in f["evidence"].split("(left out")[0]
-    press = next(f for f in findings(res) if "then rotary" in f["claim"])
-    assert "(left out, diverged: rope)" in press["evidence"]
-    assert any(c.startswith("failed or diverged: rope (diverged: training loss rose") for c in caveats(res))
-    assert summary(res)["diverged"] == ["rope"] and "rope" not in summary(res)["not_converged"]
-    md = report_markdown(res, [])
+    for f in findings(s):  # the reading compares healthy models only
+        assert "rope x" not in f.evidence and "rope " not in f.evidence.split("(left out")[0]
+    press = next(f for f in findings(s) if "then rotary" in f.claim)
+    assert "(left out, diverged: rope)" in press.evidence
+    assert any(c.startswith("failed or diverged: rope (diverged: training loss rose") for c in caveats(s))
+    assert notes_json(s)["diverged"] == ["rope"] and "rope" not in notes_json(s)["not_converged"]
+    md = report_markdown(s, [])
     assert "- L=16: sinusoidal = t5 = alibi" in md and "- not ranked: rope (diverged)" in md
     assert "| `rope` | 0 | - | - |" in md and "converged |" not in md.split("| `rope` | 0 |")[1].split("\n")[0]
     assert "L=16: rope" not in md and "L=32: rope" not in md
@@ -141,11 +148,11 @@ def test_nan_model_is_a_failed_row_and_the_rest_is_reported(tmp_path):
         _run("alibi", FALLING[:5] + [None] * 45, None, None),
     ):
         res = _results(_run("rope", FALLING, 90.0, 95.0), bad)  # in memory (NaN) and as read back (null)
-        heads, rows, _ = table_rows(res)
+        heads, rows, _ = table_rows(summarize(res))
         assert rows[0][4:] == ["90.00", "95.00", "ok"]
         assert rows[1][4:6] == ["NaN", "NaN"] and rows[1][6].startswith("failed: training loss NaN from step 6")
         assert summarize(res).ranking(16) == [["rope"]]
-        assert any("alibi (failed: training loss NaN" in c for c in caveats(res))
+        assert any("alibi (failed: training loss NaN" in c for c in caveats(summarize(res)))
     out = tmp_path / "nan"
     table = write_outputs(out, res)
     assert "failed" in table.markdown() and "90.00" in table.markdown()
@@ -164,12 +171,12 @@ def test_plots_skip_a_failed_model_with_a_legend_note(tmp_path, monkeypatch):
 
     monkeypatch.setattr(plots, "save_figure", spy)
     nan = float("nan")
-    res = _results(_run("rope", FALLING, 90.0, 95.0), _run("alibi", [5.5] + [nan] * 49, nan, nan))
+    res = _summary(_run("rope", FALLING, 90.0, 95.0), _run("alibi", [5.5] + [nan] * 49, nan, nan))
     assert plots.draw_figures(tmp_path, res) == ["extrapolation.png", "per_position.png"]
     assert "rope" in labels["extrapolation.png"] and "alibi: not drawn (failed)" in labels["extrapolation.png"]
     assert "alibi: not drawn (failed)" in labels["per_position.png"]
     # every model broken: still a figure, no log axis over nothing
-    plots.draw_figures(tmp_path, _results(_run("alibi", [5.5] + [nan] * 49, nan, nan)))
+    plots.draw_figures(tmp_path, _summary(_run("alibi", [5.5] + [nan] * 49, nan, nan)))
 
 
 def _nan_model(monkeypatch, name="alibi"):
@@ -236,7 +243,7 @@ def test_perplexity_of_a_huge_loss_is_inf_not_an_error():
     with torch.no_grad():
         model.head.weight.mul_(1e6)  # logits of 1e6: a loss far past exp's range
     e = evaluate(model, load_source(longest=16), 16, device=torch.device("cpu"), settings=EvalSettings(tokens=64))
-    assert e["loss"] > 709 and e["ppl"] == math.inf
+    assert e.loss > 709 and e.ppl is None  # inf, held as results.json holds it (null); the table reads "inf"
 
 
 @pytest.mark.parametrize("task, vocab", [(None, 256), ("passkey", 256), ("copy", 17), ("grid", 17),

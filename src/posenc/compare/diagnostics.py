@@ -7,7 +7,7 @@
 * :func:`training_flops_per_token` — the model's training FLOPs per token (forward and
   backward), counted from its layers.
 * :func:`matmul_peak_flops` — the machine's matmul rate, measured in this process.
-* :func:`mfu` — model FLOPs utilisation of a whole comparison, from its results dict.
+* :func:`mfu` — model FLOPs utilisation of a whole comparison, from its results.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import math
 import time
 from collections.abc import Sequence
 from typing import Any
+
+from .results import Evaluation, ModelRun, RunResults, ValPoint
 
 __all__ = [
     "convergence",
@@ -64,8 +66,8 @@ def _tail_slope(losses: Sequence[float], tail: float) -> float | None:
 
 
 def convergence(
-    train_loss: Sequence[float],
-    val_points: Sequence[dict[str, Any]],
+    train_loss: Sequence[float | None],
+    val_points: Sequence[ValPoint],
     *,
     tail: float = 0.2,
     threshold: float = CONVERGED_DROP,
@@ -93,7 +95,7 @@ def convergence(
 
     Args:
         train_loss: one training loss per step.
-        val_points: ``[{"step": s, "loss": l}, ...]`` (loss None: skipped).
+        val_points: the validation points (loss None: skipped).
         threshold: ``converged`` is False when the deciding drop exceeds it.
 
     Returns:
@@ -107,26 +109,26 @@ def convergence(
         raise ValueError(f"need 0 < tail < 1 and 0 < threshold < 1, got tail={tail!r}, threshold={threshold!r}")
     out: dict[str, Any] = {"tail": tail, "threshold": threshold, "val_drop": None, "val_from_step": None}
     out["train_slope"] = _tail_slope(train_loss, tail)
-    pts = sorted((p for p in val_points if p.get("loss") is not None), key=lambda p: p["step"])
+    pts = sorted((p for p in val_points if p.loss is not None), key=lambda p: p.step)
     if len(pts) >= 2:
         end = pts[-1]
-        cut = end["step"] * (1 - tail)
-        ref = ([p for p in pts[:-1] if p["step"] <= cut + 1e-9] or pts[:1])[-1]
+        cut = end.step * (1 - tail)
+        ref = ([p for p in pts[:-1] if p.step <= cut + 1e-9] or pts[:1])[-1]
         # a validation loss of 0 (a task solved exactly) can only stay there: no drop
-        out["val_drop"] = (ref["loss"] - end["loss"]) / ref["loss"] if ref["loss"] else 0.0
-        out["val_from_step"] = ref["step"]
-        if all(p.get("accuracy") is not None for p in (ref, end)):
-            out["val_accuracy_gain"] = end["accuracy"] - ref["accuracy"]
+        out["val_drop"] = (ref.loss - end.loss) / ref.loss if ref.loss else 0.0
+        out["val_from_step"] = ref.step
+        if ref.accuracy is not None and end.accuracy is not None:
+            out["val_accuracy_gain"] = end.accuracy - ref.accuracy
     gain = out.get("val_accuracy_gain")
     # a task: exact match decides (the loss of a solved task is ~0, its ratio noise), unless
     # the task is not solved and its loss still falls: exact match stuck near 0 % while the
     # loss falls 12 % is a model still learning (kaz-copy, rope seed 1, at 3 000 steps)
-    unsolved = gain is not None and pts[-1]["accuracy"] < SOLVED_ACCURACY
+    unsolved = gain is not None and pts[-1].accuracy < SOLVED_ACCURACY
     if gain is not None and not (unsolved and gain <= threshold and (out["val_drop"] or 0) > threshold):
         # exact match cannot rise past 100 %: a model that ends within the threshold of it has
         # no more than the threshold left to gain, however fast it rose (kaz-copy, nope seed 0
         # at 8 000 steps: 95 % -> 100 % over the tail, then nothing left to learn at its length)
-        out["decided_by"], drop = "val_accuracy_gain", min(gain, 1.0 - pts[-1]["accuracy"])
+        out["decided_by"], drop = "val_accuracy_gain", min(gain, 1.0 - pts[-1].accuracy)
     elif out["val_drop"] is not None:
         out["decided_by"], drop = "val_drop", out["val_drop"]
     elif out["train_slope"] is not None:
@@ -140,8 +142,8 @@ def convergence(
     return out
 
 
-def run_convergence(run: dict[str, Any]) -> dict[str, Any]:
-    """:func:`convergence` of one ``runs`` entry of results.json under this version's rule.
+def run_convergence(run: ModelRun) -> dict[str, Any]:
+    """:func:`convergence` of one model of a comparison under this version's rule.
 
     The check runs when a model finishes, and results.json keeps what it said then; a rule
     changed since (d58583e: exact-match gain counts at most the room left to 100 %) would
@@ -150,8 +152,8 @@ def run_convergence(run: dict[str, Any]) -> dict[str, Any]:
     ``tail`` and ``threshold``; an entry without them keeps its stored dict ({} if none).
     Every reading of a status (the reading, the report, the Kazemnejad suite) goes through here.
     """
-    stored = run.get("convergence") or {}
-    losses, curve = run.get("train_loss"), run.get("val_curve")
+    stored = run.convergence
+    losses, curve = run.train_loss, run.val_curve
     if not losses or curve is None:
         return stored
     return convergence(losses, curve, tail=stored.get("tail", 0.2), threshold=stored.get("threshold", CONVERGED_DROP))
@@ -210,15 +212,15 @@ def chance_loss(config: dict[str, Any]) -> float | None:
     return None if v is None else math.log(v)
 
 
-def _eval_loss(e: dict[str, Any]) -> float | None:
-    loss = finite(e.get("loss"))
-    if loss is None and "loss" not in e and (finite(e.get("ppl")) or 0) > 0:
-        loss = math.log(e["ppl"])  # results without the loss (text): ln(ppl)
+def _eval_loss(e: Evaluation) -> float | None:
+    loss = finite(e.loss)
+    if loss is None and not e.has("loss") and (finite(e.ppl) or 0) > 0:
+        loss = math.log(e.ppl)  # results without the loss (text): ln(ppl)
     return loss
 
 
-def run_health(run: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """Did this run (one ``runs`` entry of results.json) train? ``{"state", "why"}``:
+def run_health(run: ModelRun, config: dict[str, Any]) -> dict[str, str | None]:
+    """Did this run (one model of a comparison of ``config``) train? ``{"state", "why"}``:
 
     * ``"failed"``: a loss is NaN or ±inf (stored as null): in training, or at an evaluation
       length the model can run;
@@ -231,10 +233,10 @@ def run_health(run: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     A failed or diverged run is never ranked, read or called converged.
     """
     unit = "n" if config.get("task") and config.get("task") != "passkey" else "L"
-    evals = [e for e in run.get("eval") or [] if e.get("applicable", True)]
-    bad_eval = [e["length"] for e in evals if ("loss" in e or "ppl" in e) and _eval_loss(e) is None
-                and finite(e.get("ppl")) is None]  # fmt: skip
-    trouble = training_trouble(run.get("train_loss") or [])
+    evals = [e for e in run.evals if e.applicable]
+    bad_eval = [e.length for e in evals if (e.has("loss") or e.has("ppl")) and _eval_loss(e) is None
+                and finite(e.ppl) is None]  # fmt: skip
+    trouble = training_trouble(run.train_loss)
     if bad_eval or (trouble or "").startswith("training loss NaN"):
         parts = [trouble] if trouble else []
         if bad_eval:
@@ -244,11 +246,11 @@ def run_health(run: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         return {"state": "diverged", "why": trouble}
     chance = chance_loss(config)
     if chance is not None:
-        at_train = next((e for e in evals if e["length"] == config.get("train_len")), None)
+        at_train = next((e for e in evals if e.length == config.get("train_len")), None)
         loss = _eval_loss(at_train) if at_train is not None else None
         where = f"at {unit}={config.get('train_len')}"
         if loss is None:
-            tail = [float(v) for v in (run.get("train_loss") or [])]
+            tail = [float(v) for v in run.train_loss]
             k = max(1, math.ceil(RISE_TAIL * len(tail)))
             loss, where = (sum(tail[-k:]) / k if tail else None), "in training (last 10% of the steps)"
         if loss is not None and loss > chance:
@@ -359,24 +361,24 @@ def process_matmul_peak(device, dtype: str = "float32") -> float:
     return _PEAKS[key]
 
 
-def mfu(results: dict[str, Any]) -> dict[str, Any] | None:
+def mfu(results: RunResults) -> dict[str, Any] | None:
     """Model FLOPs utilisation of a comparison: the training FLOPs of every run over their
     training seconds, divided by the matmul peak of the processes that trained them
-    (``results["environment"]["matmul_peak_flops"]``, measured in those processes at the
+    (``results.environment["matmul_peak_flops"]``, measured in those processes at the
     same thread count; with several worker processes this is each worker's share of the
     machine, so the ratio is the machine's utilisation while they all train).
 
     Returns ``{"flops_per_s", "peak_flops_per_s", "mfu", "per_encoding": {enc: mfu}}``, or
     None when the runs or the environment lack the numbers.
     """
-    peak = (results.get("environment") or {}).get("matmul_peak_flops")
-    runs = [r for r in results.get("runs", []) if r.get("train_flops") and r.get("train_seconds")]
+    peak = (results.environment or {}).get("matmul_peak_flops")
+    runs = [r for r in results.runs if r.train_flops and r.train_seconds]
     if not peak or not runs:
         return None
     per: dict[str, list[float]] = {}
     for r in runs:
-        per.setdefault(r["encoding"], []).append(r["train_flops"] / r["train_seconds"])
-    total = sum(r["train_flops"] for r in runs) / sum(r["train_seconds"] for r in runs)
+        per.setdefault(r.encoding, []).append(r.train_flops / r.train_seconds)
+    total = sum(r.train_flops for r in runs) / sum(r.train_seconds for r in runs)
     return {
         "flops_per_s": total,
         "peak_flops_per_s": peak,

@@ -15,6 +15,7 @@ from ..functional import position_limit_reason
 from ..model import TransformerLM
 from ..train import autocast, masked_loss
 from .config import CompareConfig
+from .results import Evaluation, PositionLoss, VariantScore
 
 __all__ = ["EvalSettings", "batch_for", "evaluate", "model_axes", "not_applicable", "solved_rows"]
 
@@ -100,24 +101,23 @@ def _score(model, batches, device: torch.device, L: int, dtype) -> dict[str, Any
 
 
 @torch.no_grad()
-def evaluate(
-    model: TransformerLM, source, length: int, *, device: torch.device, settings: EvalSettings
-) -> dict[str, Any]:
-    """One ``eval`` entry: loss/ppl/bpb (text) or accuracy (tasks) at ``length``, plus per-position loss.
+def evaluate(model: TransformerLM, source, length: int, *, device: torch.device, settings: EvalSettings) -> Evaluation:
+    """The :class:`~posenc.compare.results.Evaluation` at ``length``: loss/ppl/bpb (text) or
+    accuracy (tasks), plus the per-position loss.
 
-    Passkey retrieval (a source with ``depths``) is scored at every depth: ``"depths"``
-    holds one accuracy each, ``"accuracy"`` their mean. Positions are ``arange`` (also
-    after randomized-position training), or the grid task's, as ``model`` reads them
-    (:func:`posenc.data.positions_for`). An encoding that cannot run at this length
-    gives ``{"applicable": false, "reason": ...}`` with null metrics.
+    A task scored per variant (a source with ``depths``: passkey's key depths, flip-flop's
+    densities) is scored at each: ``depths`` holds one accuracy each, ``accuracy`` their mean.
+    Positions are ``arange`` (also after randomized-position training), or the grid task's, as
+    ``model`` reads them (:func:`posenc.data.positions_for`). An encoding that cannot run at
+    this length gives ``applicable`` False with the ``reason`` and no metrics.
     """
     s = settings
     L = source.seq_len(length)
     reason = not_applicable(model, L)
     text = source.kind == "text"
     if reason is not None:
-        keys = ("loss", "ppl", "bpb") if text else ("loss", "accuracy", "token_accuracy")
-        return {"length": length, "applicable": False, "reason": reason, **{k: None for k in keys}}
+        metrics = ("loss", "ppl", "bpb") if text else ("loss", "accuracy", "token_accuracy")
+        return Evaluation(length, False, reason, layout=("length", "applicable", "reason", *metrics))
     depths = getattr(source, "depths", None)
     s = dataclasses.replace(s, batch_size=batch_for(model, L, s))
     if text:
@@ -138,16 +138,15 @@ def evaluate(
     for a, e in zip(edges[:-1], edges[1:]):
         c = float(pos_count[a:e].sum())
         if c > 0:
-            buckets.append({"start": a, "end": e, "loss": float(pos_loss[a:e].sum()) / c})
-    entry: dict[str, Any] = {"length": length, "applicable": True, "loss": mean}
+            buckets.append(PositionLoss(a, e, float(pos_loss[a:e].sum()) / c))
     if text:
         # byte-level: bits per byte is the loss in bits
         # a diverged model's loss can pass 709.8 nats, where exp overflows: its perplexity is inf
-        entry.update(ppl=math.inf if mean > 709 else math.exp(mean), bpb=mean / math.log(2))
+        scores = {"ppl": math.inf if mean > 709 else math.exp(mean), "bpb": mean / math.log(2)}
     else:
         acc = [p["solved"] / p["seqs"] for p in parts]
-        entry.update(accuracy=sum(acc) / len(acc), token_accuracy=sum(p["correct"] for p in parts) / n_tok)
+        scores = {"accuracy": sum(acc) / len(acc), "token_accuracy": sum(p["correct"] for p in parts) / n_tok}
         if depths:
-            entry["depths"] = [{"depth": d, "accuracy": a} for d, a in zip(depths, acc)]
-    entry.update(tokens=int(n_tok), per_position=buckets)
-    return entry
+            scores["depths"] = [VariantScore(d, a) for d, a in zip(depths, acc)]
+    layout = ("length", "applicable", "loss", *scores, "tokens", "per_position")
+    return Evaluation(length, loss=mean, **scores, tokens=int(n_tok), per_position=buckets, layout=layout)

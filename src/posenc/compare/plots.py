@@ -1,6 +1,6 @@
-"""The figures of a comparison: extrapolation (mean over seeds with its interval as a band),
-loss by position, and, for a task scored at several variants (passkey's key depths,
-flip-flop's p(ignore)), heatmaps of length × variant per encoding (``<task>.png``).
+"""The figures of a comparison, drawn from its summary: extrapolation (mean over seeds with its
+interval as a band), loss by position, and, for a task scored at several variants (passkey's key
+depths, flip-flop's p(ignore)), heatmaps of length × variant per encoding (``<task>.png``).
 
 Failed (NaN) and diverged models are not drawn in the line plots (their numbers would
 squash every other curve); the legend names them, and the heatmap panel's title marks them."""
@@ -14,7 +14,8 @@ from ..data.lengths import sequence_length
 from ..data.tasks import depth_axis
 from ..output import length_axis, panel_grid, pyplot, readable_log_axis, save_figure
 from .diagnostics import finite
-from .reading import metric_name, summarize
+from .reading import Summary
+from .results import ModelRun
 
 __all__ = ["draw_figures", "run_subtitle", "per_position_absent", "has_depths"]
 
@@ -34,26 +35,23 @@ def run_subtitle(cfg: dict[str, Any]) -> str:
     return f"preset {cfg.get('preset')}, {cfg.get('steps')} steps, {seed}, {data}, trained at {cfg.get('train_len')}"
 
 
-def draw_figures(out: Path, results: dict[str, Any]) -> list[str]:
-    """Draw every figure of the run into ``out``; returns their file names."""
-    runs = results["runs"]
-    encs = list(dict.fromkeys(r["encoding"] for r in runs))
-    color = {e: f"C{i % 10}" for i, e in enumerate(encs)}  # the same in every figure
-    names = [_extrapolation(out, results, color), _per_position(out, results, color)]
-    if has_depths(results):
-        names.append(_depths(out, results))
+def draw_figures(out: Path, s: Summary) -> list[str]:
+    """Draw every figure of the run of ``s`` into ``out``; returns their file names."""
+    color = {e: f"C{i % 10}" for i, e in enumerate(s.encodings)}  # the same in every figure
+    names = [_extrapolation(out, s, color), _per_position(out, s, color)]
+    if has_depths(s.results.runs):
+        names.append(_depths(out, s))
     return names
 
 
-def has_depths(results: dict[str, Any]) -> bool:
-    """Whether any evaluation of ``results`` was scored at several variants (``"depths"``)."""
-    return any(e.get("depths") for r in results["runs"] for e in r["eval"])
+def has_depths(runs: list[ModelRun]) -> bool:
+    """Whether any evaluation of ``runs`` was scored at several variants (``depths``)."""
+    return any(e.depths for r in runs for e in r.evals)
 
 
-def _extrapolation(out: Path, results: dict[str, Any], color) -> str:
+def _extrapolation(out: Path, s: Summary, color) -> str:
     plt = pyplot()
-    cfg = results["config"]
-    metric, s = metric_name(cfg), summarize(results)
+    cfg, metric = s.results.config, s.metric
     fig, ax = plt.subplots(figsize=(7.5, 5))
     plotted: list[float] = []
     for enc in s.encodings:
@@ -78,7 +76,7 @@ def _extrapolation(out: Path, results: dict[str, Any], color) -> str:
             readable_log_axis(ax, plotted)
         ax.set_ylabel(f"validation perplexity ({'words' if cfg.get('data_dir') else 'bytes'})")
     else:
-        mean = f" (mean over {depth_axis(cfg.get('task')).plural})" if has_depths(results) else ""
+        mean = f" (mean over {depth_axis(cfg.get('task')).plural})" if has_depths(s.results.runs) else ""
         ax.set_ylabel("exact-match accuracy" + mean)
         ax.set_ylim(-0.02, 1.02)
     unit = " (problem size n)" if cfg.get("task") and cfg["task"] != "passkey" else " (tokens)"
@@ -91,38 +89,36 @@ def _extrapolation(out: Path, results: dict[str, Any], color) -> str:
     return "extrapolation.png"
 
 
-def per_position_absent(
-    runs: list[dict[str, Any]], length: int, flagged: dict[str, str] | None = None
-) -> dict[str, str]:
+def per_position_absent(runs: list[ModelRun], length: int, flagged: dict[str, str] | None = None) -> dict[str, str]:
     """Encodings with no per-position curve at ``length``, and why (the plot says so):
     not applicable, not evaluated, a NaN loss, or ``flagged`` (``{encoding: "failed" |
     "diverged"}``: not drawn)."""
     out = dict(flagged or {})
     for r in runs:
-        e = next((e for e in r["eval"] if e["length"] == length), None)
-        if r["encoding"] in out:
+        e = r.at(length)
+        if r.encoding in out:
             continue
-        if e is None or not e.get("applicable", True) or not e.get("per_position"):
-            out[r["encoding"]] = (e or {}).get("reason") or "not evaluated at this length"
-        elif any(finite(b.get("loss")) is None for b in e["per_position"]):
-            out[r["encoding"]] = "failed: NaN loss"
+        if e is None or not e.applicable or not e.per_position:
+            out[r.encoding] = (e.reason if e is not None else None) or "not evaluated at this length"
+        elif any(finite(b.loss) is None for b in e.per_position):
+            out[r.encoding] = "failed: NaN loss"
     return out
 
 
-def _per_position(out: Path, results: dict[str, Any], color) -> str:
+def _per_position(out: Path, s: Summary, color) -> str:
     """Loss by position at the longest length (mean over seeds), and its difference from
     ``nope``'s (where an encoding breaks)."""
     plt = pyplot()
-    cfg, runs = results["config"], results["runs"]
-    longest = max(e["length"] for r in runs for e in r["eval"])
-    absent = per_position_absent(runs, longest, summarize(results).flagged)
+    cfg, runs = s.results.config, s.results.runs
+    longest = max(s.lengths)
+    absent = per_position_absent(runs, longest, s.flagged)
     curves: dict[str, tuple[list[float], list[float]]] = {}
-    for enc in dict.fromkeys(r["encoding"] for r in runs):
+    for enc in s.encodings:
         if enc in absent:
             continue
-        es = [next(e for e in r["eval"] if e["length"] == longest) for r in runs if r["encoding"] == enc]
-        x = [(b["start"] + b["end"]) / 2 for b in es[0]["per_position"]]
-        y = [sum(e["per_position"][k]["loss"] for e in es) / len(es) for k in range(len(x))]
+        es = [r.at(longest) for r in s.runs_of(enc)]
+        x = [(b.start + b.end) / 2 for b in es[0].per_position]
+        y = [sum(e.per_position[k].loss for e in es) / len(es) for k in range(len(x))]
         curves[enc] = (x, y)
     base = curves.get("nope")
     panels = 2 if base is not None and len(curves) > 1 else 1
@@ -154,13 +150,12 @@ def _per_position(out: Path, results: dict[str, Any], color) -> str:
     return "per_position.png"
 
 
-def _depths(out: Path, results: dict[str, Any]) -> str:
+def _depths(out: Path, s: Summary) -> str:
     """One heatmap per encoding: exact-match accuracy by evaluation length (rows) and variant
     (columns: key depth, p(ignore); named by :func:`posenc.data.tasks.depth_axis`), the mean
     over seeds written in each cell; ``<task>.png``."""
-    task = results["config"].get("task")
+    task = s.task
     axis = depth_axis(task)
-    s = summarize(results)
     depths = sorted({d for by_len in s.depths.values() for cell in by_len.values() for d in cell})
     fig, axes_of = panel_grid(len(s.encodings), 1, 4, size=(2.9, 2.6))
     image = None
@@ -185,5 +180,5 @@ def _depths(out: Path, results: dict[str, Any]) -> str:
                      label="exact match")  # fmt: skip
     name = f"{task or 'depths'}.png"
     save_figure(fig, out / name, title=f"{axis.title}: exact match (%) by length and {axis.label}",
-                subtitle=run_subtitle(results["config"]), footer=axis.note or None)  # fmt: skip
+                subtitle=run_subtitle(s.results.config), footer=axis.note or None)  # fmt: skip
     return name

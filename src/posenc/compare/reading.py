@@ -1,8 +1,14 @@
 """The reading of a comparison, computed from its numbers.
 
-:func:`summarize` turns ``results["runs"]`` (one entry per encoding and seed) into
-intervals per encoding and length; :func:`findings` checks every published result the run
-can speak to and says whether this run agrees, with the numbers that decide it;
+:func:`summarize` turns a run's :class:`~posenc.compare.results.RunResults` (one
+:class:`~posenc.compare.results.ModelRun` per encoding and seed) into its :class:`Summary`:
+intervals per encoding and length, health and convergence. A run is summarised once, in
+:func:`posenc.compare.report.write_outputs` (the one call; the console's copy of the table,
+printed after :func:`~posenc.compare.compare` returns, is the exception: see
+:func:`~posenc.compare.report.results_table`), and that summary is handed to the table, the
+figures, ``report.md`` and the reading here: :func:`findings` checks every published result
+the run can speak to (the paper studies' own through :func:`register_findings`) and says
+whether this run agrees, with the numbers that decide it (a :class:`Finding`);
 :func:`caveats` says what the run cannot support. Nothing here is prose about a
 particular run: change the numbers and the reading changes
 (``tests/test_compare_reading.py`` flips them).
@@ -13,7 +19,7 @@ such a run is never ranked, read against a finding, counted in the spread or cal
 converged; its intervals use its healthy seeds (none: its diverged seeds' numbers, shown
 only to say how far off they are).
 
-Ties: two measurements that :func:`~posenc.compare.stats.tied` cannot tell apart decide
+Ties: two measurements that :func:`~posenc.compare.results.tied` cannot tell apart decide
 nothing. With several seeds that is overlapping 95 % intervals; with one seed, a
 perplexity within 2 % (no interval exists) or accuracies whose Wilson intervals over the
 evaluation samples overlap.
@@ -21,17 +27,15 @@ evaluation samples overlap.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .diagnostics import finite, run_convergence, run_health, still_improving
-from .stats import Interval, interval, rank_with_ties, tied, untied_within, wilson
+from .results import Interval, ModelRun, RunResults, interval, rank_with_ties, tied, untied_within, wilson
 
-__all__ = [
-    "NOT_RUN", "SOLVED", "STUDY_FINDINGS", "Summary", "caveats", "findings", "flagged_text", "learned_encodings", "metric_name",
-    "register_findings", "summarize", "train_spread", "verdict",
-]  # fmt: skip
+__all__ = ["NOT_RUN", "SOLVED", "STUDY_FINDINGS", "Check", "Finding", "Summary", "caveats", "findings", "flagged_text",
+           "learned_encodings", "register_findings", "summarize", "train_spread", "verdict"]  # fmt: skip
 
 # Press et al. 2022, Table 2 (WikiText-103, trained at 512): past the training length
 # sinusoidal degrades most (20.05 -> 43.54 at ~2x), then rotary (20.07 -> 21.37), then T5
@@ -48,19 +52,16 @@ SOLVED = 0.9  # a task is learned at the training length from 90 % exact match
 NOT_RUN = Interval(0.0, 0.0, 0.0, 1, "single")  # cannot run at a length: no answer, ranked as 0 %
 
 
-def metric_name(config: dict[str, Any]) -> str:
-    """``ppl`` for text, ``accuracy`` for tasks (passkey included)."""
-    return "accuracy" if config.get("task") else "ppl"
-
-
 @dataclass
 class Summary:
-    """Per encoding and length, the interval of the metric over seeds (None: cannot run there,
-    or no finite value); for text also the interval of ``ppl(L) / ppl(train_len)``
-    (``ratios``). ``health``: ``"ok"``, ``"diverged"`` or ``"failed"`` (the worst of the
-    encoding's seeds), ``why``: what went wrong (``"diverged: training loss rose ..."``, per
-    seed when there are several: ``"seed 1 failed: ..."``)."""
+    """A run's numbers summarised (:func:`summarize`): per encoding and length, the interval of
+    the metric over seeds (None: cannot run there, or no finite value); for text also the
+    interval of ``ppl(L) / ppl(train_len)`` (``ratios``). ``health``: ``"ok"``, ``"diverged"`` or
+    ``"failed"`` (the worst of the encoding's seeds), ``why``: what went wrong (``"diverged:
+    training loss rose ..."``, per seed when there are several: ``"seed 1 failed: ..."``).
+    ``run_health`` and ``run_convergence``: the diagnostics of each of ``results.runs``, in order."""
 
+    results: RunResults = field(repr=False)
     metric: str
     train_len: int
     lengths: list[int]
@@ -72,6 +73,20 @@ class Summary:
     converged: dict[str, bool | None] = field(default_factory=dict)
     health: dict[str, str] = field(default_factory=dict)
     why: dict[str, str] = field(default_factory=dict)
+    run_health: list[dict[str, str | None]] = field(default_factory=list)
+    run_convergence: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def task(self) -> str | None:
+        return self.results.task
+
+    def runs_of(self, encoding: str) -> list[ModelRun]:
+        """The runs (seeds) of ``encoding``, in the results' order."""
+        return [r for r in self.results.runs if r.encoding == encoding]
+
+    def convergence_of(self, encoding: str) -> list[dict[str, Any]]:
+        """:func:`~posenc.compare.diagnostics.run_convergence` of each run of ``encoding``."""
+        return [c for r, c in zip(self.results.runs, self.run_convergence) if r.encoding == encoding]
 
     @property
     def flagged(self) -> dict[str, str]:
@@ -108,63 +123,83 @@ def _accuracy_interval(values: list[float], samples: int) -> Interval:
     return interval(values) if len(values) > 1 else wilson(values[0], samples)
 
 
-def summarize(results: dict[str, Any]) -> Summary:
-    """Intervals per encoding and length from ``results["runs"]`` (see the module docstring)."""
-    cfg, runs = results["config"], results["runs"]
-    metric = metric_name(cfg)
-    lengths = sorted({e["length"] for r in runs for e in r["eval"]})
-    encodings = list(dict.fromkeys(r["encoding"] for r in runs))
-    s = Summary(metric, cfg["train_len"], lengths, encodings)
+def summarize(results: RunResults) -> Summary:
+    """The :class:`Summary` of ``results`` (see the module docstring)."""
+    cfg, runs, metric = results.config, results.runs, results.metric
+    health, conv = [run_health(r, cfg) for r in runs], [run_convergence(r) for r in runs]
+    lengths = sorted({e.length for r in runs for e in r.evals})
+    encodings = list(dict.fromkeys(r.encoding for r in runs))
+    s = Summary(results, metric, cfg["train_len"], lengths, encodings, run_health=health, run_convergence=conv)
     samples = int(cfg.get("eval_samples") or 1)
-    several = len({r.get("seed", 0) for r in runs}) > 1
+    several = len({r.seed for r in runs}) > 1
     for enc in encodings:
-        mine = [r for r in runs if r["encoding"] == enc]
-        s.seeds[enc] = [r.get("seed", 0) for r in mine]
-        health = [run_health(r, cfg) for r in mine]
-        states = {h["state"] for h in health}
+        mine = [i for i, r in enumerate(runs) if r.encoding == enc]
+        s.seeds[enc] = [runs[i].seed for i in mine]
+        states = {health[i]["state"] for i in mine}
         s.health[enc] = "failed" if "failed" in states else "diverged" if "diverged" in states else "ok"
         if s.health[enc] != "ok":
-            s.why[enc] = "; ".join((f"seed {r.get('seed', 0)} " if several else "") + f"{h['state']}: {h['why']}"
-                                   for r, h in zip(mine, health) if h["state"] != "ok")  # fmt: skip
+            s.why[enc] = "; ".join((f"seed {runs[i].seed} " if several else "") + f"{health[i]['state']}: "
+                                   f"{health[i]['why']}" for i in mine if health[i]["state"] != "ok")  # fmt: skip
         # intervals over the healthy seeds; with none, the diverged ones (failed: no numbers)
-        mine = [r for r, h in zip(mine, health) if h["state"] == "ok"] or [
-            r for r, h in zip(mine, health) if h["state"] == "diverged"
-        ]
-        flags = [run_convergence(r).get("converged") for r in mine]
+        mine = [i for i in mine if health[i]["state"] == "ok"] or [i for i in mine if health[i]["state"] == "diverged"]
+        flags = [conv[i].get("converged") for i in mine]
         s.converged[enc] = (
             None if s.health[enc] != "ok" or all(f is None for f in flags) else not any(f is False for f in flags)
         )
-        by_len = [{e["length"]: e for e in r["eval"] if e.get("applicable", True)} for r in mine]
+        by_len = [{e.length: e for e in runs[i].evals if e.applicable} for i in mine]
         s.cells[enc], s.ratios[enc], s.depths[enc] = {}, {}, {}
         for n in lengths:
-            vals = [finite(b[n].get(metric)) for b in by_len if n in b]
+            vals = [finite(b[n].value(metric)) for b in by_len if n in b]
             vals = [v for v in vals if v is not None]
             if not vals:
                 s.cells[enc][n] = None
             elif metric == "accuracy":
                 entries = [b[n] for b in by_len if n in b]
-                per_depth = {d["depth"]: [] for e in entries for d in e.get("depths", [])}
+                per_depth: dict[float, list[float]] = {d.depth: [] for e in entries for d in e.depths or []}
                 for e in entries:
-                    for d in e.get("depths", []):
-                        if finite(d.get("accuracy")) is not None:
-                            per_depth[d["depth"]].append(d["accuracy"])
+                    for d in e.depths or []:
+                        if finite(d.accuracy) is not None:
+                            per_depth[d.depth].append(d.accuracy)
                 s.cells[enc][n] = _accuracy_interval(vals, samples * max(1, len(per_depth)))
                 s.depths[enc][n] = {d: _accuracy_interval(v, samples) for d, v in per_depth.items() if v}
             else:
                 s.cells[enc][n] = interval(vals)
             if metric == "ppl":
                 base = s.train_len
-                pairs = [(finite(b[n].get("ppl")), finite(b[base].get("ppl"))) for b in by_len if n in b and base in b]
+                pairs = [(finite(b[n].ppl), finite(b[base].ppl)) for b in by_len if n in b and base in b]
                 r = [a / b for a, b in pairs if a is not None and b]
                 s.ratios[enc][n] = interval(r) if r else None
     return s
+
+
+@dataclass(frozen=True)
+class Check:
+    """One comparison a finding rests on: is ``pair``'s first value above (or below) the second's
+    as published (``agrees``; None: tied)? ``length``: where, when the finding spans lengths."""
+
+    pair: tuple[Any, Any]
+    agrees: bool | None
+    values: tuple[float, float]
+    length: int | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A published result read on this run: ``verdict`` ``"agrees"``, ``"disagrees"``, ``"partly"``
+    (some comparisons agree, some are reversed) or ``"undecided"`` (every comparison tied)."""
+
+    source: str
+    claim: str
+    verdict: str
+    evidence: str
+    checks: tuple[Check, ...] = ()
 
 
 def _fmt(v: float, metric: str) -> str:
     return f"{100 * v:.1f}%" if metric == "accuracy" else f"{v:.2f}"
 
 
-def _chain(cells: dict[str, Interval], order: tuple[str, ...], *, first_larger: bool) -> list[dict[str, Any]]:
+def _chain(cells: dict[str, Interval], order: tuple[str, ...], *, first_larger: bool, length: int) -> list[Check]:
     """Adjacent pairs of ``order`` present in ``cells``: does each pair's first value exceed
     (``first_larger``) or fall below the second's? ``agrees`` None: tied."""
     names = [e for e in order if e in cells]
@@ -172,78 +207,73 @@ def _chain(cells: dict[str, Interval], order: tuple[str, ...], *, first_larger: 
     for a, b in zip(names, names[1:]):
         ia, ib = cells[a], cells[b]
         agrees = None if tied(ia, ib) else (ia.mean > ib.mean) == first_larger
-        out.append({"pair": (a, b), "agrees": agrees, "values": (ia.mean, ib.mean)})
+        out.append(Check((a, b), agrees, (ia.mean, ib.mean), length))
     return out
 
 
-def verdict(checks: list[dict[str, Any]]) -> str:
+def verdict(checks: Sequence[Check]) -> str:
     """``agrees`` when every decided check agrees, ``disagrees`` when none does, ``partly``
     between, ``undecided`` when every check is tied (``agrees`` None)."""
-    decided = [c["agrees"] for c in checks if c["agrees"] is not None]
+    decided = [c.agrees for c in checks if c.agrees is not None]
     if not decided:
         return "undecided"
     return "agrees" if all(decided) else "disagrees" if not any(decided) else "partly"
 
 
-def _pair_text(c: dict[str, Any], fmt) -> str:
-    (a, b), (va, vb) = c["pair"], c["values"]
-    mark = {True: "as published", False: "reversed", None: "tied"}[c["agrees"]]
+def _pair_text(c: Check, fmt) -> str:
+    (a, b), (va, vb) = c.pair, c.values
+    mark = {True: "as published", False: "reversed", None: "tied"}[c.agrees]
     return f"{a} {fmt(va)} vs {b} {fmt(vb)} ({mark})"
 
 
-def _ordering(s: Summary, table, order, *, first_larger: bool, fmt, unit: str = "L") -> tuple[str, str, list] | None:
+def _ordering(s: Summary, table, order, *, first_larger: bool, fmt, unit: str = "L") -> tuple[str, str, tuple] | None:
     """The ordering ``order`` checked at every length past training; ``unit``: how the lengths
     are named (``L`` tokens, ``n`` a task's problem size)."""
     checks, parts = [], []
     for n in s.past:
         cells = {e: t[n] for e, t in table.items() if t.get(n) is not None}
-        pairs = _chain(cells, order, first_larger=first_larger)
+        pairs = _chain(cells, order, first_larger=first_larger, length=n)
         if pairs:
-            checks += [{**p, "length": n} for p in pairs]
+            checks += pairs
             parts.append(f"{unit}={n}: " + "; ".join(_pair_text(p, fmt) for p in pairs))
-    return (verdict(checks), " | ".join(parts), checks) if checks else None
+    return (verdict(checks), " | ".join(parts), tuple(checks)) if checks else None
 
 
-def findings(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each published finding this run can speak to: ``{"source", "claim", "verdict", "evidence"}``.
-
-    ``verdict``: ``"agrees"``, ``"disagrees"``, ``"partly"`` (some comparisons agree,
-    some are reversed) or ``"undecided"`` (every comparison tied).
-    """
-    s = summarize(results)
-    out: list[dict[str, Any]] = []
-    task = results["config"].get("task")
+def findings(s: Summary) -> list[Finding]:
+    """Each published finding the run of ``s`` can speak to, the paper studies' included."""
+    out: list[Finding] = []
+    task = s.task
     healthy = {e: c for e, c in s.cells.items() if e not in s.flagged}  # failed/diverged: never read
     if s.metric == "ppl" and s.past:
         ratios = {e: c for e, c in s.ratios.items() if e not in s.flagged}
         o = _ordering(s, ratios, PRESS_ORDER, first_larger=True, fmt=lambda v: f"x{v:.2f}")
         if o:
-            out.append({"source": "Press et al. 2022, Table 2",
-                        "claim": "past the training length perplexity grows most for sinusoidal, then rotary, "
-                                 "then T5, and least for ALiBi (compared: ppl(L) / ppl(train length))",
-                        "verdict": o[0], "evidence": o[1] + _left_out(s, PRESS_ORDER), "checks": o[2]})  # fmt: skip
+            out.append(Finding("Press et al. 2022, Table 2",
+                               "past the training length perplexity grows most for sinusoidal, then rotary, then "
+                               "T5, and least for ALiBi (compared: ppl(L) / ppl(train length))",
+                               o[0], o[1] + _left_out(s, PRESS_ORDER), o[2]))  # fmt: skip
         far = max(s.past)
         ratio = ratios.get("alibi", {}).get(far)
         if ratio is not None:
-            out.append({"source": "Press et al. 2022, Table 2",
-                        "claim": f"ALiBi stays flat past the training length (here: within {FLAT - 1:.0%} "
-                                 f"at {far / s.train_len:g}x)",
-                        "verdict": "agrees" if ratio.mean <= FLAT else "disagrees",
-                        "evidence": f"alibi {s.cells['alibi'][s.train_len].mean:.2f} at L={s.train_len} -> "
-                                    f"{s.cells['alibi'][far].mean:.2f} at L={far} (x{ratio.mean:.3f})"})  # fmt: skip
+            out.append(Finding("Press et al. 2022, Table 2",
+                               f"ALiBi stays flat past the training length (here: within {FLAT - 1:.0%} "
+                               f"at {far / s.train_len:g}x)",
+                               "agrees" if ratio.mean <= FLAT else "disagrees",
+                               f"alibi {s.cells['alibi'][s.train_len].mean:.2f} at L={s.train_len} -> "
+                               f"{s.cells['alibi'][far].mean:.2f} at L={far} (x{ratio.mean:.3f})"))  # fmt: skip
     if s.metric == "ppl" and s.train_len in s.lengths:
         here = s.at(s.train_len)
         refs = {e: here[e] for e in ("learned", "sinusoidal") if e in here}
         if "nope" in here and refs:
             best = min(refs, key=lambda e: refs[e].mean)
             ratio = here["nope"].mean / refs[best].mean
-            out.append({"source": "Haviv et al. 2022",
-                        "claim": "a causal LM without positions is competitive with absolute positions at the "
-                                 f"training length (NoPos 22.15 vs learned 22.04 and sinusoidal 21.49 at 125M; "
-                                 f"here: within {COMPETITIVE - 1:.0%})",
-                        "verdict": "agrees" if ratio <= COMPETITIVE else "disagrees",
-                        "evidence": f"at L={s.train_len}: nope {here['nope'].mean:.2f} vs {best} "
-                                    f"{refs[best].mean:.2f} (x{ratio:.3f})"})  # fmt: skip
+            out.append(Finding("Haviv et al. 2022",
+                               "a causal LM without positions is competitive with absolute positions at the "
+                               f"training length (NoPos 22.15 vs learned 22.04 and sinusoidal 21.49 at 125M; "
+                               f"here: within {COMPETITIVE - 1:.0%})",
+                               "agrees" if ratio <= COMPETITIVE else "disagrees",
+                               f"at L={s.train_len}: nope {here['nope'].mean:.2f} vs {best} "
+                               f"{refs[best].mean:.2f} (x{ratio:.3f})"))  # fmt: skip
     if s.metric == "accuracy" and task != "passkey" and s.past:
         learned = {e for e, c in healthy.items() if c.get(s.train_len) is not None and c[s.train_len].mean >= SOLVED}
         table = {e: c for e, c in healthy.items() if e in learned}
@@ -252,10 +282,10 @@ def findings(results: dict[str, Any]) -> list[dict[str, Any]]:
         note = f" (left out, not learned at the training length: {', '.join(skipped)})" if skipped else ""
         note += _left_out(s, KAZEMNEJAD_ORDER)
         if o:
-            out.append({"source": "Kazemnejad et al. 2023",
-                        "claim": "past the training length NoPE generalises best, then T5's bias, ALiBi, rotary, "
-                                 "and absolute positions worst (compared: exact-match accuracy)",
-                        "verdict": o[0], "evidence": o[1] + note, "checks": o[2]})  # fmt: skip
+            out.append(Finding("Kazemnejad et al. 2023",
+                               "past the training length NoPE generalises best, then T5's bias, ALiBi, rotary, "
+                               "and absolute positions worst (compared: exact-match accuracy)",
+                               o[0], o[1] + note, o[2]))  # fmt: skip
         elif skipped or _left_out(s, KAZEMNEJAD_ORDER):
             ours = sorted(learned & set(KAZEMNEJAD_ORDER))
             why = "fewer than two of its encodings learned the task at the training length"
@@ -264,8 +294,8 @@ def findings(results: dict[str, Any]) -> list[dict[str, Any]]:
                 why = (f"of the encodings that learned the task at the training length ({', '.join(ours)}), fewer "
                        "than two have an answer at any one length past it"
                        + (f" (n/a past the training length: {', '.join(na)})" if na else ""))  # fmt: skip
-            out.append({"source": "Kazemnejad et al. 2023", "claim": "the ordering of length generalisation "
-                        "on synthetic tasks", "verdict": "undecided", "evidence": why + note})  # fmt: skip
+            out.append(Finding("Kazemnejad et al. 2023", "the ordering of length generalisation on synthetic tasks",
+                               "undecided", why + note))  # fmt: skip
     for study in STUDY_FINDINGS:  # the claims of the task's own paper (posenc.studies)
         out += study(s, task)
     return out
@@ -273,10 +303,10 @@ def findings(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 # The readings of each paper study's own claims (posenc.studies registers them):
 # ``study(summary, task) -> [finding, ...]``, empty for a run the study cannot speak to.
-STUDY_FINDINGS: list[Callable[[Summary, str | None], list[dict[str, Any]]]] = []
+STUDY_FINDINGS: list[Callable[[Summary, str | None], list[Finding]]] = []
 
 
-def register_findings(study: Callable[[Summary, str | None], list[dict[str, Any]]]) -> None:
+def register_findings(study: Callable[[Summary, str | None], list[Finding]]) -> None:
     """Add ``study(summary, task) -> [finding, ...]`` to what :func:`findings` reads."""
     if study not in STUDY_FINDINGS:
         STUDY_FINDINGS.append(study)
@@ -335,22 +365,18 @@ def passkey_reach(s: Summary) -> dict[str, int | None]:
     return out
 
 
-def caveats(results: dict[str, Any]) -> list[str]:
-    """What this run cannot support, one sentence each (empty when nothing is amiss)."""
-    s = summarize(results)
+def caveats(s: Summary) -> list[str]:
+    """What the run of ``s`` cannot support, one sentence each (empty when nothing is amiss)."""
     out = []
     bad = flagged_text(s)
     if bad:
-        ext = ", --extend" if results["config"].get("extend") else ""
+        ext = ", --extend" if s.results.config.get("extend") else ""
         out.append(f"failed or diverged: {bad}; left out of the rankings, the reading, the spread{ext} and the "
                    "intervals (an encoding's interval uses its healthy seeds; with none, a diverged model's numbers "
                    "are shown but are not a trained model's; a lower --lr or --grad-clip may help)")  # fmt: skip
     still = [e for e, c in s.converged.items() if c is False]
     if still:
-        details = []
-        for enc in still:
-            conv = [run_convergence(r) for r in results["runs"] if r["encoding"] == enc]
-            details.append(f"{enc} ({still_improving(conv)})")
+        details = [f"{enc} ({still_improving(s.convergence_of(enc))})" for enc in still]
         out.append(f"not converged: train longer — {', '.join(details)}; models still improving are compared "
                    "before they reached their quality")  # fmt: skip
     if all(len(v) == 1 for v in s.seeds.values()):

@@ -1,14 +1,31 @@
 """Run a whole comparison: setup (device, processes, encodings, data), every model (one per
-encoding and seed) in turn or on worker processes side by side, then the output files."""
+encoding and seed) in turn or on worker processes side by side, then the output files.
+
+Worker processes: the models of a comparison do not talk to each other, so on a CPU with ``C``
+cores, ``C`` one-thread processes each training its own encoding do more work per second than
+one process spreading each small model's matmuls over ``C`` threads (whose per-op overhead and
+synchronisation dominate at this size; see docs/compare.md for the measurement).
+:func:`run_jobs` runs ``fn(job)`` for every job in worker processes started with ``spawn`` (no
+fork of a process that holds torch's thread pools), each limited to ``threads`` intra-op
+threads, and hands every result to ``on_done`` as soon as it arrives; with ``workers == 1``
+everything runs here, in order. A failing job cancels the ones not started and re-raises in the
+caller; Ctrl-C stops the workers. Workers die with the process that started them, even when it
+is killed with SIGKILL (the OOM killer's signal, which runs no cleanup): on Linux the kernel sends
+each worker SIGKILL when its parent dies (``prctl(PR_SET_PDEATHSIG)``), and everywhere a watchdog
+thread in each worker exits it once its parent is gone (:mod:`posenc.train.lifeline`). A worker
+that outlived its run would go on writing checkpoints into a folder whose lock it does not hold.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -18,14 +35,20 @@ from ..output import write_json
 from ..output.rundir import RunDir
 from ..registry import available
 from ..train import Runtime, setup
+from ..train.lifeline import die_with
 from .config import CompareConfig, from_dict, parse_shard
-from .pool import plan_workers, run_jobs
-from .report import outputs_of, run_subtitle, write_outputs
+from .plots import run_subtitle
+from .report import outputs_of, write_outputs
+from .results import Evaluation, ModelRun, RunResults
 from .train import accumulation_steps, checkpoint_path, train_encoding
 
 VOCAB_FILE = "vocab.json"  # a data_dir run's vocabulary (JSON), in the run folder
 
-__all__ = ["compare", "make_source", "resolve_encodings", "check_extend", "environment"]
+__all__ = ["compare", "make_source", "resolve_encodings", "check_extend", "environment", "run_jobs", "cpu_cores",
+           "plan_workers"]  # fmt: skip
+
+J = TypeVar("J")
+R = TypeVar("R")
 
 
 def resolve_encodings(cfg: CompareConfig) -> list[str]:
@@ -78,7 +101,7 @@ def _slow_first(cfg: CompareConfig, names: list[str]) -> list[str]:
     return sorted(names, key=cost)
 
 
-def _run_job(job: dict[str, Any]) -> dict[str, Any]:
+def _run_job(job: dict[str, Any]) -> ModelRun | None:
     """One model on a worker process (module level, so that it pickles)."""
     cfg = from_dict(job["config"])
     return train_encoding(
@@ -97,13 +120,13 @@ def compare(
     runtime: Runtime | None = None,
     log=print,
     command: str | None = None,
-) -> dict[str, Any]:
+) -> RunResults:
     """Train and evaluate every encoding of ``cfg`` once per seed; write the files to
-    ``out``; return the results.
+    ``out``; return the results (on the processes other than rank 0, without their runs).
 
     On a CPU with one process (no torchrun), the models train side by side on
-    ``cfg.workers`` worker processes of one thread each (0: one per core; see
-    :mod:`posenc.compare.pool`); results do not depend on which worker ran them.
+    ``cfg.workers`` worker processes of one thread each (0: one per core; see the module
+    docstring); results do not depend on which worker ran them.
 
     The folder belongs to this run (see :mod:`posenc.output.rundir`): a non-empty one is
     refused unless ``resume`` (continue it; its checkpoints must carry ``cfg``'s
@@ -170,16 +193,15 @@ def _run(cfg: CompareConfig, out: Path, jobs, source, rt: Runtime, *, resume, pr
             save_vocab(out / VOCAB_FILE, source.symbols, source.train_bytes)
     rt.barrier()
     t0 = time.perf_counter()
-    runs: list[dict[str, Any] | None] = [None] * len(jobs)
+    runs: list[ModelRun | None] = [None] * len(jobs)
 
-    def done(i: int, run: dict[str, Any]) -> None:
+    def done(i: int, run: ModelRun | None) -> None:
         runs[i] = run
         if rt.main:
-            partial = [r for r in runs if r is not None]
-            write_json(out / "results.json", {"config": cfg.to_dict(), "fingerprint": cfg.fingerprint(),
-                                              "runs": partial})  # fmt: skip
-            who = run["encoding"] + (f" seed {run['seed']}" if len(cfg.seeds) > 1 else "")
-            log(f"[{len(partial)}/{len(jobs)}] {who}: " + ", ".join(_short(e) for e in run["eval"]))
+            partial = RunResults(cfg.to_dict(), cfg.fingerprint(), [r for r in runs if r is not None])
+            write_json(out / "results.json", partial.to_json())
+            who = run.encoding + (f" seed {run.seed}" if len(cfg.seeds) > 1 else "")
+            log(f"[{len(partial.runs)}/{len(jobs)}] {who}: " + ", ".join(_short(e) for e in run.evals))
 
     if workers > 1:
         order = {n: k for k, n in enumerate(_slow_first(cfg, names))}
@@ -197,19 +219,21 @@ def _run(cfg: CompareConfig, out: Path, jobs, source, rt: Runtime, *, resume, pr
                 progress=progress, position=(i + 1, len(jobs)), log=log,
             )  # fmt: skip
             done(i, run)
-    results = {"config": cfg.to_dict(), "fingerprint": cfg.fingerprint(), "runs": runs,
-               "wall_seconds": round(time.perf_counter() - t0, 2), "device": str(rt.device),
-               "processes": rt.world}  # fmt: skip
+    results = RunResults(cfg.to_dict(), cfg.fingerprint(), [r for r in runs if r is not None],
+                         wall_seconds=round(time.perf_counter() - t0, 2), device=str(rt.device), processes=rt.world,
+                         layout=("config", "fingerprint", "runs", "wall_seconds", "device", "processes"))  # fmt: skip
     if rt.main:
-        results["command"] = command
-        results["environment"] = environment(rt, cfg, runs, workers=workers, threads=threads)
+        results.command = command
+        results.environment = environment(rt, cfg, results.runs, workers=workers, threads=threads)
+        results.include("command", "environment")
         if cfg.extend:  # the trained rotary models once per extension method (posenc.compare.extend)
             from .extend import run_extend, write_extend
 
-            results["extend"] = run_extend(cfg, source, out / "checkpoints", runs, device=rt.device, log=log)
+            results.extend = run_extend(cfg, source, out / "checkpoints", results.runs, device=rt.device, log=log)
+            results.include("extend")
         with run_dir.recording():
             write_outputs(out, results)
-            if results.get("extend"):
+            if results.extend:
                 write_extend(out, results, run_subtitle(cfg.to_dict()))
         run_dir.finish()
     return results
@@ -231,7 +255,7 @@ def check_extend(cfg: CompareConfig) -> None:
         )
 
 
-def environment(rt: Runtime, cfg: CompareConfig, runs, *, workers: int, threads: int) -> dict[str, Any]:
+def environment(rt: Runtime, cfg: CompareConfig, runs: list[ModelRun], *, workers: int, threads: int) -> dict[str, Any]:
     """Where the numbers come from: versions, device, processes and threads, dtype, and the
     matmul peak of the training processes (MFU's denominator)."""
     env: dict[str, Any] = {
@@ -244,15 +268,80 @@ def environment(rt: Runtime, cfg: CompareConfig, runs, *, workers: int, threads:
     else:
         env["cpu"] = platform.processor() or platform.machine()
         env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-    peaks = [r["matmul_peak_flops"] for r in runs if r and r.get("matmul_peak_flops")]
+    peaks = [r.matmul_peak_flops for r in runs if r.matmul_peak_flops]
     if peaks:  # each process measured its own, at the thread count it trained with
         env["matmul_peak_flops"] = statistics.median(peaks)
     return env
 
 
-def _short(e: dict[str, Any]) -> str:
-    if not e.get("applicable", True):
-        return f"{e['length']}: n/a"
-    if e.get("ppl") is not None:
-        return f"{e['length']}: ppl {e['ppl']:.2f}"
-    return f"{e['length']}: acc {100 * e['accuracy']:.1f}%"
+def _short(e: Evaluation) -> str:
+    if not e.applicable:
+        return f"{e.length}: n/a"
+    if e.has("ppl"):  # no number: NaN, or inf (a finite loss whose perplexity overflows)
+        return f"{e.length}: ppl " + (f"{e.ppl:.2f}" if e.ppl is not None else "inf" if e.loss is not None else "NaN")
+    return f"{e.length}: acc {100 * e.accuracy:.1f}%"
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def plan_workers(workers: int, jobs: int, cores: int | None = None) -> tuple[int, int]:
+    """``(processes, threads per process)`` for ``jobs`` jobs: ``workers`` 0 means one per core
+    (at most one per job); the cores are shared out so that processes × threads <= cores."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+        raise ValueError(f"workers must be an int >= 0 (0: one per CPU core), got {workers!r}")
+    cores = cores or cpu_cores()
+    n = max(1, min(workers or cores, jobs))
+    return n, max(1, cores // n)
+
+
+def _init_worker(threads: int, parent: int) -> None:
+    import signal
+
+    import torch
+
+    die_with(parent)
+    torch.set_num_threads(threads)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
+
+
+def _call(item):
+    fn, i, job = item
+    return i, fn(job)
+
+
+def run_jobs(
+    jobs: Sequence[J],
+    fn: Callable[[J], R],
+    *,
+    workers: int,
+    threads: int,
+    on_done: Callable[[int, R], Any] | None = None,
+) -> list[R]:
+    """``[fn(job) for job in jobs]``, on ``workers`` processes of ``threads`` threads each.
+
+    ``fn`` and the jobs must be picklable (a module-level function and plain data). Jobs
+    start in the given order, each on the next free worker; ``on_done(index, result)``
+    runs here, in the order results arrive.
+    """
+    out: list[Any] = [None] * len(jobs)
+    if workers <= 1 or len(jobs) <= 1:
+        for i, job in enumerate(jobs):
+            out[i] = fn(job)
+            if on_done is not None:
+                on_done(i, out[i])
+        return out
+    import multiprocessing as mp
+
+    # leaving the block terminates the workers: after an error, a Ctrl-C, or the last result
+    with mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(threads, os.getpid())) as pool:
+        for i, result in pool.imap_unordered(_call, [(fn, i, job) for i, job in enumerate(jobs)], chunksize=1):
+            out[i] = result  # a worker's exception is re-raised by the iterator, here
+            if on_done is not None:
+                on_done(i, result)
+    return out

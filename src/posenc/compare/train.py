@@ -33,6 +33,7 @@ from ..train.fsdp import shard_model
 from .config import CompareConfig
 from .diagnostics import convergence, process_matmul_peak, training_flops_per_token
 from .evaluate import EvalSettings, evaluate, model_axes
+from .results import Evaluation, ModelRun, ValPoint
 
 __all__ = [
     "accumulation_steps", "batches", "build_model", "checkpoint_path", "lr_schedule", "max_positions", "model_max_len",
@@ -114,7 +115,9 @@ class _Validate(Callback):
     """The evaluation at the training length after each of ``steps`` (convergence diagnostics);
     the model goes back to training mode after each."""
 
-    def __init__(self, model, source, length: int, settings: EvalSettings, device, steps: set[int], curve: list):
+    def __init__(
+        self, model, source, length: int, settings: EvalSettings, device, steps: set[int], curve: list[ValPoint]
+    ):
         self.model, self.source, self.length, self.settings, self.device = model, source, length, settings, device
         self.steps, self.curve = steps, curve
 
@@ -126,8 +129,11 @@ class _Validate(Callback):
             self.curve.append(_val_point(state.step, e))
 
 
-def _val_point(step: int, e: dict[str, Any]) -> dict[str, Any]:
-    return {"step": step, "loss": e["loss"], **{k: e[k] for k in ("ppl", "accuracy") if e.get(k) is not None}}
+def _val_point(step: int, e: Evaluation) -> ValPoint:
+    """The validation point of ``e``: its perplexity (text) or exact match (tasks), kept when not a number."""
+    return ValPoint(
+        step, e.loss, e.ppl, e.accuracy, layout=("step", "loss", *(k for k in ("ppl", "accuracy") if e.has(k)))
+    )
 
 
 def lr_schedule(cfg: CompareConfig):
@@ -178,9 +184,9 @@ def train_encoding(
     progress: bool = True,
     position: tuple[int, int] = (1, 1),
     log=print,
-) -> dict[str, Any]:
+) -> ModelRun | None:
     """Train and evaluate one encoding with one seed (default: the first of ``cfg.seeds``);
-    returns its ``runs`` entry of ``results.json``.
+    returns its :class:`~posenc.compare.results.ModelRun` (None on the processes other than rank 0).
 
     With ``resume`` and a checkpoint in ``ckpt_dir``, continue from it (or return its
     stored result if that model had finished); a checkpoint written under another
@@ -197,8 +203,8 @@ def train_encoding(
     extra = None
     if resume and path is not None and path.exists():
         saved, extra = load_for_resume(path, cfg)
-        if extra.get("done"):
-            return extra["result"]
+        if extra.get("done"):  # the checkpoint holds the result as results.json holds it
+            return ModelRun.from_json(extra["result"])
         model.load_state_dict(saved.state_dict())  # full weights, before any sharding
     fsdp = cfg.fsdp and rt.distributed
     if fsdp:  # sharded parameters: the optimizer is built over them (posenc.train.fsdp)
@@ -215,7 +221,7 @@ def train_encoding(
     state, curve = None, []
     if extra is not None:
         state = trainer.load_state_dict(extra)
-        curve = list(extra.get("val_curve", []))
+        curve = [ValPoint.from_json(p) for p in extra.get("val_curve", [])]
     tag = f"[{position[0]}/{position[1]}] {encoding}" + (f" seed {seed}" if len(cfg.seeds) > 1 else "")
     seq_len = source.seq_len(cfg.train_len)
     mark = {"encoding": encoding, "seed": seed, "compare_config": cfg.to_dict(), "fingerprint": cfg.fingerprint(),
@@ -225,7 +231,7 @@ def train_encoding(
     if rt.main and cfg.val_points:  # before the checkpoint of the same step, which keeps the curve
         callbacks.append(_Validate(model, source, cfg.train_len, settings, rt.device, val_steps(cfg), curve))
     if path is not None:
-        save = lambda s: trainer.save(path, s, done=False, val_curve=curve, **mark)  # noqa: E731
+        save = lambda s: trainer.save(path, s, done=False, val_curve=[p.to_json() for p in curve], **mark)  # noqa: E731
         callbacks.append(Every(cfg.checkpoint_every, save, until=cfg.steps))
     if progress and rt.main:
         callbacks.append(Progress(tag, cfg.steps, state.step if state else 0, log, terminal=progress_bar(progress)))
@@ -235,7 +241,7 @@ def train_encoding(
     state = trainer.fit(batch_at, cfg.steps, state=state, callbacks=callbacks)
     gathered = trainer.gather()  # FSDP: the full weights on rank 0 (every process takes part); else None
 
-    result: dict[str, Any] = {}
+    result = None
     if rt.main:
         if gathered is not None:  # rank 0 evaluates a plain model holding the gathered weights
             with torch.random.fork_rng(devices=[]):
@@ -246,32 +252,33 @@ def train_encoding(
             log(f"{tag}: evaluating at {', '.join(map(str, cfg.eval_lens_sorted))}")
         model.eval()
         evals = [evaluate(model, source, n, device=rt.device, settings=settings) for n in cfg.eval_lens_sorted]
-        at_train = next((e for e in evals if e["length"] == cfg.train_len), None)
+        at_train = next((e for e in evals if e.length == cfg.train_len), None)
         if cfg.val_points and at_train is None:
             at_train = evaluate(model, source, cfg.train_len, device=rt.device, settings=settings)
         if cfg.val_points:
             curve.append(_val_point(cfg.steps, at_train))
         n_tokens = cfg.steps * cfg.batch_size * seq_len
         flops = training_flops_per_token(model, seq_len)
-        result = {
-            "encoding": encoding,
-            "seed": seed,
-            "params": model.num_params(),
-            "train_seconds": round(state.seconds, 3),
-            "train_tokens_per_s": round(n_tokens / state.seconds, 1) if state.seconds > 0 else None,
-            "eval_seconds": round(time.perf_counter() - t0, 3),
-            "final_train_loss": state.losses[-1] if state.losses else None,
-            "flops_per_token": flops,
-            "train_flops": flops * n_tokens,
-            "threads": torch.get_num_threads(),
-            "matmul_peak_flops": process_matmul_peak(rt.device, cfg.dtype),
-            "convergence": convergence(state.losses, curve),
-            "val_curve": curve,
-            "train_loss": state.losses,
-            "eval": evals,
-        }
-        if path is not None:
-            trainer.save(path, state, gathered=gathered, done=True, result=result, val_curve=curve, **mark)
+        result = ModelRun(
+            encoding,
+            seed,
+            params=model.num_params(),
+            train_seconds=round(state.seconds, 3),
+            train_tokens_per_s=round(n_tokens / state.seconds, 1) if state.seconds > 0 else None,
+            eval_seconds=round(time.perf_counter() - t0, 3),
+            final_train_loss=state.losses[-1] if state.losses else None,
+            flops_per_token=flops,
+            train_flops=flops * n_tokens,
+            threads=torch.get_num_threads(),
+            matmul_peak_flops=process_matmul_peak(rt.device, cfg.dtype),
+            convergence=convergence(state.losses, curve),
+            val_curve=curve,
+            train_loss=list(state.losses),
+            evals=evals,
+        )
+        if path is not None:  # plain data: a checkpoint loads with weights_only
+            trainer.save(path, state, gathered=gathered, done=True, result=result.to_json(),
+                         val_curve=[p.to_json() for p in curve], **mark)  # fmt: skip
     rt.barrier()
     return result
 

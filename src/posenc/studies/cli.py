@@ -32,6 +32,8 @@ from ..checkpoint import CheckpointError, load_checkpoint
 from ..cli_types import fail, nonempty_path
 from ..compare.config import CompareConfig, from_dict
 from ..compare.evaluate import not_applicable
+from ..compare.reading import summarize
+from ..compare.results import load_results
 from ..compare.train import checkpoint_path
 from ..data import load_source
 from ..data.kazemnejad import VOCAB
@@ -78,21 +80,20 @@ def run(args: argparse.Namespace) -> int:
 
 def kazemnejad_suite(args: argparse.Namespace) -> int:
     prog = "posenc study kazemnejad-suite"
-    runs = []
+    summaries = []
     for d in args.runs:
-        path = d / "results.json"
-        try:
-            runs.append(json.loads(path.read_text()))
-        except (OSError, ValueError) as e:
-            return fail(prog, f"{str(path)!r} cannot be read as a finished run's results ({e})")
+        try:  # one summary per run, as compare's report reads it
+            summaries.append(summarize(load_results(d / "results.json")))
+        except ValueError as e:
+            return fail(prog, str(e))
     try:
-        suite = suite_ranks(runs)
+        suite = suite_ranks(summaries)
     except ValueError as e:
         return fail(prog, str(e))
     print(suite_table_md(suite))
     f = suite_finding(suite)
     print(
-        f"Reading: **{f['verdict']}** ({f['evidence']})"
+        f"Reading: **{f.verdict}** ({f.evidence})"
         if f
         else "Reading: none (fewer than two of the paper's encodings ranked)"
     )

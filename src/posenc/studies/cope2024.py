@@ -10,7 +10,7 @@ budgets in the quick preset, and the readings of their papers' claims.
 
 The generators are :class:`posenc.data.paper_tasks.CountTask` and
 :class:`~posenc.data.paper_tasks.FlipFlopTask`; the protocol and the runs are in
-docs/studies/cope2024.md. Ties (:func:`~posenc.compare.stats.tied`) decide nothing.
+docs/studies/cope2024.md. Ties (:func:`~posenc.compare.results.tied`) decide nothing.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..compare.config import register_task_defaults
-from ..compare.reading import NOT_RUN, SOLVED, Summary, learned_encodings, register_findings, verdict
-from ..compare.stats import tied
+from ..compare.reading import NOT_RUN, SOLVED, Check, Finding, Summary, learned_encodings, register_findings, verdict
+from ..compare.results import tied
 
 __all__ = ["TASKS", "findings"]
 
@@ -53,7 +53,7 @@ TASKS: dict[str, dict[str, Any]] = {
 }
 
 
-def _cope(s: Summary) -> dict[str, Any] | None:
+def _cope(s: Summary) -> Finding | None:
     if "cope" not in learned_encodings(s, ["cope"]) or not s.past:
         return None
     others = [e for e in s.cells if e != "cope" and e not in s.flagged]
@@ -65,7 +65,7 @@ def _cope(s: Summary) -> dict[str, Any] | None:
         for e in others:
             o = s.cells[e].get(n) or NOT_RUN
             agrees = None if tied(c, o) else c.mean > o.mean
-            checks.append({"pair": ("cope", e), "agrees": agrees, "values": (c.mean, o.mean), "length": n})
+            checks.append(Check(("cope", e), agrees, (c.mean, o.mean), n))
         best = max(others, key=lambda e: (s.cells[e].get(n) or NOT_RUN).mean, default=None)
         if best is not None:
             parts.append(f"n={n}: cope {100 * c.mean:.1f}% vs best other {best} "
@@ -73,15 +73,15 @@ def _cope(s: Summary) -> dict[str, Any] | None:
     if not checks:
         return None
     # "better than every other": a tie does not confirm it (partly), unlike an ordering's ties
-    marks = [c["agrees"] for c in checks]
+    marks = [c.agrees for c in checks]
     overall = ("agrees" if all(m is True for m in marks) else "partly" if any(m is True for m in marks)
                else "disagrees" if any(m is False for m in marks) else "undecided")  # fmt: skip
-    return {"source": "Golovneva et al. 2024 (CoPE), counting",
-            "claim": "past the training length CoPE counts better than every absolute or relative encoding",
-            "verdict": overall, "evidence": "; ".join(parts), "checks": checks}  # fmt: skip
+    return Finding("Golovneva et al. 2024 (CoPE), counting",
+                   "past the training length CoPE counts better than every absolute or relative encoding",
+                   overall, "; ".join(parts), tuple(checks))  # fmt: skip
 
 
-def _flip_flop(s: Summary) -> dict[str, Any] | None:
+def _flip_flop(s: Summary) -> Finding | None:
     checks, parts = [], []
     n = s.train_len
     for e in [e for e in s.cells if e not in s.flagged]:
@@ -91,18 +91,18 @@ def _flip_flop(s: Summary) -> dict[str, Any] | None:
         for p in (0.98, 0.1):
             if p in d:
                 agrees = None if tied(d[p], d[0.8]) else d[p].mean < d[0.8].mean
-                checks.append({"pair": (e, p), "agrees": agrees, "values": (d[p].mean, d[0.8].mean)})
+                checks.append(Check((e, p), agrees, (d[p].mean, d[0.8].mean)))
         parts.append(f"{e}: " + " / ".join(f"{100 * d[p].mean:.1f}%" for p in (0.8, 0.98, 0.1) if p in d))
     if not checks:
         return None
-    return {"source": "Liu et al. 2023 (flip-flop)",
-            "claim": "at the training length, exact match is lower on sparse (p(ignore) 0.98) and dense (0.1) "
-                     "strings than at the training density (0.8)",
-            "verdict": verdict(checks), "evidence": f"at n={n}, p(ignore) 0.8 / 0.98 / 0.1: " + "; ".join(parts),
-            "checks": checks}  # fmt: skip
+    return Finding("Liu et al. 2023 (flip-flop)",
+                   "at the training length, exact match is lower on sparse (p(ignore) 0.98) and dense (0.1) "
+                   "strings than at the training density (0.8)",
+                   verdict(checks), f"at n={n}, p(ignore) 0.8 / 0.98 / 0.1: " + "; ".join(parts),
+                   tuple(checks))  # fmt: skip
 
 
-def findings(s: Summary, task: str | None) -> list[dict[str, Any]]:
+def findings(s: Summary, task: str | None) -> list[Finding]:
     """The reading of CoPE's claim on a ``count`` run, of Liu et al.'s on a ``flip-flop`` run
     (none for other runs, or when no encoding learned the task at the training length)."""
     if s.metric != "accuracy" or task not in TASKS:

@@ -34,8 +34,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..compare.config import register_preset
-from ..compare.reading import Summary, register_findings
-from ..compare.stats import tied
+from ..compare.reading import Check, Finding, Summary, register_findings
+from ..compare.results import tied
 
 __all__ = ["PRESET", "findings"]
 
@@ -52,7 +52,7 @@ PRESET: dict[str, Any] = dict(
 )  # fmt: skip
 
 
-def findings(s: Summary, task: str | None) -> list[dict[str, Any]]:
+def findings(s: Summary, task: str | None) -> list[Finding]:
     """Table 5: ALiBi trained at 64 keeps improving to 48x (28.46 at 64, 24.70, 22.88, 22.09,
     21.73, 21.53 at 3072): each longer length no worse than the last. Read on text runs that
     reach 8x the training length (none otherwise)."""
@@ -63,7 +63,7 @@ def findings(s: Summary, task: str | None) -> list[dict[str, Any]]:
     checks = []
     for a, b in zip(lens, lens[1:]):
         agrees = None if tied(cells[a], cells[b]) else cells[b].mean < cells[a].mean
-        checks.append({"pair": (a, b), "agrees": agrees, "values": (cells[a].mean, cells[b].mean)})
+        checks.append(Check((a, b), agrees, (cells[a].mean, cells[b].mean)))
     evidence = ", ".join(f"{n / s.train_len:g}x {cells[n].mean:.3f}" for n in lens)
     first, last = cells[lens[0]], cells[lens[-1]]
     best = min(lens, key=lambda n: cells[n].mean)
@@ -73,10 +73,16 @@ def findings(s: Summary, task: str | None) -> list[dict[str, Any]]:
         "disagrees" if tied(first, last) or last.mean >= first.mean else "agrees" if best == lens[-1] else "partly"
     )
     evidence += f" (lowest at {best / s.train_len:g}x; {lens[-1] / s.train_len:g}x is {last.mean / first.mean - 1:+.1%} from 1x)"
-    return [{"source": "Press et al. 2022, Table 5",
-             "claim": "ALiBi trained short keeps improving far past its training length (their L=64 row: "
-                      "28.46 -> 21.53 at 48x, every step lower)",
-             "verdict": verdict, "evidence": f"alibi ppl at {evidence}", "checks": checks}]  # fmt: skip
+    return [
+        Finding(
+            "Press et al. 2022, Table 5",
+            "ALiBi trained short keeps improving far past its training length (their L=64 row: "
+            "28.46 -> 21.53 at 48x, every step lower)",
+            verdict,
+            f"alibi ppl at {evidence}",
+            tuple(checks),
+        )
+    ]
 
 
 register_preset("paper", PRESET)

@@ -2,7 +2,7 @@
 
 A training process that outlives its launcher goes on writing checkpoints into a run folder
 whose lock it then holds alone, so a ``--resume`` after the launcher was killed is refused (or,
-worse, races the orphan). Two uses: :mod:`posenc.compare.pool`'s CPU workers, and the ranks
+worse, races the orphan). Two uses: :mod:`posenc.compare.runner`'s CPU workers, and the ranks
 ``torchrun`` starts, which it puts in sessions of their own, so a SIGKILL of ``torchrun``'s
 process group (the OOM killer's or a scheduler's signal, which runs no cleanup) does not reach
 them.

@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...compare.config import register_task_defaults
-from ...compare.reading import NOT_RUN, Summary, learned_encodings, register_findings, verdict
-from ...compare.stats import rank_with_ties
+from ...compare.reading import NOT_RUN, Check, Finding, Summary, learned_encodings, register_findings, verdict
+from ...compare.results import rank_with_ties
 from ...data import KAZEMNEJAD_TASKS
 
 __all__ = ["BUDGETS", "TASKS", "TIERS", "TR20", "findings", "mean_ranks"]
@@ -77,7 +77,7 @@ def mean_ranks(s: Summary, names: list[str], reciprocal: bool = False) -> dict[s
     return {e: v / len(s.past) for e, v in total.items()}
 
 
-def findings(s: Summary, task: str | None) -> list[dict[str, Any]]:
+def findings(s: Summary, task: str | None) -> list[Finding]:
     """The paper's ordering on one ``kaz-*`` task's run, by mean rank past the training length
     of the healthy encodings that learned the task (>= 90 % at the training length); none for
     other runs, or when fewer than two of the paper's encodings learned it."""
@@ -94,7 +94,7 @@ def findings(s: Summary, task: str | None) -> list[dict[str, Any]]:
         for b in names:
             if tier[a] < tier[b]:
                 agrees = None if ranks[a] == ranks[b] else ranks[a] < ranks[b]
-                checks.append({"pair": (a, b), "agrees": agrees, "values": (ranks[a], ranks[b])})
+                checks.append(Check((a, b), agrees, (ranks[a], ranks[b])))
     if not checks:
         return []
     na = sorted(e for e in names if any(s.cells[e].get(n) is None for n in s.past))
@@ -108,9 +108,15 @@ def findings(s: Summary, task: str | None) -> list[dict[str, Any]]:
         evidence += f"; n/a past its length limit, ranked as 0 %: {', '.join(na)}"
     if left:
         evidence += f"; left out (failed, diverged or < 90 % at the training length): {', '.join(left)}"
-    return [{"source": "Kazemnejad et al. 2023, Fig. 3",
-             "claim": "by mean rank past the training length: NoPE ≈ T5 > ALiBi > rotary ≈ APE",
-             "verdict": verdict(checks), "evidence": evidence, "checks": checks}]  # fmt: skip
+    return [
+        Finding(
+            "Kazemnejad et al. 2023, Fig. 3",
+            "by mean rank past the training length: NoPE ≈ T5 > ALiBi > rotary ≈ APE",
+            verdict(checks),
+            evidence,
+            tuple(checks),
+        )
+    ]
 
 
 register_task_defaults("quick", TASKS)

@@ -3,7 +3,7 @@
 Their Fig. 3 ranks the encodings on each task past the training length and reports the
 mean reciprocal rank over the tasks (NoPE 0.69, T5 0.55, ALiBi 0.50, RoPE 0.33, APE 0.22).
 One ``--task kaz-*`` run speaks for one task (:func:`posenc.studies.kazemnejad2023.findings`); this
-module joins the ``results.json`` of runs of different tasks:
+module joins the summaries of runs of different tasks:
 
 * a task counts when at least one healthy encoding learned it (>= 90 % exact match at the
   training length), two or more healthy encodings ran it, and they do not all tie at every
@@ -25,33 +25,55 @@ module joins the ``results.json`` of runs of different tasks:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
 
-from ...compare.reading import NOT_RUN, SOLVED, summarize
-from ...compare.stats import rank_with_ties
+from ...compare.reading import NOT_RUN, SOLVED, Check, Finding, Summary, verdict
+from ...compare.results import rank_with_ties
 from . import TIERS
 
-__all__ = ["suite_ranks", "suite_finding", "suite_table_md"]
+__all__ = ["Suite", "TaskRanks", "suite_ranks", "suite_finding", "suite_table_md"]
 
 
-def _task_ranks(results: dict[str, Any]) -> dict[str, Any]:
-    """One task's ranks: ``{"task", "ranks": {enc: [rank per past length]}, "learned": [...],
-    "skipped": why or None, "left_out": {enc: why}, "unconverged": [enc]}``."""
-    task = results["config"].get("task") or ""
-    s = summarize(results)
-    left_out = {e: s.why.get(e, s.flagged[e]) for e in s.flagged}
+@dataclass
+class TaskRanks:
+    """One task's ranks: per healthy encoding, its rank at each length past the training length
+    (``ranks``; empty when the task is ``skipped``, with why); ``left_out``: the failed or
+    diverged encodings, with why; ``unconverged``: the encodings still improving."""
+
+    task: str
+    train_len: int
+    past: list[int]
+    learned: list[str]
+    left_out: dict[str, str]
+    unconverged: list[str]
+    ranks: dict[str, list[float]] = field(default_factory=dict)
+    skipped: str | None = None
+
+
+@dataclass
+class Suite:
+    """The suite's ranks: ``tasks`` (one :class:`TaskRanks` each), and per encoding its mean
+    rank (``rank``), mean reciprocal rank (``mrr``) and the (task, length) cells it was ranked in."""
+
+    tasks: list[TaskRanks]
+    rank: dict[str, float]
+    mrr: dict[str, float]
+    cells: dict[str, int]
+
+
+def _task_ranks(s: Summary) -> TaskRanks:
+    """One task's ranks, from its run's summary."""
     names = [e for e in s.encodings if e not in s.flagged]
     learned = [e for e in names if (c := s.cells[e].get(s.train_len)) is not None and c.mean >= SOLVED]
-    out: dict[str, Any] = {"task": task, "train_len": s.train_len, "past": list(s.past), "ranks": {},
-                           "learned": learned, "skipped": None, "left_out": left_out,
-                           "unconverged": [e for e in names if s.converged.get(e) is False]}  # fmt: skip
+    out = TaskRanks(s.task or "", s.train_len, list(s.past), learned, {e: s.why.get(e, s.flagged[e]) for e in s.flagged},
+                    [e for e in names if s.converged.get(e) is False])  # fmt: skip
     if not s.past:
-        out["skipped"] = f"no evaluation length past n={s.train_len}"
+        out.skipped = f"no evaluation length past n={s.train_len}"
     elif not learned:
-        out["skipped"] = f"no encoding reached {SOLVED:.0%} exact match at n={s.train_len}"
+        out.skipped = f"no encoding reached {SOLVED:.0%} exact match at n={s.train_len}"
     elif len(names) < 2:
-        out["skipped"] = "fewer than two healthy encodings"
-    if out["skipped"]:
+        out.skipped = "fewer than two healthy encodings"
+    if out.skipped:
         return out
     ranks: dict[str, list[float]] = {e: [] for e in names}
     for n in s.past:
@@ -61,92 +83,90 @@ def _task_ranks(results: dict[str, Any]) -> dict[str, Any]:
                 ranks[e].append(place + (len(group) - 1) / 2)
             place += len(group)
     if all(len(set(col)) == 1 for col in zip(*ranks.values())):
-        out["skipped"] = f"every encoding ties at every length past n={s.train_len}"
+        out.skipped = f"every encoding ties at every length past n={s.train_len}"
         return out
-    out["ranks"] = ranks
+    out.ranks = ranks
     return out
 
 
-def suite_ranks(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The suite's ranks from the ``results.json`` dicts of ``kaz-*`` runs, one per task:
-    ``{"tasks": [per task], "rank": {enc: mean rank}, "mrr": {enc: mean 1/rank},
-    "cells": {enc: cells ranked}}``.
+def suite_ranks(summaries: Sequence[Summary]) -> Suite:
+    """The suite's ranks from the summaries of ``kaz-*`` runs (:func:`posenc.compare.reading.summarize`),
+    one per task.
 
     Raises:
         ValueError: a run is not of a ``kaz-*`` task, or two runs are of the same task.
     """
-    tasks = [r["config"].get("task") or "" for r in runs]
+    tasks = [s.task or "" for s in summaries]
     bad = [t for t in tasks if not t.startswith("kaz-")]
     if bad:
         raise ValueError(f"the suite joins runs of Kazemnejad et al.'s tasks (--task kaz-*), got task {bad[0]!r}")
     dup = sorted({t for t in tasks if tasks.count(t) > 1})
     if dup:
         raise ValueError(f"one run per task: {dup[0]!r} is given {tasks.count(dup[0])} times (merge its shards first)")
-    per = [_task_ranks(r) for r in runs]
+    per = [_task_ranks(s) for s in summaries]
     cells: dict[str, list[float]] = {}
     for t in per:
-        for e, rs in t["ranks"].items():
+        for e, rs in t.ranks.items():
             cells.setdefault(e, []).extend(rs)
-    return {
-        "tasks": per,
-        "rank": {e: sum(v) / len(v) for e, v in cells.items()},
-        "mrr": {e: sum(1 / r for r in v) / len(v) for e, v in cells.items()},
-        "cells": {e: len(v) for e, v in cells.items()},
-    }
+    return Suite(
+        per,
+        {e: sum(v) / len(v) for e, v in cells.items()},
+        {e: sum(1 / r for r in v) / len(v) for e, v in cells.items()},
+        {e: len(v) for e, v in cells.items()},
+    )
 
 
-def suite_finding(suite: dict[str, Any]) -> dict[str, Any] | None:
-    """The paper's ordering checked on the suite's mean ranks, as a ``findings`` entry
+def suite_finding(suite: Suite) -> Finding | None:
+    """The paper's ordering checked on the suite's mean ranks, as a finding
     (``agrees``/``partly``/``disagrees``/``undecided``); None when fewer than two of the
     paper's encodings were ranked."""
     tier = {e: i for i, t in enumerate(TIERS) for e in t}
-    rank = suite["rank"]
+    rank = suite.rank
     names = sorted((e for e in rank if e in tier), key=rank.get)
     checks = []
     for a in names:
         for b in names:
             if tier[a] < tier[b]:
                 agrees = None if abs(rank[a] - rank[b]) < 1e-9 else rank[a] < rank[b]
-                checks.append({"pair": (a, b), "agrees": agrees, "values": (rank[a], rank[b])})
+                checks.append(Check((a, b), agrees, (rank[a], rank[b])))
     if not checks:
         return None
-    decided = [c["agrees"] for c in checks if c["agrees"] is not None]
-    verdict = ("undecided" if not decided else "agrees" if all(decided) else "disagrees" if not any(decided)
-               else "partly")  # fmt: skip
-    counted = [t["task"] for t in suite["tasks"] if not t["skipped"]]
+    counted = [t.task for t in suite.tasks if not t.skipped]
     evidence = (f"mean rank over {len(counted)} task(s) ({', '.join(counted) or 'none'}), past the training "
                 "length (1 = best): " + ", ".join(f"{e} {rank[e]:.2f}" for e in names)
-                + "; mean reciprocal rank: " + ", ".join(f"{e} {suite['mrr'][e]:.2f}" for e in names))  # fmt: skip
-    still = [
-        f"{t['task']}: {', '.join(t['unconverged'])}" for t in suite["tasks"] if not t["skipped"] and t["unconverged"]
-    ]
+                + "; mean reciprocal rank: " + ", ".join(f"{e} {suite.mrr[e]:.2f}" for e in names))  # fmt: skip
+    still = [f"{t.task}: {', '.join(t.unconverged)}" for t in suite.tasks if not t.skipped and t.unconverged]
     if still:
         evidence += "; still improving when training stopped (ranked unfinished): " + "; ".join(still)
-    skipped = [f"{t['task']} ({t['skipped']})" for t in suite["tasks"] if t["skipped"]]
+    skipped = [f"{t.task} ({t.skipped})" for t in suite.tasks if t.skipped]
     if skipped:
         evidence += "; not counted: " + "; ".join(skipped)
-    return {"source": "Kazemnejad et al. 2023, Fig. 3 (over the suite)",
-            "claim": "by mean rank over the tasks past the training length: NoPE ≈ T5 > ALiBi > rotary ≈ APE",
-            "verdict": verdict, "evidence": evidence, "checks": checks}  # fmt: skip
+    return Finding(
+        "Kazemnejad et al. 2023, Fig. 3 (over the suite)",
+        "by mean rank over the tasks past the training length: NoPE ≈ T5 > ALiBi > rotary ≈ APE",
+        verdict(checks),
+        evidence,
+        tuple(checks),
+    )
 
 
-def suite_table_md(suite: dict[str, Any]) -> str:
+def suite_table_md(suite: Suite) -> str:
     """A markdown table: one row per encoding, its mean rank on each counted task, then over
     the suite (rank and reciprocal rank); the skipped tasks below it."""
-    counted = [t for t in suite["tasks"] if not t["skipped"]]
-    encs = sorted(suite["rank"], key=suite["rank"].get)
-    head = ["encoding", *(f"`{t['task']}`" for t in counted), "suite rank", "suite MRR"]
+    counted = [t for t in suite.tasks if not t.skipped]
+    encs = sorted(suite.rank, key=suite.rank.get)
+    head = ["encoding", *(f"`{t.task}`" for t in counted), "suite rank", "suite MRR"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for e in encs:
         row = [f"`{e}`"]
         for t in counted:
-            rs = t["ranks"].get(e)
+            rs = t.ranks.get(e)
             row.append(f"{sum(rs) / len(rs):.2f}" if rs else "—")
-        row += [f"{suite['rank'][e]:.2f}", f"{suite['mrr'][e]:.2f}"]
+        row += [f"{suite.rank[e]:.2f}", f"{suite.mrr[e]:.2f}"]
         lines.append("| " + " | ".join(row) + " |")
-    for t in suite["tasks"]:
-        if t["skipped"]:
-            lines.append(f"\n`{t['task']}` not counted: {t['skipped']}.")
-        for e, why in t["left_out"].items():
-            lines.append(f"\n`{t['task']}`: `{e}` left out ({why}).")
+    for t in suite.tasks:
+        if t.skipped:
+            lines.append(f"\n`{t.task}` not counted: {t.skipped}.")
+        for e, why in t.left_out.items():
+            lines.append(f"\n`{t.task}`: `{e}` left out ({why}).")
     return "\n".join(lines) + "\n"
