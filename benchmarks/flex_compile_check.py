@@ -30,7 +30,8 @@ import torch
 import posenc
 import posenc.flex
 from posenc import registry
-from posenc.cli_types import OneLineParser, choice_list, device_name, int_in, int_list
+from posenc.cli_types import OneLineParser, device_name
+from posenc.fields import Choice, Int, ListOf
 
 
 def sync(device: torch.device) -> None:
@@ -119,19 +120,19 @@ def main(argv=None) -> int:
     ap.add_argument("--device", type=device_name, default="cuda")
     ap.add_argument(
         "--encodings",
-        type=choice_list(registry.available(), "encoding"),
+        type=ListOf(Choice(registry.available, what="encoding"), dedupe=True).parse,
         default="alibi,t5,fire,kerple,fox",
         help="entries: encodings that backend='flex' runs",
     )
-    ap.add_argument("--lengths", type=int_list(1, 1 << 20), default="1024,2048")
-    ap.add_argument("--heads", type=int_in(1, 256), default=16)
-    ap.add_argument("--prefill", type=int_in(1, 1 << 20), default=1024)
-    ap.add_argument("--steps", type=int_in(2, 100_000), default=12)
-    ap.add_argument("--repeats", type=int_in(1, 10_000), default=5)
+    ap.add_argument("--lengths", type=ListOf(Int(1, 1 << 20)).parse, default="1024,2048")
+    ap.add_argument("--heads", type=Int(1, 256).parse, default=16)
+    ap.add_argument("--prefill", type=Int(1, 1 << 20).parse, default=1024)
+    ap.add_argument("--steps", type=Int(2, 100_000).parse, default=12)
+    ap.add_argument("--repeats", type=Int(1, 10_000).parse, default=5)
     ap.add_argument("--no-limit", action="store_true")
     ap.add_argument(
         "--backends",
-        type=choice_list(["auto", *posenc.BACKENDS], "backend", repeats=True),
+        type=ListOf(Choice(["auto", *posenc.BACKENDS], what="backend")).parse,
         default="flex,dense,auto",
         help="decode: the backends, in this order; a name may repeat (a second dense run after the first)",
     )

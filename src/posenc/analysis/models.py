@@ -106,14 +106,13 @@ def run_fingerprint(folder: Path) -> str | None:
         ValueError: ``config.json`` is there but is not a readable compare config.
     """
     from ..compare.config import from_dict
-    from ..compare.results import load_results
 
     results = folder / "results.json"
-    if results.is_file():
-        with contextlib.suppress(ValueError):  # unreadable: the config.json beside it decides
-            saved = load_results(results).fingerprint
-            if isinstance(saved, str):
-                return saved
+    if results.is_file():  # only its fingerprint is read: a results.json of any posenc version has it
+        with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):  # unreadable: config.json decides
+            saved = json.loads(results.read_text())
+            if isinstance(saved, dict) and isinstance(saved.get("fingerprint"), str):
+                return saved["fingerprint"]
     config = folder / "config.json"
     if not config.is_file():
         return None
