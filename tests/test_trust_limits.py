@@ -117,3 +117,18 @@ def test_sigterm_stops_worker_processes_with_the_resume_hint(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     assert f"posenc compare --resume --out {out}" in err and "Traceback" not in err, err
+
+
+def test_resuming_a_folder_whose_config_this_posenc_refuses_says_what_to_do(tmp_path, capsys):
+    """222d208 wrote warmup 100 into a 2-step run's config.json (the schedule cut it to the
+    steps); that config is refused now, and --resume says how to go on (issue 62: old run
+    folders load or are refused with one line saying why and what to do)."""
+    import json
+
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg = preset_config("quick", steps=2, encodings=["rope"]).to_dict() | {"warmup": 100}
+    (out / "config.json").write_text(json.dumps(cfg))
+    assert main(["compare", "--resume", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "warmup" in err and "start the run over with --overwrite" in err, err

@@ -278,7 +278,10 @@ def run(args: argparse.Namespace) -> int:
             try:
                 cfg = from_dict(read_config_file(path))
             except ValueError as e:
-                raise ValueError(where_given(str(e), {}, str(path))) from None
+                raise ValueError(
+                    where_given(str(e), {}, str(path)) + "; this posenc does not accept that config (an older one may "
+                    "have written it): start the run over with --overwrite, or use another --out"
+                ) from None
         else:
             cfg = build_config(args)
         rt = setup(cfg.device)  # under torchrun every rank writes into rank 0's default folder
