@@ -14,6 +14,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+from tests.test_trust_hostile import TINY  # noqa: E402 - the smallest compare run, as the hostile suite trains it
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import posenc.hf as ph  # noqa: E402
@@ -25,8 +26,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 L = 32
 FAST = ["--windows", "1", "--passkey-trials", "0", "--chunk", "16"]
-TINY = ["--steps", "2", "--dim", "16", "--depth", "1", "--heads", "2", "--train-len", "16", "--eval-lens", "16",
-        "--eval-tokens", "64", "--batch-size", "2", "--val-points", "0", "--workers", "1", "--no-progress"]  # fmt: skip
 
 
 def llama(**kw) -> LlamaForCausalLM:
