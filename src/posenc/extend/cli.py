@@ -39,7 +39,7 @@ LENGTHS = ListOf(Str(what="length"), note="each N >= 8 tokens, or Nx: N times th
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .run import METHODS
+    from .methods import METHODS
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "examples:" + __doc__.split("Examples::", 1)[1]

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..validate import memory_of
 
 __all__ = [
     "CONFIG_LIMITS",
@@ -63,19 +64,12 @@ def _check_sizes(config, path: Path, dtype) -> None:
     inner = sizes.get("intermediate_size", 4 * width)
     weights = 2 * vocab * width + depth * (4 * width * width + 3 * width * inner)  # an estimate, within ~2x
     need = weights * torch.empty((), dtype=dtype).element_size()
-    have = _physical_memory()
+    have = memory_of(torch.device("cpu"))  # from_pretrained builds the model in CPU memory first
     if have and need > have:
         raise ModelError(
             f"MODEL {str(path)!r}: config.json describes ~{weights:.3g} weights ({need / 2**30:.1f} GiB), more than "
             f"this machine's memory ({have / 2**30:.1f} GiB)"
         )
-
-
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 0
 
 
 def _check_rope_type(config, path: Path) -> None:

@@ -14,11 +14,11 @@ import torch
 
 from ..functional import position_limit_reason
 from .evaluate import peak_rss_bytes, perplexity
-from .methods import METHODS, describe
+from .methods import describe
 from .model import Subject
 from .passkey import DEPTHS, Tokens, passkey_accuracy
 
-__all__ = ["parse_lengths", "run_cells", "describe", "default_stride", "METHODS"]
+__all__ = ["parse_lengths", "resolve_lengths", "run_cells", "default_stride"]
 
 
 def parse_lengths(text: str) -> list[tuple[str, float]]:
