@@ -23,7 +23,7 @@ __all__ = [
 def supported_backends(enc: PositionEncoding) -> list[str]:
     """Backends able to run ``enc`` (every one of them equals ``eager``)."""
     st = enc.stages
-    vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES)) or enc.rotates_value
+    vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES | Stage.NORM)) or enc.rotates_value
     if enc.softcap is not None:  # only a score_mod or the materialised scores can cap
         return (["flex"] if not vector else []) + ["chunked", "eager"]
     out = []

@@ -46,7 +46,7 @@ __all__ = [
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 BASE_ARGS = ("heads", "head_dim", "max_len", "causal")  # checked by PositionEncoding.__init__ itself
-STAGE_METHODS = ("embed", "rotate", "rotate_value", "bias", "score_terms", "qk_scores", "value_term")
+STAGE_METHODS = ("embed", "rotate", "rotate_value", "bias", "score_terms", "qk_scores", "value_term", "weights")
 # the keywords the layer and the backends pass that a method may be written without: ``ctx=``
 # (a posenc.Context) to the stages; which input rows are real tokens, and of which document,
 # to read_input
@@ -65,6 +65,7 @@ class Stage(enum.Flag):
     TERMS = enum.auto()  # score_terms(q, k, q_pos, k_pos): content-dependent relative terms
     VALUE = enum.auto()  # value_term(attn, q_pos, k_pos): relative vectors on the values
     SCORES = enum.auto()  # qk_scores(q, k, q_pos, k_pos): the q·k term itself, per (i, j) (ReRoPE)
+    NORM = enum.auto()  # weights(s): the attention weights from the masked scores, in place of softmax
 
     def names(self) -> list[str]:
         return [s.name.lower() for s in Stage if s in self and s is not Stage.NONE]
@@ -375,6 +376,16 @@ class PositionEncoding(nn.Module):
         For encodings whose ``q·k`` term is not one rotation of the queries and keys, e.g.
         two score maps merged by distance (ReRoPE, Self-Extend). ``q``, ``k`` come from the
         q/k stage (the identity for such an encoding, so the KV cache holds raw keys).
+        """
+        raise NotImplementedError
+
+    def weights(self, s: Tensor, ctx=None) -> Tensor:
+        """Normaliser stage: float32 scores ``s`` ``(B, H, Lq, Lk)`` (masked keys ``-inf``, in key
+        order) -> attention weights of the same shape, in place of ``softmax(s, -1)``.
+
+        For encodings whose position signal is the normaliser itself (stick-breaking
+        attention). A row's weights need not sum to 1; a masked key must get weight 0. Only
+        the backends that hold every key a query sees at once run it (``chunked``, ``eager``).
         """
         raise NotImplementedError
 

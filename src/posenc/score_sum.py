@@ -130,7 +130,12 @@ def materialized(
         if mask.may_hide_rows:
             blind = ~dense.any(-1, keepdim=True)  # (B|1, 1, Lq, 1)
             s.masked_fill_(blind, 0.0)  # a finite row: no NaN in forward or backward
-    attn = torch.softmax(s, dim=-1) if sinks is None else sink_softmax(s, sinks)
+    if enc.stages & Stage.NORM:  # the encoding's own normaliser (stick-breaking)
+        if sinks is not None:
+            raise ValueError(f"encoding {enc.name!r} has its own normaliser; learned sinks are a softmax feature")
+        attn = enc.weights(s, ctx=ctx)
+    else:
+        attn = torch.softmax(s, dim=-1) if sinks is None else sink_softmax(s, sinks)
     if blind is not None:
         attn = attn.masked_fill(blind, 0.0)  # output 0, as SDPA and FlexAttention give
     if dropout:
