@@ -69,7 +69,7 @@ def _streaming_reference(lm, tokens, sinks, window):
         hist = [[] for _ in lm.blocks]  # per layer: the attention input (LN'd) of each token
         for t in range(L):
             keep = list(range(min(sinks, t))) + list(range(max(min(sinks, t), t - (window - 1)), t))
-            x = lm.embed(tokens[:, t : t + 1], torch.tensor([[t]]))
+            x = lm.embed(tokens[:, t : t + 1], lm.make_call(tokens[:, t : t + 1], torch.tensor([[t]])))
             for li, b in enumerate(lm.blocks):
                 a = b.attn
                 h = b.ln1(x)

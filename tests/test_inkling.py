@@ -103,7 +103,7 @@ def test_matches_hf_attention_and_its_bias(layer, kernel, monkeypatch):
         assert_close(ours(x, backend="eager"), ref, n=N)
         for backend in posenc.supported_backends(ours.encoding):
             assert_close(ours(x, backend=backend), ref, n=N, msg=backend)
-        p = ours.project(x, torch.arange(L)[None])
+        p = ours.project(x, ours.make_call(x, torch.arange(L)[None]))
         bias = ours.encoding.bias(p.q_pos, p.k_pos, ctx=p.ctx)
     assert_close(bias, seen["bias"].expand_as(bias), n=D + D_REL)
 

@@ -184,6 +184,6 @@ def test_adaptive_input_is_scaled_by_sqrt_d_as_fairseqs_decoder_scales_it():
     model = _lm().eval()
     tokens = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(4))
     pos = torch.arange(12)[None]
-    got = model.embed(tokens, pos)
+    got = model.embed(tokens, model.make_call(tokens, pos))
     want = math.sqrt(model.config.dim) * model.tok_emb(tokens)  # rope: no input stage after it
     torch.testing.assert_close(got, want, **tolerance(n=model.config.dim))

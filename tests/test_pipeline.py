@@ -81,15 +81,16 @@ def test_public_pipeline_reproduces_the_layer(mode):
     enc = attn.encoding
     with torch.no_grad():
         ref = attn(x, pos=pos, backend="eager")
-        h = attn.embed_input(x, pos) if attn.runs_input_stage else x
-        q, k, v, q_pos, k_pos, ctx = attn.project(h, pos)
+        call = attn.make_call(x, pos)
+        h = attn.embed_input(x, call) if attn.runs_input_stage else x
+        q, k, v, q_pos, k_pos, ctx = attn.project(h, call)
         parts = posenc.scores(enc, q, k, q_pos, k_pos, parts=True, ctx=ctx)
         s = posenc.scores(enc, q, k, q_pos, k_pos, ctx=ctx)
         assert set(parts) == {"qk"} | ({"terms"} if enc.stages & Stage.TERMS else set()) | (
             {"bias"} if enc.stages & Stage.BIAS else set()
         )
         assert_close(sum(parts.values()), s, n=HEAD_DIM + L)
-        keep = attn.mask_for(L, L).dense(L, L)
+        keep = call.mask(causal=causal, window=None, chunk=None, k_len=L).dense(L, L)
         if keep is not None:
             s = s.masked_fill(~keep, float("-inf"))
         a = torch.softmax(s, -1)
@@ -110,8 +111,9 @@ def test_registry_functions_equal_the_layer(mode):
     kpm = torch.ones(2, L, dtype=torch.bool)
     kpm[1, :2] = False
     with torch.no_grad():
-        h = attn.embed_input(x, pos) if attn.runs_input_stage else x
-        p = attn.project(h, pos)
+        call = attn.make_call(x, pos)
+        h = attn.embed_input(x, call) if attn.runs_input_stage else x
+        p = attn.project(h, call)
         mask = AttentionMask(causal=causal, key_padding=kpm)
         for b in posenc.supported_backends(attn.encoding):
             out = posenc.BACKENDS[b](attn.encoding, *p[:5], mask, ctx=p.ctx)

@@ -64,7 +64,7 @@ def test_sinusoidal_embeds_the_random_positions():
     lm = posenc.TransformerLM(vocab_size=32, dim=16, depth=1, heads=2, encoding="sinusoidal", max_len=64)
     tokens = torch.randint(0, 32, (3, 10))
     pos = randomized_positions(3, 10, 64, generator=torch.Generator().manual_seed(0))
-    got = lm.embed(tokens, pos)
+    got = lm.embed(tokens, lm.make_call(tokens, pos))
     want = lm.tok_emb(tokens) + _sinusoid(pos, 16)
     # angles p·ω (p < 64) in float64 here, float32 there: eps·64 apart; one embedding add
     assert_close(got, want, n=2, magnitude=64.0)

@@ -84,7 +84,8 @@ def test_every_backend_equals_eager_on_non_finite_input(name, causal, backend):
     pos = torch.arange(8)[None]
     mask = posenc.AttentionMask(causal=causal)
     with torch.no_grad():  # the call context the layer hands its backend (FoX's gates read the input)
-        ctx = attn.project(torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0)), pos).ctx
+        x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+        ctx = attn.project(x, attn.make_call(x, pos)).ctx
     for kind in ("q", "k", "v"):
         q, k, v = _qkv(kind)
         with torch.no_grad():
@@ -167,7 +168,7 @@ def test_sink_window_calls_of_several_tokens_equal_token_by_token(enc, prefill, 
     attn, c = lm.blocks[0].attn, cache.layers[0]
     x = torch.randn(1, 3, 16)
     with torch.no_grad():
-        p = attn.project(x[:, :1], torch.tensor([[29]]), cache=c)
+        p = attn.project(x[:, :1], attn.make_call(x[:, :1], torch.tensor([[29]]), c), c)
     assert int(p.k_pos.max()) == 4 + 9 - 1  # positions stay below sinks + window
 
 

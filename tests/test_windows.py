@@ -166,8 +166,9 @@ def test_sinks_on_every_backend_equal_the_formula(enc, kw):
             return
         # eager against the formula, on the projected q, k, v
         pos = torch.arange(L)[None]
-        p = attn.project(x, pos)
-        keep = attn.mask_for(L, L).dense(L, L)[0, 0]
+        call = attn.make_call(x, pos)
+        p = attn.project(x, call)
+        keep = call.mask(causal=attn.causal, window=attn.window, chunk=attn.chunk, k_len=L).dense(L, L)[0, 0]
         add = posenc.scores(attn.encoding, p.q, p.k, p.q_pos, p.k_pos, ctx=p.ctx).masked_fill(~keep, float("-inf"))
         o = torch.softmax(torch.cat((add, attn.sinks.view(1, H, 1, 1).expand(B, H, L, 1)), -1), -1)[..., :-1] @ p.v
         ref = attn.o_proj(o.transpose(1, 2).reshape(B, L, D))

@@ -193,7 +193,8 @@ def test_segment_memory_equals_full_context():
     # each segment sees 8 memorised tokens + itself: the full causal context holds up to position 11
     assert_close(torch.cat(parts[:3], 1), full[:, :12], n=lm_n(dim=32, depth=2, length=16) + 2 * (32 + 16))
     assert mem.pos.tolist() == [list(range(8, 16))] and mem.seen == 16
-    assert all(m.shape == (2, 8, 32) and not m.requires_grad for m in mem.layers)
+    # each layer's memory is a cache policy holding its attention inputs (LN'd rows), detached
+    assert all(m.rows.shape == (2, 8, 32) and not m.rows.requires_grad for m in mem.layers)
 
 
 def test_segment_memory_truncates_context():

@@ -42,7 +42,8 @@ from . import (
 )
 from ._version import __version__ as __version__  # (ground floor: submodules read it there)
 from .allocator import tune_allocator
-from .attention import Attention, Projection
+from .attention import Attention
+from .project import Projection
 from .backends import BACKENDS, BlockOptions, select_backend, supported_backends
 from .base import PositionEncoding, Stage
 from .cache import KVCache, ModelCache, SegmentMemory, SinkWindow

@@ -2,11 +2,12 @@
 
 The layer is a pipeline of public steps; each can be called on its own::
 
-    attn(x, pos, cache)                      # all of it: checks, input stage, attend
-    attn.embed_input(x, pos, cache)          # the input stage (through the cache's input history)
-    attn.project(x, pos, cache=, memory=)    # q, k, v after the q/k stage (and the cache update)
-    attn.attend(x, pos, cache, ...)          # project -> backend -> o_proj, positions already checked
-    attn.mask_for(q_len, k_len, key_padding_mask, document_ids)   # the posenc.AttentionMask of a call
+    attn(x, pos, cache)                      # all of it: the call, input stage, attend
+    call = attn.make_call(x, pos, cache)     # the checked posenc.call.Call of x (a model makes one for all layers)
+    attn.embed_input(x, call, cache)         # the input stage (through the cache's input history)
+    attn.project(x, call, cache)             # q, k, v after the q/k stage (and the cache update)
+    attn.attend(x, call, cache)              # project -> backend -> o_proj
+    call.mask(causal=, window=, chunk=, k_len=)   # the posenc.AttentionMask of a layer
 
 The backend is a function of :data:`posenc.BACKENDS` (see :mod:`posenc.backends`):
 ``backend="auto"`` picks the fastest that can run the encoding's stages
@@ -16,42 +17,24 @@ The backend is a function of :data:`posenc.BACKENDS` (see :mod:`posenc.backends`
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import NamedTuple
-
 import torch
 from torch import Tensor, nn
 
 from .attention_choice import MaskAndBackend
 from .attention_setup import check_kv_heads, layer_encoding
 from .backends import BlockOptions, attend, canonical_backend, require_backend
-from .base import PositionEncoding, Stage, as_positions, check_lengths
-from .cache import InputHistory, KVCache, cat_positions, run_input_stage
-from .context import Context, Tables
+from .base import PositionEncoding, Stage, as_positions
+from .cache import InputHistory, KVCache, LayerMemory, run_input_stage
+from .call import Call, make_call
+from .context import Context
 from .layer_cache import layer_cache
 from .mask import AttentionMask
+from .project import Projection, encode
 from .qk_norm import check_qk_norm, qk_norms
 from .score_sum import expand_kv
 from .validate import check_args, check_dropout
 
 __all__ = ["Attention", "Projection"]
-
-
-class Projection(NamedTuple):
-    """What :meth:`Attention.project` returns: the inputs of a backend.
-
-    ``q`` ``(B, H, Lq, Dh)``, ``k``/``v`` ``(B, Hk, Lk, Dh)`` after the q/k stage (with a cache:
-    every cached key; ``Hk``: the layer's ``key_heads``, grouped k/v that the backends expand), ``q_pos`` ``(B|1, Lq)``, ``k_pos`` ``(B|1, Lk)`` int64, ``ctx`` the
-    call's :class:`~posenc.Context` (what the score side may read). A backend takes
-    ``BACKENDS[name](enc, *p[:5], mask, ctx=p.ctx)``.
-    """
-
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    q_pos: Tensor
-    k_pos: Tensor
-    ctx: Context
 
 
 class Attention(MaskAndBackend, nn.Module):
@@ -194,6 +177,27 @@ class Attention(MaskAndBackend, nn.Module):
         return layer_cache(self.encoding, *shape, window=self.window, chunk=self.chunk, causal=self.causal, **kw)
 
     # ------------------------------------------------------------------ forward
+    def make_call(
+        self,
+        x: Tensor,
+        pos: Tensor | None = None,
+        cache: KVCache | LayerMemory | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
+    ) -> Call:
+        """The :class:`~posenc.call.Call` of this layer alone on ``x`` ``(B, L, dim)`` (a model builds
+        one for all its layers): positions checked, by default continuing from ``cache``."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a Tensor, got {type(x).__name__}")
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
+        B, L, _ = x.shape
+        given = {"key_padding_mask": key_padding_mask, "document_ids": document_ids}
+        kind = {"cache": isinstance(cache, KVCache), "memory": isinstance(cache, LayerMemory)}
+        past = 0 if cache is None else cache.length
+        return make_call(B, L, encodings=[self.encoding], pos=pos, past=past, device=x.device, **given, **kind)
+
     def forward(
         self,
         x: Tensor,
@@ -206,87 +210,55 @@ class Attention(MaskAndBackend, nn.Module):
         memory_pos: Tensor | None = None,
         document_ids: Tensor | None = None,
     ) -> Tensor:
-        """Attend. See the class docstring for shapes and :meth:`attend` for ``memory``.
+        """Attend. See the class docstring for shapes.
+
+        ``memory`` ``(B, M, dim)`` at ``memory_pos`` ``(B|1, M)`` (Transformer-XL; default
+        ``0..M-1``, and ``pos`` then continues from ``M``): keys and values come from
+        ``cat(memory, x)``, queries from ``x`` only (a :class:`~posenc.cache.LayerMemory`).
 
         Raises:
             ValueError: ``x`` not ``(B, L, dim)``; bad positions (see
                 :func:`posenc.functional.check_positions`), or past ``max_len`` for an
-                encoding that does not extrapolate; unknown backend.
+                encoding that does not extrapolate; unknown backend; what
+                :func:`posenc.call.make_call` refuses.
             TypeError: float positions.
         """
-        if not isinstance(x, Tensor):
-            raise TypeError(f"x must be a Tensor, got {type(x).__name__}")
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
-        B, L, _ = x.shape
-        axes = self.encoding.axes  # coordinates per position (1: a sequence)
-        offset = cache.length if cache is not None else 0
-        if memory is not None:  # default positions: the memory first, then x
-            if memory.dim() != 3 or memory.shape[0] != B or memory.shape[2] != self.dim:
-                raise ValueError(f"memory must have shape ({B}, M, {self.dim}), got {tuple(memory.shape)}")
-            memory_pos = as_positions(memory_pos, memory.shape[1], device=x.device, batch=B, axes=axes)  # (B|1, M)
-            offset = memory.shape[1]
-        pos = as_positions(pos, L, offset=offset, device=x.device, batch=B, axes=axes)  # (B|1, L[, A])
-        check_lengths([self.encoding], pos)
+        if memory is not None:
+            if cache is not None:
+                raise ValueError("memory and cache cannot be used together")
+            B = x.shape[0] if isinstance(x, Tensor) else None
+            if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[0] != B or memory.shape[2] != self.dim:
+                raise ValueError(f"memory must have shape ({B}, M, {self.dim}), got {tuple(getattr(memory, 'shape', ()))}")
+            M, axes = memory.shape[1], self.encoding.axes
+            cache = LayerMemory.given(memory, as_positions(memory_pos, M, device=memory.device, batch=B, axes=axes))
+        call = self.make_call(x, pos, cache, key_padding_mask=key_padding_mask, document_ids=document_ids)
         if self.runs_input_stage:
-            x = self.embed_input(x, pos, cache, document_ids=document_ids)
-        return self.attend(
-            x,
-            pos,
-            cache,
-            key_padding_mask=key_padding_mask,
-            backend=backend,
-            memory=memory,
-            memory_pos=memory_pos,
-            document_ids=document_ids,
-        )
+            x = self.embed_input(x, call, cache)
+        return self.attend(x, call, cache, backend=backend)
 
-    def embed_input(
-        self, x: Tensor, pos: Tensor, cache: KVCache | None = None, *, document_ids: Tensor | None = None
-    ) -> Tensor:
+    def embed_input(self, x: Tensor, call: Call, cache: KVCache | None = None) -> Tensor:
         """The encoding's input stage on ``x`` ``(B, L, D)``; with a cache, over its input history
-        too; with ``document_ids``, on each document alone."""
+        too; with packed documents, on each document alone."""
         enc = self.encoding
         history = None
         if cache is not None and enc.input_context > 0:
             if cache.inputs is None:
                 cache.inputs = InputHistory(enc.input_context)
             history = cache.inputs
-        return run_input_stage(enc, x, pos, history, document_ids)
+        return run_input_stage(enc, x, call.pos, history, call.documents)
 
-    def project(
-        self,
-        x: Tensor,
-        pos: Tensor,
-        *,
-        cache: KVCache | None = None,
-        memory: Tensor | None = None,
-        memory_pos: Tensor | None = None,
-        tables: Tables | None = None,
-        key_padding_mask: Tensor | None = None,
-        document_ids: Tensor | None = None,
-    ) -> Projection:
-        """Projections, what the encoding reads from the input, the q/k stage: the inputs of a
-        backend (see :class:`Projection`).
+    def project(self, x: Tensor, call: Call, cache: KVCache | LayerMemory | None = None) -> Projection:
+        """Projections, what the encoding reads from the input, the q/k stage (:func:`posenc.project.encode`):
+        the inputs of a backend (see :class:`~posenc.project.Projection`).
 
-        ``pos``: ``(B|1, L[, A])`` int64, checked. With ``cache``, the new keys/values (and the
-        encoding's per-key state) are appended and every cached one comes back; with
-        ``memory`` ``(B, M, D)`` at ``memory_pos`` ``(B|1, M)`` (Transformer-XL), keys and
-        values are computed from ``cat(memory, x)``, queries from ``x`` only. ``tables``: the
-        model call's :class:`~posenc.context.Tables` memo, shared by its layers;
-        ``key_padding_mask`` (over every key of the call, its last columns these rows) and
-        ``document_ids`` go to the encoding's ``read_input``.
+        The keys come from the rows the ``cache`` names (:meth:`posenc.KVCache.key_rows`: the
+        new tokens, or a memory's rows followed by them); a KV cache appends the new keys and
+        values (and the encoding's per-key state) and returns every cached one.
         """
         enc = self.encoding
         B, L, _ = x.shape
         q = self.q_proj(x).view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
-        q_pos = k_pos = pos
-        rows = x  # the layer input rows of the keys this call adds
-        if memory is not None:
-            if cache is not None:
-                raise ValueError("memory and cache cannot be used together")
-            rows = torch.cat((memory.to(x.dtype), x), dim=1)  # (B, M + L, D)
-            k_pos = cat_positions(memory_pos, pos)  # (B|1, M + L)
+        rows, k_pos = (x, call.pos) if cache is None else cache.key_rows(x, call.pos)  # (B, Lk, D), (B|1, Lk)
         Lk = rows.shape[1]
         k = self.k_proj(rows).view(B, Lk, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, Hk, Lk, Dh)
         v = self.v_proj(rows).view(B, Lk, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, Hk, Lk, Dh)
@@ -294,60 +266,21 @@ class Attention(MaskAndBackend, nn.Module):
             k, v = expand_kv(k, v, self.key_heads)
         state: dict[str, Tensor] = {}
         if enc.reads_input:
-            keep = None if key_padding_mask is None else key_padding_mask[:, -Lk:]
-            read = enc.read_input(rows, k, v, None if cache is None else cache.carry, keep=keep, documents=document_ids)
+            keep = None if call.key_padding is None else call.key_padding[:, -Lk:]
+            read = enc.read_input(rows, k, v, None if cache is None else cache.carry, keep=keep, documents=call.documents)
             k, v, state = read.k, read.v, read.state
             if cache is not None:
                 cache.carry = read.carry
         if self.q_norm is not None and self.qk_norm_position == "before":
             q, k = self.q_norm(q), self.k_norm(k)
         q_state = {n: t[:, :, Lk - L :] for n, t in state.items()}  # the queries are the last L rows
-        ctx = Context(
-            q_pos, k_pos, x=x, q_state=q_state, k_state=state, qk_proj=(self.q_proj, self.k_proj), tables=tables
-        )
-        if enc.rotates_value:
-            v = enc.rotate_value(v, k_pos, ctx=ctx)
-        if cache is None:
-            q, k = self.qk_stage(q, k, q_pos, k_pos, ctx)
-        elif enc.cache_raw_keys or cache.reassigns_positions:  # rotate every cached key again
-            k, v, k_pos = cache.update(k, v, pos)
-            state = cache.update_state(state)
-            if cache.reassigns_positions:  # the queries follow the cached keys (SinkWindow)
-                q_pos = k_pos[:, k_pos.shape[1] - L :]
-            ctx = replace(ctx, q_pos=q_pos, k_pos=k_pos, k_state=state)
-            q, k = self.qk_stage(q, k, q_pos, k_pos, ctx)
-        else:
-            q, k = self.qk_stage(q, k, q_pos, k_pos, ctx)
-            k, v, k_pos = cache.update(k, v, pos)
-            state = cache.update_state(state)
-            ctx = replace(ctx, k_pos=k_pos, k_state=state)
-        return Projection(q, k.to(q.dtype), v.to(q.dtype), q_pos, k_pos, ctx)
+        ctx = Context(call.pos, k_pos, x=x, q_state=q_state, k_state=state, qk_proj=(self.q_proj, self.k_proj), tables=call.tables)
+        norms = (self.q_norm, self.k_norm) if self.q_norm is not None and self.qk_norm_position == "after" else None
+        return encode(enc, q, k, v, ctx, norms=norms, cache=cache if cache is not None and cache.stores_keys else None)
 
-    def qk_stage(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: Context | None = None):
-        """The encoding's ``rotate``, then the q/k norm where it runs ``"after"`` it."""
-        q, k = self.encoding.rotate(q, k, q_pos, k_pos, ctx=ctx)
-        if self.q_norm is not None and self.qk_norm_position == "after":
-            q, k = self.q_norm(q), self.k_norm(k)
-        return q, k
-
-    def attend(
-        self,
-        x: Tensor,
-        pos: Tensor,
-        cache: KVCache | None = None,
-        *,
-        key_padding_mask: Tensor | None = None,
-        backend: str | None = None,
-        memory: Tensor | None = None,
-        memory_pos: Tensor | None = None,
-        document_ids: Tensor | None = None,
-        tables: Tables | None = None,
-    ) -> Tensor:
-        """:meth:`project`, the backend, the output projection: ``(B, L, D)``.
-
-        For callers that checked ``pos`` already (``(B|1, L)`` int64; a model checks once
-        for all its layers) and ran the input stage where it belongs. ``tables``: the model
-        call's :class:`~posenc.context.Tables`, so layers sharing an encoding share its tables.
+    def attend(self, x: Tensor, call: Call, cache: KVCache | LayerMemory | None = None, *, backend: str | None = None) -> Tensor:
+        """:meth:`project`, the backend, the output projection: ``(B, L, D)``, for ``x`` whose
+        input stage ran where it belongs (a model runs it; :meth:`forward` does for a bare layer).
 
         A cache that cannot take all ``L`` tokens in one call without evicting keys an
         earlier query of the call sees (:attr:`posenc.KVCache.room`: a
@@ -358,28 +291,19 @@ class Attention(MaskAndBackend, nn.Module):
         L = x.shape[1]
         room = None if cache is None else cache.room
         if room is None or L <= room:
-            return self._attend(x, pos, cache, key_padding_mask, backend, memory, memory_pos, document_ids, tables)
-        seen, outs, start = cache.length, [], 0
+            return self._attend(x, call, cache, backend)
+        outs, start = [], 0
         while start < L:
             end = start + max(1, min(L - start, cache.room))
-            kpm = None if key_padding_mask is None else key_padding_mask[:, : seen + end]
-            docs = None if document_ids is None else document_ids[..., start:end]
-            piece = (x[:, start:end], pos[:, start:end], cache, kpm, backend, memory, memory_pos, docs, tables)
-            outs.append(self._attend(*piece))
+            outs.append(self._attend(x[:, start:end], call.piece(start, end), cache, backend))
             start = end
         return torch.cat(outs, dim=1)
 
-    def _attend(self, x, pos, cache, key_padding_mask, backend, memory, memory_pos, document_ids, tables) -> Tensor:
+    def _attend(self, x: Tensor, call: Call, cache, backend: str | None) -> Tensor:
         B, L, _ = x.shape
-        kw = {"key_padding_mask": key_padding_mask, "document_ids": document_ids, "tables": tables}
-        p = self.project(x, pos, cache=cache, memory=memory, memory_pos=memory_pos, **kw)
+        p = self.project(x, call, cache)
         Lk = p.k.shape[2]
-        if cache is not None and key_padding_mask is not None:
-            key_padding_mask = cache.select_keys(key_padding_mask)
-        mask = self.mask_for(L, Lk, key_padding_mask, document_ids)
-        if cache is not None:
-            mask = replace(mask, **cache.mask_fields(Lk))
-        mask.check(B, L, Lk)
+        mask = call.mask(causal=self.causal, window=self.window, chunk=self.chunk, k_len=Lk, cache=cache)
         drop = self.attn_dropout if self.training else 0.0
         name = self.resolve_backend(backend, x.device.type, L, Lk, causal=mask.causal, dropout=drop > 0)
         kw = {"ctx": p.ctx, "backend": name, "options": self.block_options, "sinks": self.sinks, "dropout": drop}

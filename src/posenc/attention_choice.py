@@ -1,42 +1,15 @@
-"""The per-call choices of :class:`posenc.Attention`: the :class:`~posenc.AttentionMask` of a
-call and the backend it runs (a mixin the layer inherits: these read only its settings)."""
+"""The per-call choice of :class:`posenc.Attention`: the backend a call runs (a mixin the layer
+inherits: it reads only the layer's settings)."""
 
 from __future__ import annotations
 
-from torch import Tensor
-
 from .backends import canonical_backend, require_backend, select_backend
-from .mask import AttentionMask
 
 __all__ = ["MaskAndBackend"]
 
 
 class MaskAndBackend:
-    """:meth:`mask_for` and :meth:`resolve_backend` of a layer with ``causal``, ``window``,
-    ``chunk``, ``backend`` and ``encoding`` attributes."""
-
-    def mask_for(
-        self, q_len: int, k_len: int, key_padding_mask: Tensor | None = None, document_ids: Tensor | None = None
-    ) -> AttentionMask:
-        """The :class:`~posenc.AttentionMask` of a call with ``q_len`` queries, the last of ``k_len`` keys.
-
-        Raises:
-            ValueError: ``document_ids`` with cached or memory keys (``k_len != q_len``), or
-                not an integer ``(B|1, q_len)`` tensor.
-        """
-        if document_ids is not None and k_len != q_len:
-            raise ValueError(
-                f"document_ids (packed sequences) need every key in this call: got {k_len - q_len} cached or memory "
-                "keys; pack documents without a cache or memory"
-            )
-        return AttentionMask(
-            causal=self.causal,
-            offset=k_len - q_len,
-            key_padding=key_padding_mask,
-            documents=document_ids,
-            window=self.window,
-            chunk=self.chunk,
-        )
+    """:meth:`resolve_backend` of a layer with ``causal``, ``backend`` and ``encoding`` attributes."""
 
     def resolve_backend(
         self,

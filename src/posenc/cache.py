@@ -7,16 +7,19 @@
   decoding token by token equals the full forward.
 * :class:`ModelCache` — one :class:`KVCache` per layer, plus the history of input stages
   the model runs outside the layers.
-* :class:`SegmentMemory` — Transformer-XL's recurrence: each layer's inputs of the last
-  ``memory_len`` tokens of earlier segments, detached.
+* :class:`LayerMemory` — Transformer-XL's recurrence as a cache policy: the attention
+  inputs of the last ``memory_len`` tokens of earlier segments (detached), whose keys are
+  computed again with the new rows'; :class:`SegmentMemory` holds one per layer.
 * :class:`WindowKVCache` — a cache that keeps only some keys: the last ``W - 1`` for a
   sliding-window or chunked layer (a rolling cache, ``O(W)`` memory, equal to the full
   forward), or the first ``S`` plus the last ``W - 1`` with positions counted inside the
   cache (:class:`SinkWindow`, StreamingLLM).
 
-Which keys the cache stores (rotated, or raw for encodings with ``cache_raw_keys``) and
-how long the input history and the memory are, the encodings declare (see
-:class:`posenc.PositionEncoding`); nothing here knows an encoding.
+Every layer cache answers the same questions (:meth:`KVCache.key_rows`, :meth:`KVCache.update`,
+:attr:`KVCache.stores_keys`, :meth:`KVCache.mask_fields`, :meth:`KVCache.select_keys`), so the
+layer has one path for all of them. Which keys a cache stores (rotated, or raw for encodings
+with ``cache_raw_keys``) and how long the input history and the memory are, the encodings
+declare (see :class:`posenc.PositionEncoding`); nothing here knows an encoding.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ __all__ = [
     "InputHistory",
     "ModelCache",
     "SegmentMemory",
+    "LayerMemory",
     "cat_positions",
     "document_spans",
     "run_input_stage",
@@ -85,9 +89,7 @@ def run_input_stage(
     equal ids of each row on its own, so a stage that reads neighbouring inputs (a
     convolution) never reads across a document boundary.
     """
-    if documents is not None:
-        if history is not None:
-            raise ValueError("packed documents (document_ids) cannot be used with a cache")
+    if documents is not None:  # (posenc.call.make_call refuses documents with a cache)
         return _per_document(enc, x, pos, documents)
     return enc.embed(x, pos) if history is None else history.embed(enc, x, pos)
 
@@ -179,6 +181,13 @@ class KVCache(nn.Module):
 
     reassigns_positions = False  # positions of cached keys are those they were written with
     room: int | None = None  # tokens one call may add and still equal token-by-token decoding (None: any)
+    stores_keys = True  # keys and values are written by update() (a memory keeps rows instead)
+    selects_keys = False  # keys a per-token mask covers are all kept (select_keys is the identity)
+
+    def key_rows(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """The layer input rows the keys of this call are projected from, and their positions:
+        those of the new tokens (``x`` ``(B, L, D)``, ``pos``); the cached keys come from :meth:`update`."""
+        return x, pos
 
     def mask_fields(self, k_len: int) -> dict:
         """:class:`~posenc.AttentionMask` fields of a call that attends to ``k_len`` keys of this cache."""
@@ -266,6 +275,8 @@ class WindowKVCache(KVCache):
         self.k, self.v, self.pos = self.k[:, :, :0], self.v[:, :, :0], self.pos[:, :0]
         self.index = self.held = self.index[:0]
 
+    selects_keys = True
+
     @property
     def reassigns_positions(self) -> bool:
         return self.policy is not None
@@ -348,35 +359,91 @@ class ModelCache:
             h.reset()
 
 
+class LayerMemory:
+    """One layer's Transformer-XL memory, a cache policy: the keys of a call are the memory's
+    rows followed by the new ones.
+
+    It keeps the attention inputs ``(B, ≤M, D)`` of the last ``memory_len`` tokens (detached,
+    the paper's stop-gradient ``SG(h)``) and their positions; :meth:`key_rows` returns them
+    followed by the new rows, and keeps the last ``memory_len`` of both for the next segment.
+    Keys and values are projected from all of them at every call (so ``W_K``/``W_V`` learn
+    from the memory's tokens too); nothing is written by :meth:`update`.
+    """
+
+    stores_keys = False
+    selects_keys = False
+    reassigns_positions = False
+    room = None
+
+    def __init__(self, memory_len: int, rows: Tensor | None = None, pos: Tensor | None = None, seen: int | None = None):
+        self.memory_len = memory_len
+        self.rows, self.pos = rows, pos
+        self.length = (0 if rows is None else rows.shape[1]) if seen is None else seen  # tokens seen
+        self.inputs: InputHistory | None = None
+        self.carry = None  # an encoding's read_input state runs over all the rows at every call
+
+    @classmethod
+    def given(cls, rows: Tensor, pos: Tensor) -> LayerMemory:
+        """A memory holding ``rows`` ``(B, M, D)`` at ``pos`` ``(B|1, M[, A])`` (a bare layer's ``memory=``)."""
+        return cls(rows.shape[1], rows, pos)
+
+    def key_rows(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """The memory's rows followed by ``x``, and their positions; remembers the last ``memory_len``."""
+        if self.rows is None:
+            rows, rows_pos = x, pos
+        else:
+            if self.rows.shape[0] != x.shape[0]:
+                raise ValueError(f"memory holds batch size {self.rows.shape[0]}, got a batch of {x.shape[0]}")
+            rows, rows_pos = torch.cat((self.rows.to(x.dtype), x), 1), cat_positions(self.pos, pos)  # (B, M + L, D)
+        self.rows, self.pos = rows[:, -self.memory_len :].detach(), rows_pos[:, -self.memory_len :]
+        self.length += x.shape[1]
+        return rows, rows_pos
+
+    def update(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return k, v, pos
+
+    def update_state(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        return state
+
+    def mask_fields(self, k_len: int) -> dict:
+        return {}
+
+    def select_keys(self, t: Tensor) -> Tensor:
+        return t
+
+    def reset(self) -> None:
+        self.rows = self.pos = None
+        self.length, self.carry = 0, None
+
+
 @dataclass
 class SegmentMemory:
-    """Transformer-XL memory: the last ``memory_len`` inputs of each layer, detached.
+    """Transformer-XL memory of a model: one :class:`LayerMemory` per layer.
 
-    ``layers[l]`` is ``(B, M, D)`` (None before the first segment), ``pos`` their
-    positions ``(B|1, M)``; ``seen`` counts the tokens passed so far, which is where the
-    next segment's default positions start.
+    ``seen`` counts the tokens passed so far, which is where the next segment's default
+    positions start; ``pos`` the positions the memories hold ``(B|1, ≤M)`` (None before the
+    first segment).
     """
 
     memory_len: int
-    layers: list[Tensor | None]
-    pos: Tensor | None = None
-    seen: int = 0
+    layers: list[LayerMemory]
+
+    @classmethod
+    def empty(cls, memory_len: int, depth: int) -> SegmentMemory:
+        return cls(memory_len, [LayerMemory(memory_len) for _ in range(depth)])
+
+    @property
+    def seen(self) -> int:
+        return self.layers[0].length
+
+    @property
+    def pos(self) -> Tensor | None:
+        return self.layers[0].pos
 
     @property
     def length(self) -> int:
-        return 0 if self.pos is None else self.pos.shape[-1]
+        return 0 if self.pos is None else self.pos.shape[1]
 
     def reset(self) -> None:
-        self.layers = [None] * len(self.layers)
-        self.pos, self.seen = None, 0
-
-    def remember(self, layer: int, x: Tensor) -> None:
-        """Keep the last ``memory_len`` of (memory, ``x``) as layer ``layer``'s memory (detached)."""
-        mem = self.layers[layer]
-        self.layers[layer] = (x if mem is None else torch.cat((mem, x), 1))[:, -self.memory_len :].detach()
-
-    def advance(self, pos: Tensor) -> None:
-        """After every layer remembered a segment at positions ``pos`` ``(B|1, L)``."""
-        mpos = pos if self.pos is None else cat_positions(self.pos, pos)  # (B|1, M + L)
-        self.pos = mpos[:, -self.memory_len :]
-        self.seen += pos.shape[-1]
+        for m in self.layers:
+            m.reset()

@@ -24,12 +24,11 @@ from torch import Tensor, nn
 from .adaptive import AdaptiveInput, adaptive_head, tie_bands
 from .attention import Attention
 from .attention_setup import build_for_layer
-from .base import PositionEncoding, Stage, as_positions, check_lengths
-from .cache import InputHistory, KVCache, ModelCache, SegmentMemory, run_input_stage
+from .base import PositionEncoding, Stage
+from .cache import InputHistory, KVCache, LayerMemory, ModelCache, SegmentMemory, run_input_stage
+from .call import Call, make_call
 from .config import ModelConfig
-from .context import Tables
 from .layer_encodings import layer_encodings
-from .positions import document_positions
 from .validate import check_memory
 
 __all__ = ["TransformerLM", "Block"]
@@ -63,37 +62,13 @@ class Block(nn.Module):
         enc = attn.encoding
         self.layer_input = bool(enc.stages & Stage.INPUT) and enc.input_at == "layer"
 
-    def attention_input(
-        self, x: Tensor, pos: Tensor, cache: KVCache | None = None, document_ids: Tensor | None = None
-    ) -> Tensor:
+    def attention_input(self, x: Tensor, call: Call, cache: KVCache | None = None) -> Tensor:
         """What the attention projects: ``LN(x)``, plus the encoding's input stage if it acts per layer."""
         h = self.ln1(x)
-        return self.attn.embed_input(h, pos, cache, document_ids=document_ids) if self.layer_input else h
+        return self.attn.embed_input(h, call, cache) if self.layer_input else h
 
-    def forward(
-        self,
-        x: Tensor,
-        pos: Tensor,
-        cache: KVCache | None = None,
-        *,
-        key_padding_mask: Tensor | None = None,
-        memory: Tensor | None = None,
-        memory_pos: Tensor | None = None,
-        document_ids: Tensor | None = None,
-        tables: Tables | None = None,
-    ) -> Tensor:
-        memory = None if memory is None else self.ln1(memory)  # memory holds block inputs
-        h = self.attn.attend(
-            self.attention_input(x, pos, cache, document_ids),
-            pos,
-            cache,
-            key_padding_mask=key_padding_mask,
-            memory=memory,
-            memory_pos=memory_pos,
-            document_ids=document_ids,
-            tables=tables,
-        )
-        x = x + self.drop(h)
+    def forward(self, x: Tensor, call: Call, cache: KVCache | LayerMemory | None = None) -> Tensor:
+        x = x + self.drop(self.attn.attend(self.attention_input(x, call, cache), call, cache))
         return x + self.mlp(self.ln2(x))
 
 
@@ -243,21 +218,17 @@ class TransformerLM(nn.Module):
                 f"memory_len must be an int >= 1, got {m!r}; build the encoding with memory_len >= 1 "
                 "(xl) or pass init_memory(memory_len=M)"
             )
-        return SegmentMemory(m, [None] * self.depth)
+        return SegmentMemory.empty(m, self.depth)
 
-    def _run_stages(
-        self, at: int, x: Tensor, pos: Tensor, cache: ModelCache | None, documents: Tensor | None = None
-    ) -> Tensor:
+    def _run_stages(self, at: int, x: Tensor, call: Call, cache: ModelCache | None) -> Tensor:
         for enc in self.stages_before.get(at, ()):
             history = None
             if cache is not None and enc.input_context > 0:
                 history = cache.inputs.setdefault(at, InputHistory(enc.input_context))
-            x = run_input_stage(enc, x, pos, history, documents)
+            x = run_input_stage(enc, x, call.pos, history, call.documents)
         return x
 
-    def embed(
-        self, tokens: Tensor, pos: Tensor, cache: ModelCache | None = None, document_ids: Tensor | None = None
-    ) -> Tensor:
+    def embed(self, tokens: Tensor, call: Call, cache: ModelCache | None = None) -> Tensor:
         """Token embeddings plus the input stages at the embeddings: ``(B, L)`` -> ``(B, L, D)``.
 
         An adaptive input is scaled by ``D^1/2`` before the input stages, as fairseq's decoder
@@ -266,7 +237,31 @@ class TransformerLM(nn.Module):
         x = tokens if self.tok_emb is None else self.tok_emb(tokens)
         if self.adaptive:
             x = x * self.config.dim**0.5
-        return self._run_stages(0, x, pos, cache, document_ids)
+        return self._run_stages(0, x, call, cache)
+
+    def make_call(
+        self,
+        tokens: Tensor,
+        pos: Tensor | None = None,
+        cache: ModelCache | None = None,
+        memory: SegmentMemory | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
+    ) -> Call:
+        """The :class:`~posenc.call.Call` every layer of one forward shares (see :meth:`forward`)."""
+        if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be an integer tensor, got {getattr(tokens, 'dtype', type(tokens))}")
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must have shape (B, L), got {tuple(tokens.shape)}")
+        for what, held in (("cache", cache), ("memory", memory)):
+            if held is not None and len(held.layers) != self.depth:
+                raise ValueError(f"{what} has {len(held.layers)} layers, model has {self.depth}")
+        B, L = tokens.shape
+        past = cache.length if cache is not None else memory.seen if memory is not None else 0
+        kw = {"key_padding_mask": key_padding_mask, "document_ids": document_ids}
+        kind = {"cache": cache is not None, "memory": memory is not None}
+        return make_call(B, L, encodings=self.encodings, pos=pos, past=past, device=tokens.device, **kw, **kind)
 
     def forward(
         self,
@@ -307,27 +302,9 @@ class TransformerLM(nn.Module):
                 position past ``max_len`` for an encoding that does not extrapolate.
             TypeError: non-integer tokens or positions.
         """
-        if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-            raise TypeError(f"tokens must be an integer tensor, got {getattr(tokens, 'dtype', type(tokens))}")
-        if tokens.dim() != 2:
-            raise ValueError(f"tokens must have shape (B, L), got {tuple(tokens.shape)}")
-        B, L = tokens.shape
-        if cache is not None and len(cache.layers) != self.depth:
-            raise ValueError(f"cache has {len(cache.layers)} layers, model has {self.depth}")
-        if memory is not None and cache is not None:
-            raise ValueError("memory and cache cannot be used together")
-        if memory is not None and key_padding_mask is not None:
-            raise ValueError("key_padding_mask is not supported together with memory")
-        axes = self.blocks[0].attn.encoding.axes  # coordinates per position (1: a sequence)
-        if document_ids is not None:
-            document_ids = self._check_documents(document_ids, B, L, cache, memory)
-            if pos is None and axes == 1:
-                pos = document_positions(document_ids)  # (B|1, L)
-        offset = cache.length if cache is not None else memory.seen if memory is not None else 0
-        pos = as_positions(pos, L, offset=offset, device=tokens.device, batch=B, axes=axes)  # (B|1, L[, A])
-        check_lengths(self.encodings, pos)  # once, for every layer
+        call = self.make_call(tokens, pos, cache, memory, key_padding_mask=key_padding_mask, document_ids=document_ids)
         try:
-            x = self.drop(self.embed(tokens, pos, cache, document_ids))
+            x = self.drop(self.embed(tokens, call, cache))
         except IndexError:  # checked only on failure: no host sync on the hot path
             bad = tokens[(tokens < 0) | (tokens >= self.vocab_size)]
             if bad.numel():
@@ -335,23 +312,11 @@ class TransformerLM(nn.Module):
                     f"token id {int(bad[0])} is out of range for vocab_size={self.vocab_size} (ids must be 0..{self.vocab_size - 1})"
                 ) from None
             raise
-        tables = Tables()  # position tables computed once for this call, shared by the layers
-        for i, block in enumerate(self.blocks):
+        layers = cache.layers if cache is not None else memory.layers if memory is not None else [None] * self.depth
+        for i, (block, layer_cache) in enumerate(zip(self.blocks, layers, strict=True)):
             if i > 0:
-                x = self._run_stages(i, x, pos, cache, document_ids)
-            if memory is None:
-                layer_cache = cache.layers[i] if cache is not None else None
-                kw = {"key_padding_mask": key_padding_mask, "document_ids": document_ids, "tables": tables}
-                x = block(x, pos, layer_cache, **kw)
-                continue
-            mem = memory.layers[i]
-            if mem is not None and mem.shape[0] != B:
-                raise ValueError(f"memory holds batch size {mem.shape[0]}, got tokens of batch size {B}")
-            x_in = x
-            x = block(x, pos, memory=mem, memory_pos=memory.pos if mem is not None else None, tables=tables)
-            memory.remember(i, x_in)
-        if memory is not None:
-            memory.advance(pos)
+                x = self._run_stages(i, x, call, cache)
+            x = block(x, call, layer_cache)
         return self.output(self.ln_f(x), targets)
 
     def output(self, h: Tensor, targets: Tensor | None = None) -> Tensor:
@@ -372,19 +337,6 @@ class TransformerLM(nn.Module):
         # steps every band on every update, with any number of processes (and DDP sees every
         # parameter used)
         return nll + 0.0 * sum(p.sum() for p in self.head.tail.parameters())
-
-    @staticmethod
-    def _check_documents(ids, batch: int, length: int, cache, memory) -> Tensor:
-        """``document_ids`` as ``(B|1, L)``; ``ValueError``/``TypeError`` naming what is wrong."""
-        if not isinstance(ids, Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-            raise TypeError(f"document_ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
-        if ids.dim() == 1:
-            ids = ids.unsqueeze(0)
-        if ids.dim() != 2 or ids.shape[-1] != length or ids.shape[0] not in (1, batch):
-            raise ValueError(f"document_ids must have shape ({length},) or ({batch}, {length}), got {tuple(ids.shape)}")
-        if cache is not None or memory is not None:
-            raise ValueError("document_ids (packed sequences) cannot be used with a cache or memory")
-        return ids
 
     def num_params(self) -> int:
         """Distinct parameters, trainable or not (tied and shared tensors counted once)."""

@@ -66,7 +66,7 @@ def input_split(model, layer: int, tokens: Tensor, pos: Tensor) -> tuple[Tensor,
         return (*_ln_split(ln, c, x - c), "x + p at the embeddings, split through ln1")
     h = ln(x)
     if model.blocks[layer].layer_input:
-        return h, attn.embed_input(h, pos) - h, "embed(h) - h inside the layer"
+        return h, attn.embed_input(h, attn.make_call(h, pos)) - h, "embed(h) - h inside the layer"
     how = "no input stage" if not enc.stages & Stage.INPUT else f"layer {layer} > 0: position already mixed in"
     if model.tok_emb is None:
         how = "the encoding builds the embedding: content and position not separable"
@@ -87,7 +87,7 @@ def decompose_terms(model, tokens: Tensor, *, layer: int = 0) -> tuple[dict[str,
         what = f"qk_norm={attn.qk_norm!r}" if attn.q_norm is not None else f"softcap={enc.softcap}"
         raise ValueError(f"layer {layer} has {what}: its logits are not a sum of content and position terms")
     c, p, how = input_split(model, layer, tokens, pos)
-    qc, kc = attn.project(c, pos)[:2]  # rotated; projection biases stay with the content
+    qc, kc = attn.project(c, attn.make_call(c, pos))[:2]  # rotated; projection biases stay with the content
     qp = (p @ attn.q_proj.weight.t()).view(B, L, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, L, Dh)
     # grouped k/v: kv_heads key heads (H where the encoding's key side is per head: Attention.key_heads)
     kp = (p @ attn.k_proj.weight.t()).view(B, L, attn.kv_heads, attn.head_dim).transpose(1, 2)
@@ -121,7 +121,7 @@ def decompose_terms(model, tokens: Tensor, *, layer: int = 0) -> tuple[dict[str,
         terms["rel·rel"] = t00
         terms["terms rest"] = tqk - tq0 - t0k + t00
     if enc.stages & Stage.BIAS:
-        ctx = attn.project(c + p, pos).ctx  # what the layer hands the bias (fox, inkling read the input)
+        ctx = attn.project(c + p, attn.make_call(c, pos)).ctx  # what the layer hands the bias (fox, inkling read the input)
         terms["bias"] = enc.bias(pos, pos, ctx=ctx).float().expand(B, -1, -1, -1)
     x = layer_inputs(model, tokens, pos)[layer]
     total = sum(score_parts(model.blocks[layer], x, pos).values())

@@ -82,5 +82,6 @@ def score_parts(block, x: Tensor, pos: Tensor) -> dict[str, Tensor]:
     (:func:`posenc.scores` with ``parts=True``, the sum every backend computes).
     """
     attn = block.attn
-    p = attn.project(block.attention_input(x, pos), pos)
+    call = attn.make_call(x, pos)
+    p = attn.project(block.attention_input(x, call), call)
     return scores(attn.encoding, p.q, p.k, p.q_pos, p.k_pos, parts=True, ctx=p.ctx)

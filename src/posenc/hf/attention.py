@@ -45,9 +45,10 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from ..backends import attend
-from ..base import PositionEncoding, Stage
+from ..base import PositionEncoding
 from ..context import Context
 from ..mask import AttentionMask
+from ..project import encode
 from ..score_sum import expand_kv
 from .masks import PosencMask, mask_interface
 
@@ -129,12 +130,9 @@ def attention_forward(
         ctx = Context(q_pos, k_pos, qk_proj=qk_proj)
     if enc.per_head_keys:  # key-side stages with per-head parameters see every query head's keys
         key, value = expand_kv(key, value, H)
-    if enc.stages & Stage.QK:  # on the grouped heads: one rotation per key head
-        query, key = enc.rotate(query, key, q_pos, k_pos, ctx=ctx)
-    if enc.rotates_value:
-        value = enc.rotate_value(value, k_pos, ctx=ctx)
-    # grouped heads stay grouped: posenc.backends.attend expands them (sdpa without a copy)
-    key, value = key.to(query.dtype), value.to(query.dtype)
+    # the q/k side, written once for posenc's layer and this one (HF's cache holds raw keys:
+    # every key comes in and is rotated here); grouped heads stay grouped: attend expands them
+    query, key, value, q_pos, k_pos, ctx = encode(enc, query, key, value, ctx)
     windows = [w for w in (mask.window, own.get("window")) if w is not None]
     sinks = kwargs.get("s_aux")
     if sinks is None:
