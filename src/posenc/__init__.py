@@ -43,16 +43,17 @@ from . import (
 from ._version import __version__ as __version__  # (ground floor: submodules read it there)
 from .allocator import tune_allocator
 from .attention import Attention
-from .project import Projection
 from .backends import BACKENDS, BlockOptions, select_backend, supported_backends
 from .base import PositionEncoding, Stage
-from .cache import KVCache, ModelCache, SegmentMemory, SinkWindow
+from .cache import KVCache, ModelCache, SinkWindow
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import LayerSpec, ModelConfig
 from .context import Context, InputRead, Tables
 from .mask import AttentionMask
+from .memory import SegmentMemory
 from .model import TransformerLM
 from .patterns import PRESETS, layers
+from .project import Projection
 from .qk_norm import QKNorm
 from .registry import available, build, get_class, register
 from .score_sum import scores

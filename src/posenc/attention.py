@@ -24,11 +24,12 @@ from .attention_choice import MaskAndBackend
 from .attention_setup import check_kv_heads, layer_encoding
 from .backends import BlockOptions, attend, canonical_backend, require_backend
 from .base import PositionEncoding, Stage, as_positions
-from .cache import InputHistory, KVCache, LayerMemory, run_input_stage
+from .cache import InputHistory, KVCache, run_input_stage
 from .call import Call, make_call
 from .context import Context
 from .layer_cache import layer_cache
 from .mask import AttentionMask
+from .memory import LayerMemory
 from .project import Projection, encode
 from .qk_norm import check_qk_norm, qk_norms
 from .score_sum import expand_kv
@@ -227,8 +228,15 @@ class Attention(MaskAndBackend, nn.Module):
             if cache is not None:
                 raise ValueError("memory and cache cannot be used together")
             B = x.shape[0] if isinstance(x, Tensor) else None
-            if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[0] != B or memory.shape[2] != self.dim:
-                raise ValueError(f"memory must have shape ({B}, M, {self.dim}), got {tuple(getattr(memory, 'shape', ()))}")
+            if (
+                not isinstance(memory, Tensor)
+                or memory.dim() != 3
+                or memory.shape[0] != B
+                or memory.shape[2] != self.dim
+            ):
+                raise ValueError(
+                    f"memory must have shape ({B}, M, {self.dim}), got {tuple(getattr(memory, 'shape', ()))}"
+                )
             M, axes = memory.shape[1], self.encoding.axes
             cache = LayerMemory.given(memory, as_positions(memory_pos, M, device=memory.device, batch=B, axes=axes))
         call = self.make_call(x, pos, cache, key_padding_mask=key_padding_mask, document_ids=document_ids)
@@ -267,18 +275,24 @@ class Attention(MaskAndBackend, nn.Module):
         state: dict[str, Tensor] = {}
         if enc.reads_input:
             keep = None if call.key_padding is None else call.key_padding[:, -Lk:]
-            read = enc.read_input(rows, k, v, None if cache is None else cache.carry, keep=keep, documents=call.documents)
+            read = enc.read_input(
+                rows, k, v, None if cache is None else cache.carry, keep=keep, documents=call.documents
+            )
             k, v, state = read.k, read.v, read.state
             if cache is not None:
                 cache.carry = read.carry
         if self.q_norm is not None and self.qk_norm_position == "before":
             q, k = self.q_norm(q), self.k_norm(k)
         q_state = {n: t[:, :, Lk - L :] for n, t in state.items()}  # the queries are the last L rows
-        ctx = Context(call.pos, k_pos, x=x, q_state=q_state, k_state=state, qk_proj=(self.q_proj, self.k_proj), tables=call.tables)
+        ctx = Context(
+            call.pos, k_pos, x=x, q_state=q_state, k_state=state, qk_proj=(self.q_proj, self.k_proj), tables=call.tables
+        )
         norms = (self.q_norm, self.k_norm) if self.q_norm is not None and self.qk_norm_position == "after" else None
         return encode(enc, q, k, v, ctx, norms=norms, cache=cache if cache is not None and cache.stores_keys else None)
 
-    def attend(self, x: Tensor, call: Call, cache: KVCache | LayerMemory | None = None, *, backend: str | None = None) -> Tensor:
+    def attend(
+        self, x: Tensor, call: Call, cache: KVCache | LayerMemory | None = None, *, backend: str | None = None
+    ) -> Tensor:
         """:meth:`project`, the backend, the output projection: ``(B, L, D)``, for ``x`` whose
         input stage ran where it belongs (a model runs it; :meth:`forward` does for a bare layer).
 

@@ -66,7 +66,9 @@ class Call:
         if shared and key in self._masks:
             return self._masks[key]
         given = {"window": window, "chunk": chunk, **fields}  # the cache's own fields win (SinkWindow)
-        m = AttentionMask(causal=causal, offset=k_len - self.length, key_padding=padding, documents=self.documents, **given)
+        m = AttentionMask(
+            causal=causal, offset=k_len - self.length, key_padding=padding, documents=self.documents, **given
+        )
         m.check(self.batch, self.length, k_len)
         if shared:
             self._masks[key] = m

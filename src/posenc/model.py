@@ -25,10 +25,11 @@ from .adaptive import AdaptiveInput, adaptive_head, tie_bands
 from .attention import Attention
 from .attention_setup import build_for_layer
 from .base import PositionEncoding, Stage
-from .cache import InputHistory, KVCache, LayerMemory, ModelCache, SegmentMemory, run_input_stage
+from .cache import InputHistory, KVCache, ModelCache, run_input_stage
 from .call import Call, make_call
 from .config import ModelConfig
 from .layer_encodings import layer_encodings
+from .memory import LayerMemory, SegmentMemory
 from .validate import check_memory
 
 __all__ = ["TransformerLM", "Block"]

@@ -121,7 +121,9 @@ def decompose_terms(model, tokens: Tensor, *, layer: int = 0) -> tuple[dict[str,
         terms["rel·rel"] = t00
         terms["terms rest"] = tqk - tq0 - t0k + t00
     if enc.stages & Stage.BIAS:
-        ctx = attn.project(c + p, attn.make_call(c, pos)).ctx  # what the layer hands the bias (fox, inkling read the input)
+        ctx = attn.project(
+            c + p, attn.make_call(c, pos)
+        ).ctx  # what the layer hands the bias (fox, inkling read the input)
         terms["bias"] = enc.bias(pos, pos, ctx=ctx).float().expand(B, -1, -1, -1)
     x = layer_inputs(model, tokens, pos)[layer]
     total = sum(score_parts(model.blocks[layer], x, pos).values())

@@ -40,6 +40,8 @@ What the attention interface does not carry, and how it is rebuilt here:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
@@ -52,20 +54,47 @@ from ..project import encode
 from ..score_sum import expand_kv
 from .masks import PosencMask, mask_interface
 
-__all__ = ["NAME", "PosencMask", "attention_forward", "mask_interface", "register", "layer_encoding"]
+__all__ = ["NAME", "LayerRecord", "PosencMask", "attention_forward", "mask_interface", "register", "layer_encoding"]
 
 NAME = "posenc"
+RECORD = "posenc"  # the attribute of a converted attention module that holds its LayerRecord
 
 
-def layer_encoding(module: nn.Module) -> PositionEncoding:
-    """The posenc encoding a converted model attached to the attention ``module``."""
-    enc = module.__dict__.get("posenc_encoding")
-    if enc is None:
+@dataclass(frozen=True, eq=False)
+class LayerRecord:
+    """What a converted model keeps on one HF attention module (:meth:`posenc.hf.stack.PosencStack.wire`).
+
+    ``encoding``: the layer's posenc encoding; ``window``/``chunk``: the layer's own mask fields
+    (joined with HF's); ``sinks``: posenc's learned sink logits ``(H,)`` (None: HF's own or none);
+    ``rotary``: the model's rotary stand-in (multimodal positions); ``hidden``: where the
+    encodings that read the hidden state keep their per-cache state; ``qk_proj``: the layer's
+    ``(W_Q, W_K)``; ``scores``: HF's ``(scaling, softcap)`` at conversion, which calls must keep.
+    """
+
+    encoding: PositionEncoding
+    window: int | None = None
+    chunk: int | None = None
+    sinks: Tensor | None = None
+    rotary: nn.Module | None = None
+    hidden: object = None
+    qk_proj: tuple | None = None
+    scores: tuple = (None, None)
+
+
+def layer_record(module: nn.Module) -> LayerRecord:
+    """The :class:`LayerRecord` a converted model attached to the attention ``module``."""
+    rec = module.__dict__.get(RECORD)
+    if not isinstance(rec, LayerRecord):
         raise ValueError(
             f"{type(module).__name__} (layer {getattr(module, 'layer_idx', '?')}) has no posenc encoding: "
             "attn_implementation='posenc' needs a model made by posenc.hf.convert or a Posenc* model class"
         )
-    return enc
+    return rec
+
+
+def layer_encoding(module: nn.Module) -> PositionEncoding:
+    """The posenc encoding a converted model attached to the attention ``module``."""
+    return layer_record(module).encoding
 
 
 def attention_forward(
@@ -90,9 +119,9 @@ def attention_forward(
         ValueError: no posenc encoding on ``module``, a prepared 4-D tensor mask (posenc builds its masks from positions and padding), or a score
             scale / soft-cap other than the one the encoding was set up with.
     """
-    enc = layer_encoding(module)
-    own = module.__dict__.get("posenc_layer", {})
-    _check_scores(module, own, scaling, kwargs.get("softcap"))
+    rec = layer_record(module)
+    enc = rec.encoding
+    _check_scores(module, rec.scores, scaling, kwargs.get("softcap"))
     B, H, Lq, _ = query.shape
     Lk = key.shape[2]
     if attention_mask is None:  # no mask function ran: plain causal over the keys given
@@ -107,7 +136,7 @@ def attention_forward(
     # multimodal positions (A, B, Lq), as the model handed them to its rotary embedding (Qwen2-VL)
     # and those of the cached tokens (posenc.hf.history), which need not run contiguously
     axes, past, position_ids, multimodal = None, None, kwargs.get("position_ids"), False
-    rotary = module.__dict__.get("posenc_rotary")
+    rotary = rec.rotary
     got, held = getattr(rotary, "positions", None), getattr(rotary, "past", None)
     if got is not None and got.shape[-1] == Lq + mask.dropped:
         c = mask.cached - mask.dropped
@@ -120,11 +149,9 @@ def attention_forward(
         elif position_ids is None:  # a 1-D encoding in a multimodal model: the temporal row (text: t = h = w)
             position_ids, past, multimodal = got[0], None if held is None else held[0], True
     q_pos, k_pos, documents = mask.positions(position_ids, B, kwargs, axes, past, multimodal)
-    qk_proj = module.__dict__.get("posenc_qk_proj")
+    qk_proj = rec.qk_proj
     if enc.reads_input:  # FoX, Inkling: read_input on the module's hidden states (posenc.hf.hidden)
-        key, value, q_state, k_state, x = module.__dict__["posenc_hidden"].read(
-            module, enc, key, value, mask, documents
-        )
+        key, value, q_state, k_state, x = rec.hidden.read(module, enc, key, value, mask, documents)
         ctx = Context(q_pos, k_pos, x=x, q_state=q_state, k_state=k_state, qk_proj=qk_proj)
     else:
         ctx = Context(q_pos, k_pos, qk_proj=qk_proj)
@@ -133,10 +160,10 @@ def attention_forward(
     # the q/k side, written once for posenc's layer and this one (HF's cache holds raw keys:
     # every key comes in and is rotated here); grouped heads stay grouped: attend expands them
     query, key, value, q_pos, k_pos, ctx = encode(enc, query, key, value, ctx)
-    windows = [w for w in (mask.window, own.get("window")) if w is not None]
+    windows = [w for w in (mask.window, rec.window) if w is not None]
     sinks = kwargs.get("s_aux")
     if sinks is None:
-        sinks = module.__dict__.get("posenc_sinks")
+        sinks = rec.sinks
     # packed rows (documents, no cache): each run of equal ids attends only within itself
     amask = AttentionMask(
         causal=mask.causal,
@@ -144,7 +171,7 @@ def attention_forward(
         key_padding=mask.padding,
         documents=documents,
         window=min(windows) if windows else None,
-        chunk=own.get("chunk"),
+        chunk=rec.chunk,
         key_start=mask.kv_offset,
     )
     # the layer's own attend step; HF passes the attention dropout in training and 0 otherwise
@@ -152,10 +179,10 @@ def attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
-def _check_scores(module: nn.Module, own: dict, scaling, softcap) -> None:
+def _check_scores(module: nn.Module, want: tuple, scaling, softcap) -> None:
     """The score scale and soft-cap HF passes must be those the encoding was set up with
     (:meth:`posenc.hf.stack.PosencStack.wire` reads them off the module when it converts)."""
-    want_scale, want_cap = module.__dict__.get("posenc_scores", (None, None))
+    want_scale, want_cap = want
     if scaling is not None and want_scale is not None and abs(scaling - want_scale) > 1e-12 * abs(want_scale):
         raise ValueError(
             f"layer {getattr(module, 'layer_idx', '?')} scales scores by {scaling}, but its posenc encoding was "

@@ -34,6 +34,7 @@ from ..attention_setup import build_for_layer
 from ..base import PositionEncoding, Stage
 from ..cache import InputHistory, run_input_stage
 from ..layer_encodings import layer_encodings
+from .attention import RECORD, LayerRecord
 from .hidden import HiddenReads, capture
 from .history import PositionHistory
 from .masks import PosencMask
@@ -229,14 +230,10 @@ class PosencStack(nn.Module):
         scores: dict[int, tuple] = {}  # encoding index -> (scale, softcap) given to it
         for i, attn in enumerate(attentions):
             enc = self.encoding(i)
-            attn.__dict__["posenc_encoding"] = enc  # a reference: the stack owns the module
             spec = self.specs[i]
-            attn.__dict__["posenc_layer"] = {k: spec[k] for k in ("window", "chunk") if spec.get(k) is not None}
-            attn.__dict__["posenc_sinks"] = self.sinks[str(i)] if str(i) in self.sinks else None
             if spec.get("sinks") and isinstance(getattr(attn, "sinks", None), nn.Parameter):
                 raise ValueError(f"layer {i} has HF's own learned sinks; its posenc spec cannot add sinks=True")
-            if rotary is not None:
-                attn.__dict__["posenc_rotary"] = rotary
+            hidden = None
             if enc.reads_input:  # the attention function needs the module's hidden states
                 if getattr(attn, "is_kv_shared_layer", False):  # (Gemma 4: another layer's keys)
                     raise ValueError(
@@ -244,9 +241,9 @@ class PosencStack(nn.Module):
                         "reuses another layer's keys and values (num_kv_shared_layers): give it an encoding "
                         "that reads no hidden state"
                     )
-                attn.__dict__["posenc_hidden"] = self.hidden
+                hidden = self.hidden
                 self._handles.append(attn.register_forward_pre_hook(capture, with_kwargs=True))
-            self._set_scores(i, attn, enc, scores)
+            hf_scores = self._set_scores(i, attn, enc, scores)
             if enc.stages & Stage.INPUT:
                 if enc.input_at == "layer":
                     hook = functools.partial(self._input_hook, [self.layer_index[i]], i)
@@ -263,15 +260,26 @@ class PosencStack(nn.Module):
                         runs.append(self.layer_index[i])
             # the layer's W_Q/W_K, read by an encoding that projects its own table with them
             # (DeBERTa's share_att_key, which refuses a W_K of grouped key heads)
-            attn.__dict__["posenc_qk_proj"] = qk_projections(attn, qk, self.layer_dims[i])
+            # one record per module (a reference to the encoding: the stack owns the module)
+            attn.__dict__[RECORD] = LayerRecord(
+                encoding=enc,
+                window=spec.get("window"),
+                chunk=spec.get("chunk"),
+                sinks=self.sinks[str(i)] if str(i) in self.sinks else None,
+                rotary=rotary,
+                hidden=hidden,
+                qk_proj=qk_projections(attn, qk, self.layer_dims[i]),
+                scores=hf_scores,
+            )
         for at, which in before.items():
             hook = functools.partial(self._input_hook, which, at)
             self._handles.append(layers[at].register_forward_pre_hook(hook, with_kwargs=True))
         if base is not None and rotary is not None:
             self._handles += PositionHistory(rotary).attach(base)
 
-    def _set_scores(self, i: int, attn: nn.Module, enc: PositionEncoding, done: dict) -> None:
-        """Give ``enc`` layer ``i``'s score scale and soft-cap (None where they are posenc's own)."""
+    def _set_scores(self, i: int, attn: nn.Module, enc: PositionEncoding, done: dict) -> tuple:
+        """Give ``enc`` layer ``i``'s score scale and soft-cap (None where they are posenc's own);
+        returns HF's ``(scaling, softcap)`` of the module, which its calls must keep."""
         hf_scale = getattr(attn, "scaling", None)
         scale = float(hf_scale) if hf_scale is not None else self.layer_dims[i].head_dim ** -0.5
         cap = getattr(attn, "attn_logit_softcapping", None)
@@ -286,7 +294,7 @@ class PosencStack(nn.Module):
             )
         done[index] = setting
         enc.set_scores(scale=setting[0], softcap=setting[1])
-        attn.__dict__["posenc_scores"] = (None if hf_scale is None else float(hf_scale), cap)
+        return (None if hf_scale is None else float(hf_scale), cap)
 
     def _input_hook(self, which: list[int], layer: int, module: nn.Module, args: tuple, kwargs: dict):
         """Forward pre-hook of block (or attention module) ``layer``: run the input stages of
