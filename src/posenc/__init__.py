@@ -42,7 +42,7 @@ from . import (
 )
 from ._version import __version__ as __version__  # (ground floor: submodules read it there)
 from .allocator import tune_allocator
-from .attention import Attention
+from .attention import Attention, Projection
 from .backends import BACKENDS, BlockOptions, select_backend, supported_backends
 from .base import PositionEncoding, Stage
 from .cache import KVCache, ModelCache, SinkWindow
@@ -53,7 +53,6 @@ from .mask import AttentionMask
 from .memory import SegmentMemory
 from .model import TransformerLM
 from .patterns import PRESETS, layers
-from .project import Projection
 from .qk_norm import QKNorm
 from .registry import available, build, get_class, register
 from .score_sum import scores

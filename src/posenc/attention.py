@@ -8,6 +8,7 @@ The layer is a pipeline of public steps; each can be called on its own::
     attn.project(x, call, cache)             # q, k, v after the q/k stage (and the cache update)
     attn.attend(x, call, cache)              # project -> backend -> o_proj
     call.mask(causal=, window=, chunk=, k_len=)   # the posenc.AttentionMask of a layer
+    encode(enc, q, k, v, ctx, norms=, cache=)    # the q/k step on projections: posenc.hf runs it too
 
 The backend is a function of :data:`posenc.BACKENDS` (see :mod:`posenc.backends`):
 ``backend="auto"`` picks the fastest that can run the encoding's stages
@@ -17,12 +18,14 @@ The backend is a function of :data:`posenc.BACKENDS` (see :mod:`posenc.backends`
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import NamedTuple
+
 import torch
 from torch import Tensor, nn
 
-from .attention_choice import MaskAndBackend
 from .attention_setup import check_kv_heads, layer_encoding
-from .backends import BlockOptions, attend, canonical_backend, require_backend
+from .backends import BlockOptions, attend, canonical_backend, require_backend, select_backend
 from .base import PositionEncoding, Stage, as_positions
 from .cache import InputHistory, KVCache, run_input_stage
 from .call import Call, make_call
@@ -30,15 +33,74 @@ from .context import Context
 from .layer_cache import layer_cache
 from .mask import AttentionMask
 from .memory import LayerMemory
-from .project import Projection, encode
 from .qk_norm import check_qk_norm, qk_norms
 from .score_sum import expand_kv
 from .validate import check_args, check_dropout
 
-__all__ = ["Attention", "Projection"]
+__all__ = ["Attention", "Projection", "encode"]
 
 
-class Attention(MaskAndBackend, nn.Module):
+class Projection(NamedTuple):
+    """What :meth:`posenc.Attention.project` returns: the inputs of a backend.
+
+    ``q`` ``(B, H, Lq, Dh)``, ``k``/``v`` ``(B, Hk, Lk, Dh)`` after the q/k stage (with a cache:
+    every cached key; ``Hk``: the layer's ``key_heads``, grouped k/v that the backends
+    expand), ``q_pos`` ``(B|1, Lq)``, ``k_pos`` ``(B|1, Lk)`` int64, ``ctx`` the call's
+    :class:`~posenc.Context` (what the score side may read). A backend takes
+    ``BACKENDS[name](enc, *p[:5], mask, ctx=p.ctx)``.
+    """
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    q_pos: Tensor
+    k_pos: Tensor
+    ctx: Context
+
+
+def encode(
+    enc: PositionEncoding,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ctx: Context,
+    *,
+    norms: tuple[nn.Module, nn.Module] | None = None,
+    cache=None,
+) -> Projection:
+    """The encoding's q/k side on projected ``q`` ``(B, H, Lq, Dh)``, ``k``/``v`` ``(B, Hk, Lk, Dh)``
+    at ``ctx.q_pos``/``ctx.k_pos``, then the q/k ``norms`` that run after it (None: none).
+
+    ``cache``: the layer's posenc KV cache that stores keys, or None (no cache, a memory, or
+    HF's cache, which hands every raw key in ``k``). With one, ``k``/``v``/``ctx.k_state``
+    are the new tokens' and the projection holds every key the cache returns.
+    """
+    if enc.rotates_value:  # values carry their own key position (RoFormer's rotary_value)
+        v = enc.rotate_value(v, ctx.k_pos, ctx=ctx)
+    if cache is None:
+        q, k = _qk(enc, q, k, ctx, norms)
+    elif enc.cache_raw_keys or cache.reassigns_positions:  # rotate every cached key again
+        L = q.shape[2]
+        k, v, k_pos = cache.update(k, v, ctx.k_pos)
+        state = cache.update_state(ctx.k_state)
+        q_pos = k_pos[:, k_pos.shape[1] - L :] if cache.reassigns_positions else ctx.q_pos  # (SinkWindow)
+        ctx = replace(ctx, q_pos=q_pos, k_pos=k_pos, k_state=state)
+        q, k = _qk(enc, q, k, ctx, norms)
+    else:
+        q, k = _qk(enc, q, k, ctx, norms)
+        k, v, k_pos = cache.update(k, v, ctx.k_pos)
+        ctx = replace(ctx, k_pos=k_pos, k_state=cache.update_state(ctx.k_state))
+    return Projection(q, k.to(q.dtype), v.to(q.dtype), ctx.q_pos, ctx.k_pos, ctx)
+
+
+def _qk(enc: PositionEncoding, q: Tensor, k: Tensor, ctx: Context, norms) -> tuple[Tensor, Tensor]:
+    q, k = enc.rotate(q, k, ctx.q_pos, ctx.k_pos, ctx=ctx)  # (the identity without a q/k stage)
+    if norms is not None:
+        q, k = norms[0](q), norms[1](k)
+    return q, k
+
+
+class Attention(nn.Module):
     """Multi-head attention with a pluggable position encoding.
 
     Args:
@@ -162,6 +224,19 @@ class Attention(MaskAndBackend, nn.Module):
         """Block sizes the ``dense``/``chunked`` backends use for this layer."""
         return BlockOptions(self.chunk_size, self.dense_chunk, self.checkpoint_bytes)
 
+    def resolve_backend(
+        self, backend: str | None, device_type: str, q_len: int | None = None, k_len: int | None = None, *,
+        causal: bool | None = None, dropout: bool = False,
+    ) -> str:  # fmt: skip
+        """The backend a call runs: ``backend`` (or the layer's), ``"auto"`` resolved for
+        ``device_type`` and ``q_len`` queries over ``k_len`` keys, causal or not (None: the
+        layer's), with attention dropout or not (:func:`posenc.select_backend`)."""
+        name = canonical_backend(backend or self.backend)
+        if name != "auto":
+            return require_backend(self.encoding, name)
+        causal = self.causal if causal is None else causal
+        return select_backend(self.encoding, device_type, q_len, k_len, causal=causal, dropout=dropout)
+
     @property
     def runs_input_stage(self) -> bool:
         """Called on its own, the layer runs its encoding's input stage on ``x``."""
@@ -256,8 +331,8 @@ class Attention(MaskAndBackend, nn.Module):
         return run_input_stage(enc, x, call.pos, history, call.documents)
 
     def project(self, x: Tensor, call: Call, cache: KVCache | LayerMemory | None = None) -> Projection:
-        """Projections, what the encoding reads from the input, the q/k stage (:func:`posenc.project.encode`):
-        the inputs of a backend (see :class:`~posenc.project.Projection`).
+        """Projections, what the encoding reads from the input, the q/k stage (:func:`encode`):
+        the inputs of a backend (see :class:`Projection`).
 
         The keys come from the rows the ``cache`` names (:meth:`posenc.KVCache.key_rows`: the
         new tokens, or a memory's rows followed by them); a KV cache appends the new keys and

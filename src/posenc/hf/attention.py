@@ -46,11 +46,11 @@ from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from ..attention import encode
 from ..backends import attend
 from ..base import PositionEncoding
 from ..context import Context
 from ..mask import AttentionMask
-from ..project import encode
 from ..score_sum import expand_kv
 from .masks import PosencMask, mask_interface
 
