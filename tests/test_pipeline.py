@@ -112,7 +112,7 @@ def test_registry_functions_equal_the_layer(mode):
     kpm[1, :2] = False
     with torch.no_grad():
         h = attn.embed_input(x, pos) if attn.runs_input_stage else x
-        p = attn.project(h, pos)
+        p = attn.project(h, pos, key_padding_mask=kpm)  # (read_input reads the padding: path's convolution)
         mask = AttentionMask(causal=causal, key_padding=kpm)
         for b in posenc.supported_backends(attn.encoding):
             out = posenc.BACKENDS[b](attn.encoding, *p[:5], mask, ctx=p.ctx)
