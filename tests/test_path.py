@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from tests.conftest import DIM, HEAD_DIM, HEADS, assert_close, attention_n
 
 import posenc
+from posenc.encodings import path as path_module
 from posenc.encodings.path import PaTH
 
 L = 10
@@ -47,12 +48,15 @@ def _visible(n, window=None):
 
 
 @torch.no_grad()
-def _reference(attn: posenc.Attention, x: torch.Tensor, visible: torch.Tensor):
+def _reference(attn: posenc.Attention, x: torch.Tensor, visible: torch.Tensor, keep=None):
     """The paper's formula in float64 with explicit ``Dh×Dh`` matrices::
 
     w_t = normalize(silu(Σ_m C[:, m]·(W2 W1 x)_{t−K+1+m}))   (rows before 0 are 0)
     β_t = 2σ(b + B x_t),  H_t = I − β_t w_t w_tᵀ
-    s_ij = q_iᵀ H_i H_{i−1} ··· H_{j+1} k_j / √Dh,  softmax over the visible j, values, W_O.
+    s_ij = q_iᵀ H_i H_{i−1} ··· H_{j+1} k_j / √Dh,  softmax over the visible j, values, W_O,
+
+    where a query applies only the H_m of keys it sees (``visible`` ``(L, L)`` or ``(B, L, L)``);
+    ``keep`` ``(B, L)``: False rows (padding) enter the convolution as 0.
     """
     d = torch.float64
     enc = attn.encoding
@@ -70,6 +74,8 @@ def _reference(attn: posenc.Attention, x: torch.Tensor, visible: torch.Tensor):
     for lin in enc.w_proj if isinstance(enc.w_proj, torch.nn.Sequential) else [enc.w_proj]:
         u = u @ lin.weight.to(d).T  # (B, n, Hw·Dh)
     if enc.w_conv1d is not None:
+        if keep is not None:
+            u = u * keep[..., None]
         C = enc.w_conv1d.weight.to(d)[:, 0]  # (Hw·Dh, K)
         K = C.shape[1]
         conv = torch.zeros_like(u)
@@ -85,15 +91,15 @@ def _reference(attn: posenc.Attention, x: torch.Tensor, visible: torch.Tensor):
     beta = beta.transpose(1, 2).repeat_interleave(H // Hw, dim=1)  # (B, H, n)
     eye = torch.eye(Dh, dtype=d)
     Hm = eye - beta[..., None, None] * w[..., :, None] * w[..., None, :]  # (B, H, n, Dh, Dh)
+    vis = visible.expand(B, n, n)
     s = torch.full((B, H, n, n), float("-inf"), dtype=d)
     for i in range(n):
         for j in range(i + 1):
-            if not visible[i, j]:
-                continue
             P = eye.expand(B, H, Dh, Dh)
-            for m in range(i, j, -1):  # H_i H_{i-1} ... H_{j+1}
-                P = P @ Hm[:, :, m]
-            s[:, :, i, j] = (q[:, :, i, None, :] @ P @ k[:, :, j, :, None])[..., 0, 0] / Dh**0.5
+            for m in range(i, j, -1):  # H_i H_{i-1} ... H_{j+1}, the identity for a key row i does not see
+                P = P @ torch.where(vis[:, i, m, None, None, None], Hm[:, :, m], eye)
+            score = (q[:, :, i, None, :] @ P @ k[:, :, j, :, None])[..., 0, 0] / Dh**0.5
+            s[:, :, i, j] = torch.where(vis[:, i, j, None], score, float("-inf"))
     o = torch.softmax(s, -1) @ v
     return o.transpose(1, 2).reshape(B, n, H * Dh) @ attn.o_proj.weight.to(d).T, s
 
@@ -190,6 +196,42 @@ def test_left_padding_and_packed_documents_equal_each_sequence_alone():
             attn(padded[:, t : t + 1], cache=cache, key_padding_mask=kpm[:, : t + 1]) for t in range(pad + 4, pad + L)
         ]
     assert_close(torch.cat([first, *rest], 1)[:, pad:], ref.float(), n=_n(), magnitude=mag, msg="padded decoding")
+
+
+def test_a_padded_key_between_seen_ones_transforms_nothing():
+    """A hole (key 4 of row 0 padded, between keys the later queries see): the per-key path, where a
+    query skips the transform of a key it does not see, as the formula with ``H_4 = I`` for them (and
+    the padded row entering the convolution as 0)."""
+    attn = _layer(chunk_size=3)
+    x = _x()
+    kpm = torch.ones(2, L, dtype=torch.bool)
+    kpm[0, 4] = False
+    visible = _visible(L)[None] & kpm[:, None, :]  # (B, L, L)
+    ref, s = _reference(attn, x, visible, keep=kpm)
+    mag = max(1.0, float(s[s > float("-inf")].abs().max()))
+    with torch.no_grad():
+        for backend in ("chunked", "eager"):
+            got = attn(x, key_padding_mask=kpm, backend=backend)
+            assert_close(got, ref.float(), n=_n(), magnitude=mag, msg=backend)
+
+
+def test_blocked_and_per_key_scores_agree_on_every_seen_key():
+    """The UT-transform blocks (several, the last one padded) against the key-by-key loop, for
+    causal rows, left-padded rows and a row that sees nothing, with β over (0, 2)."""
+    g = torch.Generator().manual_seed(3)
+    B, H, Lq, Lk, Dh = 2, 2, 12, 40, 8
+    q, k = torch.randn(B, H, Lq, Dh, generator=g), torch.randn(B, H, Lk, Dh, generator=g)
+    w = F.normalize(torch.randn(B, H, Lk, Dh, generator=g), dim=-1)
+    beta = 2 * torch.rand(B, H, Lk, generator=g)
+    see = (torch.arange(Lk) <= torch.arange(Lk - Lq, Lk)[:, None]).expand(B, 1, Lq, Lk).clone()
+    see[1, :, :, :9] = False  # row 1: left padding
+    see[1, :, 0] = False  # and one query that sees nothing
+    last = torch.where(see, torch.arange(Lk), -1).amax(-1)
+    blocked = path_module.blocked_scores(q, k, w, beta, last)
+    per_key = path_module.per_key_scores(q, k, w, beta, see)
+    assert Lk % path_module.BLOCK and Lk > 2 * path_module.BLOCK
+    mag = float(per_key.abs().max())
+    assert_close(blocked.masked_fill(~see, 0), per_key.masked_fill(~see, 0), n=Lk * Dh, magnitude=mag)
 
 
 def test_memory_keys_equal_the_full_pass():

@@ -39,7 +39,9 @@ to the queries, from the last key down (``U ← H_t·U`` after scoring key ``t``
 query rows whose mask sees key ``t``: a hidden key (padding, another document, outside a
 window) transforms nothing, so a left-padded or packed sequence scores as it does alone, and
 a rolling window cache, which keeps the ``w``/``β`` of the keys it keeps, equals the full pass.
-(With StreamingLLM's ``SinkWindow`` a sink key is reached through the kept tokens only.)
+(With StreamingLLM's ``SinkWindow`` a sink key is reached through the kept tokens only.) It
+runs in blocks of 16 keys with the UT transform (fla's chunked form; ``Lk/16`` sequential
+steps) where each row sees one run of keys, and key by key where a row's keys have a hole.
 No position is read: shifting every position changes nothing, and any length works.
 """
 
@@ -185,6 +187,9 @@ class PaTH(PositionEncoding):
         Reads ``w``/``β`` of every key from ``ctx.k_state`` and the call's ``ctx.mask`` (a query
         applies ``H_t`` only where it sees key ``t``); without a mask, the queries are the last
         ``Lq`` keys and see every key up to their own (the causal rule of :class:`posenc.AttentionMask`).
+        Where every row sees one run of keys (causal, windows, left padding, packed documents),
+        :func:`blocked_scores` runs; else (a hole: a padded key between seen ones, sink tokens)
+        :func:`per_key_scores`. They agree on every key a row sees.
         """
         state = {} if ctx is None else ctx.k_state
         if "w" not in state or "beta" not in state:
@@ -192,8 +197,7 @@ class PaTH(PositionEncoding):
                 "encoding 'path' reads its transforms (w, beta) from ctx.k_state: call it through posenc.Attention, "
                 "or pass ctx=posenc.Context(q_pos, k_pos, k_state=...) with the state of PaTH.read_input"
             )
-        B, H, Lq, _ = q.shape
-        Lk = k.shape[2]
+        H, Lq, Lk = q.shape[1], q.shape[2], k.shape[2]
         w, beta = state["w"], state["beta"]
         if w.shape[2] != Lk or beta.shape[-1] != Lk:
             raise ValueError(f"encoding 'path': ctx.k_state holds {w.shape[2]} keys' transforms for {Lk} keys")
@@ -201,16 +205,72 @@ class PaTH(PositionEncoding):
         see = ctx.mask if ctx is not None else None
         if see is None:  # causal by index: query r is key Lk − Lq + r
             see = torch.arange(Lk, device=q.device) <= torch.arange(Lk - Lq, Lk, device=q.device)[:, None]
-        coef = beta.float()[:, :, None, :] * see  # (B, H, Lq, Lk): β_t where the row applies H_t
-        kw = torch.stack((k.float(), w.float()), dim=-1)  # (B, H, Lk, Dh, 2)
-        u = q.float()  # (B, H, Lq, Dh): H_{t+1}···H_i·q_i while key t is scored
-        cols = [None] * Lk
-        for t in range(Lk - 1, -1, -1):
-            d = u @ kw[:, :, t]  # (B, H, Lq, 2): u·k_t, u·w_t
-            cols[t] = d[..., 0]
-            if t:
-                u = u - (coef[..., t] * d[..., 1]).unsqueeze(-1) * w[:, :, t, None, :].float()
-        return torch.stack(cols, dim=-1) if Lk else q.new_zeros(B, H, Lq, 0, dtype=torch.float32)
+        idx = torch.arange(Lk, device=q.device)
+        last = torch.where(see, idx, -1).amax(-1)  # (B|1, 1, Lq): the last key each row sees; -1: none
+        first = torch.where(see, idx, Lk).amin(-1)
+        count = see.sum(-1)
+        if bool(((count == 0) | (count == last - first + 1)).all()):
+            # a row's H_t of keys before its run only move scores it does not see: apply every t <= last
+            return blocked_scores(q, k, w, beta, last)
+        return per_key_scores(q, k, w, beta, see)
+
+
+BLOCK = 16  # keys per block of blocked_scores: Lk/BLOCK sequential steps, BLOCK×BLOCK triangular solves
+
+
+def blocked_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, last: Tensor) -> Tensor:
+    """The transformed ``q·k`` where row ``i`` applies ``H_t`` for every key ``t <= last_i``.
+
+    ``q`` ``(B, H, Lq, Dh)``, ``k``/``w`` ``(B, H, Lk, Dh)``, ``beta`` ``(B, H, Lk)``, ``last``
+    ``(B|1, 1, Lq)`` int -> float32 ``(B, H, Lq, Lk)``. Keys go in blocks of :data:`BLOCK` from the
+    last, as fla's chunked form: a block's ``H_a···H_b = I − Wᵀ·T·W`` with ``T`` upper triangular,
+    ``T = (I + diag(β)·striu(W·Wᵀ))⁻¹·diag(β)`` (the UT transform; a run of the block uses the
+    principal sub-block of ``T``), so with ``l_is = (u_i·w_s)·[s <= last_i]`` the block's scores
+    are ``u_i·k_t − Σ_{s,r} l_is·T_rs·(w_r·k_t)·[r > t]`` and the query moves to
+    ``u_i − Σ_s l_is·Σ_r T_rs·w_r``.
+    """
+    B, H, Lq, Dh = q.shape
+    Lk, C = k.shape[2], BLOCK
+    nb = -(-Lk // C)
+    pad = nb * C - Lk  # padded keys: β = 0, w = k = 0, past every row's last key
+    Kb = F.pad(k.float(), (0, 0, 0, pad)).view(B, H, nb, C, Dh)
+    Wb = F.pad(w.float(), (0, 0, 0, pad)).view(B, H, nb, C, Dh)
+    bb = F.pad(beta.float(), (0, pad)).view(B, H, nb, C)
+    eye = torch.eye(C, device=q.device)
+    gram = Wb @ Wb.transpose(-1, -2)  # (B, H, nb, C, C): w_r·w_s
+    T = torch.linalg.solve_triangular(
+        eye + bb[..., :, None] * gram.triu(1), torch.diag_embed(bb), upper=True, unitriangular=True
+    )
+    Tt = T.transpose(-1, -2)
+    G = Tt @ (Wb @ Kb.transpose(-1, -2)).tril(-1)  # (B, H, nb, C, C): Σ_r T_rs·(w_r·k_t)·[r > t]
+    TW = Tt @ Wb  # (B, H, nb, C, Dh): Σ_r T_rs·w_r
+    u = q.float()
+    cols = [None] * nb
+    for n in range(nb - 1, -1, -1):
+        applies = (n * C + torch.arange(C, device=q.device)) <= last[..., None]  # (B|1, 1, Lq, C)
+        lw = (u @ Wb[:, :, n].transpose(-1, -2)) * applies  # (B, H, Lq, C)
+        cols[n] = u @ Kb[:, :, n].transpose(-1, -2) - lw @ G[:, :, n]
+        u = u - lw @ TW[:, :, n]
+    return torch.cat(cols, dim=-1)[..., :Lk] if nb else q.new_zeros(B, H, Lq, 0, dtype=torch.float32)
+
+
+def per_key_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, see: Tensor) -> Tensor:
+    """The transformed ``q·k`` where row ``i`` applies ``H_t`` only where ``see`` ``(B|1, 1, Lq, Lk)``
+    holds, one key at a time from the last: score key ``t`` with ``u``, then ``u ← u − β_t·(u·w_t)·w_t``.
+    Shapes as :func:`blocked_scores`."""
+    B, H, Lq, _ = q.shape
+    Lk = k.shape[2]
+    coef = (beta.float()[:, :, None, :] * see).unbind(-1)  # Lk × (B, H, Lq): β_t where the row applies H_t
+    kw = torch.stack((k.float(), w.float()), dim=-1).unbind(2)  # Lk × (B, H, Dh, 2)
+    ws = w.float().unsqueeze(-2).unbind(2)  # Lk × (B, H, 1, Dh)
+    u = q.float()  # (B, H, Lq, Dh): H_{t+1}···H_i·q_i while key t is scored
+    cols = [None] * Lk
+    for t in range(Lk - 1, -1, -1):
+        d = u @ kw[t]  # (B, H, Lq, 2): u·k_t, u·w_t
+        cols[t] = d[..., 0]
+        if t:
+            u = torch.addcmul(u, (coef[t] * d[..., 1]).unsqueeze(-1), ws[t], value=-1.0)
+    return torch.stack(cols, dim=-1) if Lk else q.new_zeros(B, H, Lq, 0, dtype=torch.float32)
 
 
 def _per_query_head(t: Tensor, heads: int) -> Tensor:
