@@ -209,10 +209,11 @@ class PaTH(PositionEncoding):
         last = torch.where(see, idx, -1).amax(-1)  # (B|1, 1, Lq): the last key each row sees; -1: none
         first = torch.where(see, idx, Lk).amin(-1)
         count = see.sum(-1)
-        if bool(((count == 0) | (count == last - first + 1)).all()):
-            # a row's H_t of keys before its run only move scores it does not see: apply every t <= last
-            return blocked_scores(q, k, w, beta, last)
-        return per_key_scores(q, k, w, beta, see)
+        contiguous = bool(((count == 0) | (count == last - first + 1)).all())
+        with torch.autocast(q.device.type, enabled=False):  # the products accumulate: float32 throughout
+            if contiguous:  # a row's H_t of keys before its run only move scores it does not see
+                return blocked_scores(q, k, w, beta, last)  # (so every t <= last applies)
+            return per_key_scores(q, k, w, beta, see)
 
 
 BLOCK = 16  # keys per block of blocked_scores: Lk/BLOCK sequential steps, BLOCK×BLOCK triangular solves
