@@ -17,7 +17,8 @@ element-wise reference):
   61–70, ``use_low_rank_w=True``; ``w_rank=None``: one ``Linear(D, Hw·Dh)``), then a depthwise
   causal convolution of 3 taps with SiLU and no bias (line 81, ``ShortConvolution(kv_dim,
   conv_size=3, activation='silu')``; ``conv_size=0``: none), then L2-normalised per head in
-  float32, ``w / sqrt(Σw² + 1e-6)`` (lines 124, 203: ``l2_norm``, eps 1e-6);
+  float32, ``w / sqrt(Σw² + 1e-6)`` (lines 124, 203: ``l2_norm``; eps 1e-6: ``fla/modules/norm/l2norm.py``
+  line 189);
 * ``β_t = 2·σ(Linear(D, Hw)(x_t))`` with a bias (lines 83, 111: "allowing negative eigenvalues");
 * the product runs over ``s = j+1 .. i``, ``H_i`` nearest the query: the naive reference's
   intra-chunk term ``(q·wᵀ).tril()`` (the query's own ``w`` included) times
@@ -26,8 +27,9 @@ element-wise reference):
 * ``Hw`` = fla's ``num_kv_heads`` (w and β per key head, shared by each group of query heads);
   here the option ``w_heads``, ``heads`` by default (the encoding is not told the layer's
   ``kv_heads``: pass ``w_heads=kv_heads`` for fla's layout);
-* initialisation as fla's ``PaTHAttentionPreTrainedModel._init_weights``: weights
-  ``N(0, 0.02²)`` (Linear and Conv1d), biases 0 (β starts near 1); ``init_std``.
+* initialisation as fla's ``PaTHAttentionPreTrainedModel._init_weights``
+  (``fla/models/path_attn/modeling_path_attention.py`` lines 177–195): weights ``N(0, 0.02²)``
+  (Linear and Conv1d), biases 0 (β starts near 1); ``init_std``.
 * fla's optional forget gate (``use_forget_gate``: PaTH-FoX) and q/k norms are not part of
   this encoding (``fox``; ``Attention(qk_norm=...)``).
 
