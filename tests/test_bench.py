@@ -28,7 +28,7 @@ def test_select_backend_dispatch(name):
     per distance / dense / chunked, by stages."""
     enc = _small(name)
     st = enc.stages
-    vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES)) or enc.rotates_value
+    vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES | Stage.NORM)) or enc.rotates_value
     per_distance = type(enc).distance_terms is not posenc.PositionEncoding.distance_terms
     cpu = posenc.select_backend(enc, "cpu")
     cuda = posenc.select_backend(enc, "cuda")

@@ -73,7 +73,8 @@ def test_mask_errors_name_the_values():
 # ============================================================================ the pipeline
 @pytest.mark.parametrize("mode", encoding_modes(), ids=mode_id)
 def test_public_pipeline_reproduces_the_layer(mode):
-    """project -> posenc.scores -> mask -> softmax -> values -> o_proj equals attn(x), for every encoding."""
+    """project -> posenc.scores -> mask -> softmax (or the encoding's own weights) -> values -> o_proj equals
+    attn(x), for every encoding."""
     name, causal = mode
     attn = _attn(name, causal)
     x = torch.randn(2, L, DIM)
@@ -93,7 +94,7 @@ def test_public_pipeline_reproduces_the_layer(mode):
         keep = call.mask(causal=causal, window=None, chunk=None, k_len=L).dense(L, L)
         if keep is not None:
             s = s.masked_fill(~keep, float("-inf"))
-        a = torch.softmax(s, -1)
+        a = enc.weights(s, ctx=ctx) if enc.stages & Stage.NORM else torch.softmax(s, -1)  # (stick-breaking)
         o = a @ v
         if enc.stages & Stage.VALUE:
             o = o + enc.value_term(a, q_pos, k_pos, ctx=ctx)
@@ -111,7 +112,7 @@ def test_registry_functions_equal_the_layer(mode):
     kpm = torch.ones(2, L, dtype=torch.bool)
     kpm[1, :2] = False
     with torch.no_grad():
-        call = attn.make_call(x, pos)
+        call = attn.make_call(x, pos, key_padding_mask=kpm)  # (read_input reads the padding: path's convolution)
         h = attn.embed_input(x, call) if attn.runs_input_stage else x
         p = attn.project(h, call)
         mask = AttentionMask(causal=causal, key_padding=kpm)

@@ -98,9 +98,12 @@ def decompose_terms(model, tokens: Tensor, *, layer: int = 0) -> tuple[dict[str,
         qp, kp = torch.zeros_like(qc), torch.zeros_like(kc)
     kc, kp = expand_kv(kc, None, attn.heads)[0], expand_kv(kp, None, attn.heads)[0]  # (B, H, L, Dh)
     s = enc.scale
+    ctx = attn.project(
+        c + p, attn.make_call(c, pos)
+    ).ctx  # what the layer hands the score side (fox, inkling, path read the input)
 
-    def qk(a, b):  # the q·k term: bilinear in the two (an encoding's own SCORES stage: rope-extension)
-        return enc.qk_scores(a, b, pos, pos) if enc.stages & Stage.SCORES else a @ b.transpose(-1, -2)
+    def qk(a, b):  # the q·k term: bilinear in the two (an encoding's own SCORES stage: rope-extension, path)
+        return enc.qk_scores(a, b, pos, pos, ctx=ctx) if enc.stages & Stage.SCORES else a @ b.transpose(-1, -2)
 
     terms = {
         "content·content": qk(qc, kc).float() * s,
@@ -121,9 +124,6 @@ def decompose_terms(model, tokens: Tensor, *, layer: int = 0) -> tuple[dict[str,
         terms["rel·rel"] = t00
         terms["terms rest"] = tqk - tq0 - t0k + t00
     if enc.stages & Stage.BIAS:
-        ctx = attn.project(
-            c + p, attn.make_call(c, pos)
-        ).ctx  # what the layer hands the bias (fox, inkling read the input)
         terms["bias"] = enc.bias(pos, pos, ctx=ctx).float().expand(B, -1, -1, -1)
     x = layer_inputs(model, tokens, pos)[layer]
     total = sum(score_parts(model.blocks[layer], x, pos).values())
