@@ -147,9 +147,11 @@ class PositionEncoding(nn.Module):
         """The class (or a parent below :class:`PositionEncoding`) defines ``method``: a stage
         method (``"score_mod"``: a real elementwise form, not the dense fallback;
         ``"read_input"``: the layer calls it) or ``"distance_terms"`` (the ``blockwise`` backend)."""
+        if method in cls._defined:
+            return True
         if method not in contract.HOOKS:
             raise ValueError(f"defines() answers for the stage methods {', '.join(contract.HOOKS)}; got {method!r}")
-        return method in cls._defined
+        return False
 
     def __setattr__(self, name: str, value) -> None:
         if name in _FIXED:
