@@ -78,12 +78,12 @@ class PositionEncoding(nn.Module):
             for the encoding (the class's defaults; ``__init__`` may set values from its
             options, ``self.needs = self.needs.replace(...)``; fixed after construction).
 
-    Derived once per class (read-only): :attr:`stages` (the :class:`Stage` flags) and
-    :attr:`kind` (one word for them: :func:`posenc.contract.kind_of`). Old spellings, readable for the layer, the model and the cache (:class:`OldSpelling`):
-    ``input_at``, ``input_context``, ``cache_raw_keys`` (``needs.raw_keys``), ``memory_len``,
-    ``axes``, ``per_head_keys``, ``share_across_layers``, ``shared_modules``. Deprecated, with a
-    warning: ``reads_input``, ``rotates_value``, ``has_score_mod`` (:meth:`defines`), ``family``
-    (:attr:`kind`), :meth:`set_axes`.
+    Derived once per class (read-only): :attr:`stages` (the :class:`Stage` flags) and :attr:`kind`
+    (one word for them: :func:`posenc.contract.kind_of`). The old spellings, which read ``needs``
+    for the layer, the model and the cache: ``input_at``, ``input_context``, ``cache_raw_keys``
+    (``needs.raw_keys``), ``memory_len``, ``axes``, ``per_head_keys``, ``share_across_layers``,
+    ``shared_modules``. Deprecated (a warning): ``reads_input``, ``rotates_value``, ``has_score_mod``
+    (:meth:`defines`), ``family`` (:attr:`kind`), :meth:`set_axes`.
 
     Per instance: ``score_scale``, ``softcap``: the model's score scale in place of ``Dh^-1/2``
     (Gemma 3) and tanh logit soft-capping (Gemma 2), None = off; set by :meth:`set_scores` only.
