@@ -119,9 +119,7 @@ def encoding_modes() -> list[tuple[str, bool]]:
 def score_mod_modes() -> list[tuple[str, bool]]:
     """:func:`encoding_modes` of the encodings with an elementwise ``score_mod`` of their own
     (what FlexAttention compiles; the others run the dense fallback)."""
-    return [
-        (n, c) for n, c in encoding_modes() if posenc.get_class(n).score_mod is not posenc.PositionEncoding.score_mod
-    ]
+    return [(n, c) for n, c in encoding_modes() if posenc.get_class(n).defines("score_mod")]
 
 
 def mode_id(p) -> str:

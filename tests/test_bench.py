@@ -28,8 +28,8 @@ def test_select_backend_dispatch(name):
     per distance / dense / chunked, by stages."""
     enc = _small(name)
     st = enc.stages
-    vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES | Stage.NORM)) or enc.rotates_value
-    per_distance = type(enc).distance_terms is not posenc.PositionEncoding.distance_terms
+    vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES | Stage.NORM)) or enc.defines("rotate_value")
+    per_distance = enc.defines("distance_terms")
     cpu = posenc.select_backend(enc, "cpu")
     cuda = posenc.select_backend(enc, "cuda")
     if vector:
@@ -37,7 +37,7 @@ def test_select_backend_dispatch(name):
         assert cuda == "chunked"
     elif st & Stage.BIAS:
         assert cpu == ("blockwise" if per_distance else "dense")
-        assert cuda == ("flex" if enc.has_score_mod else "dense")
+        assert cuda == ("flex" if enc.defines("score_mod") else "dense")
     else:
         assert cpu == cuda == "sdpa"
     assert cpu in posenc.supported_backends(enc) and cuda in posenc.supported_backends(enc)
@@ -46,7 +46,7 @@ def test_select_backend_dispatch(name):
 @pytest.mark.parametrize("name", ["alibi", "t5"])
 def test_scalar_biases_go_to_flex_on_cuda(name):
     enc = _small(name)
-    assert enc.has_score_mod
+    assert enc.defines("score_mod")
     assert posenc.select_backend(enc, "cuda") == "flex"
     assert posenc.select_backend(enc, "cpu") == "blockwise"
 

@@ -233,7 +233,7 @@ def _positions():
 def test_score_mod_materialised_equals_dense_bias_with_gradients(name, opts, causal):
     """Every (b, h, i, j) through the closure equals ``bias``, and so do the parameter gradients."""
     enc = posenc.build(name, heads=4, head_dim=8, causal=causal, **opts)
-    assert enc.has_score_mod
+    assert enc.defines("score_mod")
     _randomise(enc)
     pos = _positions()
     B, n = pos.shape

@@ -12,7 +12,7 @@ from tests.test_compare import TINY, run_cli
 
 import posenc
 from posenc.compare import preset_config
-from posenc.extend.methods import EXTEND_METHODS, method_options, with_options
+from posenc.extend.methods import EXTEND_METHODS, method_classes, method_options, with_options
 
 
 def test_method_options_follow_the_papers_rules():
@@ -52,11 +52,18 @@ def test_with_options_keeps_the_weights():
     with torch.no_grad():
         ref = lm(t)
         assert_close(with_options(lm)(t), ref, n=n)
-        # a window past every distance: exactly RoPE, so the weights came along
-        wide = with_options(lm, rope_extension={"type": "self-extend", "window": 12, "group_size": 2})
+        # a window past every distance: exactly RoPE, so the weights came along; the extension is a
+        # class of its own (rope-extension), which the method's rename names
+        rename = method_classes("self-extend")
+        assert rename == {"rope": "rope-extension"} and method_classes("yarn") == {}
+        wide = with_options(lm, rename, rope_extension={"type": "self-extend", "window": 12, "group_size": 2})
+        assert wide.blocks[0].attn.encoding.name == "rope-extension" and wide.config.encoding == "rope-extension"
         assert wide.blocks[0].attn.encoding.rope_extension is not None
         assert_close(wide(t), ref, n=n)
-        assert not torch.allclose(with_options(lm, rope_extension={"type": "rerope", "window": 2})(t), ref, atol=1e-3)
+        narrow = with_options(lm, rename, rope_extension={"type": "rerope", "window": 2})
+        assert not torch.allclose(narrow(t), ref, atol=1e-3)
+        with pytest.raises(ValueError, match=r"\['rope_extension'\] for encoding 'rope';.*'rope-extension' takes them"):
+            with_options(lm, rope_extension={"type": "rerope", "window": 2})  # rope itself takes none
 
 
 def test_extend_run(tmp_path):

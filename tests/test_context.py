@@ -7,7 +7,6 @@ import torch
 from tests.conftest import DIM, HEAD_DIM, HEADS, assert_close, attention_n
 
 import posenc
-from posenc import Stage
 from posenc.base import PositionEncoding
 from posenc.context import Context, Tables, table
 
@@ -61,8 +60,7 @@ class _KeyCounter(PositionEncoding):
     """A test encoding that reads the hidden state: bias = w·(c_i − c_j), c the running count of
     tokens whose first feature is positive (per-key state kept by the cache, carried across calls)."""
 
-    name = "_test-key-counter"
-    stages = Stage.BIAS
+    name = "_test-key-counter"  # stages READ | BIAS: the methods it defines
 
     def read_input(self, x, k, v, carry=None):
         step = (x[..., 0] > 0).float()[:, None].expand(-1, self.heads, -1)  # (B, H, L)

@@ -172,7 +172,13 @@ def test_an_input_and_score_encoding_that_is_not_told_the_width_is_refused():
     from posenc.attention_setup import _sizes
 
     class Both(posenc.PositionEncoding):
-        stages = Stage.INPUT | Stage.BIAS
+        def embed(self, x, pos):
+            return x
+
+        def bias(self, q_pos, k_pos):
+            return torch.zeros(self.heads, q_pos.shape[-1], k_pos.shape[-1])
+
+    assert Both.stages == Stage.INPUT | Stage.BIAS
 
     with pytest.raises(ValueError, match=r"encoding 'both' has an input stage and a score stage: .* 2 x 16 != 16"):
         _sizes(Both, "both", HEADS, 2 * HEAD_DIM, DIM)
@@ -409,7 +415,7 @@ def test_unknown_option_lists_valid_ones(name):
 @pytest.mark.parametrize("name", posenc.available())
 def test_declared_metadata(name):
     cls = posenc.get_class(name)
-    assert cls.name == name and cls.family and cls.paper and 1950 < cls.year < 2100
+    assert cls.name == name and cls.kind and cls.paper and 1950 < cls.year < 2100
     assert cls.__module__.startswith("posenc.encodings.")
     doc = __import__(cls.__module__, fromlist=["_"]).__doc__ or ""
     assert str(cls.year) in doc or cls.paper.split(",")[0].split()[0] in doc, f"{name}: module docstring names no paper"

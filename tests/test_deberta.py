@@ -264,7 +264,7 @@ def test_share_att_key_uses_the_layer_projections():
 
 def test_emd_absolute_positions_only_from_a_layer():
     torch.manual_seed(0)
-    lm = posenc.TransformerLM(20, D, 3, H, "deberta", max_len=16, absolute_from_layer=2)
+    lm = posenc.TransformerLM(20, D, 3, H, "deberta-emd", max_len=16, absolute_from_layer=2)
     encs = lm.encodings
     table = encs[0].absolute
     assert table.weight.shape == (16, D) and all(e.absolute is table for e in encs)  # one table
@@ -283,9 +283,15 @@ def test_emd_absolute_positions_only_from_a_layer():
     with pytest.raises(ValueError, match="max_len"):
         lm(tok, pos=torch.arange(8) + 10)
     with pytest.raises(ValueError, match=r"block index in \[0, 2\], got 3"):
-        posenc.TransformerLM(20, D, 3, H, "deberta", max_len=16, absolute_from_layer=3)
+        posenc.TransformerLM(20, D, 3, H, "deberta-emd", max_len=16, absolute_from_layer=3)
     with pytest.raises(ValueError, match="max_len"):
-        posenc.TransformerLM(20, D, 3, H, "deberta", absolute_from_layer=1)
+        posenc.TransformerLM(20, D, 3, H, "deberta-emd", absolute_from_layer=1)
+    # the enhanced mask decoder is a class of its own: plain deberta has no input stage
+    assert not posenc.get_class("deberta").stages & posenc.Stage.INPUT
+    with pytest.raises(
+        ValueError, match=r"\['absolute_from_layer'\] for encoding 'deberta';.*'deberta-emd' takes them"
+    ):
+        posenc.TransformerLM(20, D, 3, H, "deberta", max_len=16, absolute_from_layer=1)
 
 
 def test_bad_options():

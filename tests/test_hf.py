@@ -38,9 +38,7 @@ V = 97
 # every registered encoding: the adapter runs them all (complex-order without a vocabulary, as
 # built here, rotates the embeddings; with one it builds them from ids, which is refused below);
 # those that read the layer's hidden state (read_input: fox, inkling) through posenc.hf.hidden
-HIDDEN_STATE = [
-    n for n in posenc.available() if posenc.get_class(n).read_input is not posenc.PositionEncoding.read_input
-]
+HIDDEN_STATE = [n for n in posenc.available() if posenc.get_class(n).defines("read_input")]
 ENCODINGS = list(posenc.available())
 
 

@@ -24,6 +24,7 @@ from transformers.models.inkling.configuration_inkling import InklingTextConfig
 
 import posenc
 from posenc import Context
+from posenc.encodings.inkling import InklingTemperature
 
 D, H, DH, W, E, K, D_REL, ALPHA, N_FLOOR, L = 16, 2, 8, 4, 6, 3, 3, 0.5, 2, 10
 N = attention_n(dim=D, head_dim=DH, length=L) + 2 * K  # + the convolution taps on k and v
@@ -51,9 +52,10 @@ def pair(layer: int, kernel: int):
     hf.q_norm, hf.k_norm = nn.Identity(), nn.Identity()
     sliding = layer == 1
     opts = {"d_rel": D_REL, "rel_extent": W if sliding else E, "sconv_kernel": kernel}
-    if not sliding:
+    if not sliding:  # a global layer: the temperature, a class of its own
         opts |= {"log_scaling_n_floor": N_FLOOR, "log_scaling_alpha": ALPHA}
-    ours = posenc.Attention(D, H, "inkling", head_dim=DH, window=W if sliding else None, **opts)
+    name = "inkling" if sliding else "inkling-temperature"
+    ours = posenc.Attention(D, H, name, head_dim=DH, window=W if sliding else None, **opts)
     enc = ours.encoding
     with torch.no_grad():
         for p in hf.parameters():
@@ -133,7 +135,7 @@ def formula_bias(enc, x, q_pos, k_pos):
     out = torch.zeros(x.shape[0], enc.heads, len(q_pos), len(k_pos), dtype=torch.float64)
     for a, i in enumerate(q_pos.tolist()):
         tau = 1.0
-        if enc.log_scaling_n_floor is not None:
+        if isinstance(enc, InklingTemperature):
             tau = 1 + enc.log_scaling_alpha * math.log(max(1.0, (i + 1) / enc.log_scaling_n_floor))
         for c, j in enumerate(k_pos.tolist()):
             if 0 <= i - j < enc.rel_extent:
@@ -144,7 +146,8 @@ def formula_bias(enc, x, q_pos, k_pos):
 @pytest.mark.parametrize("log_scaling", [False, True])
 def test_bias_and_temperature_follow_the_formula(log_scaling):
     opts = {"log_scaling_n_floor": 3, "log_scaling_alpha": 0.25} if log_scaling else {}
-    enc = posenc.build("inkling", heads=H, head_dim=DH, d_rel=D_REL, rel_extent=5, **opts)
+    name = "inkling-temperature" if log_scaling else "inkling"
+    enc = posenc.build(name, heads=H, head_dim=DH, d_rel=D_REL, rel_extent=5, **opts)
     q_pos, k_pos = torch.tensor([0, 2, 4, 7, 9, 30]), torch.tensor([0, 1, 3, 4, 5, 9, 12, 26, 30])
     x = _x(length=len(q_pos))
     ctx = Context(q_pos[None], k_pos[None], x=x)
@@ -170,9 +173,9 @@ def test_bias_and_temperature_follow_the_formula(log_scaling):
     assert bool(enc.stages & posenc.Stage.QK) is log_scaling
 
 
-def inkling_lm(window=None, **opts):
+def inkling_lm(window=None, name="inkling", **opts):
     torch.manual_seed(0)
-    spec = posenc.LayerSpec("inkling", options={"rel_extent": 5, "sconv_kernel": K, **opts}, window=window)
+    spec = posenc.LayerSpec(name, options={"rel_extent": 5, "sconv_kernel": K, **opts}, window=window)
     lm = posenc.TransformerLM(vocab_size=32, dim=D, depth=2, heads=H, layers=[spec, spec], max_len=16)
     with torch.no_grad():
         for p in lm.parameters():
@@ -182,7 +185,7 @@ def inkling_lm(window=None, **opts):
 
 @pytest.mark.parametrize("window", [None, 3], ids=["full", "window3"])
 def test_cached_decoding_equals_full_pass_with_convolutions(window):
-    lm = inkling_lm(window, log_scaling_n_floor=2, log_scaling_alpha=0.3)
+    lm = inkling_lm(window, "inkling-temperature", log_scaling_n_floor=2, log_scaling_alpha=0.3)
     t = torch.randint(0, 32, (2, 11))
     with torch.no_grad():
         full = lm(t)
@@ -195,7 +198,9 @@ def test_cached_decoding_equals_full_pass_with_convolutions(window):
 
 
 def test_backends_equal_eager_and_gradients_reach_the_convolutions():
-    attn = posenc.Attention(D, H, "inkling", rel_extent=5, sconv_kernel=K, log_scaling_n_floor=2, chunk_size=3)
+    attn = posenc.Attention(
+        D, H, "inkling-temperature", rel_extent=5, sconv_kernel=K, log_scaling_n_floor=2, chunk_size=3
+    )
     x, pos = _x().requires_grad_(), torch.stack([torch.arange(L), torch.arange(L) + 3])
     ref = attn(x, pos=pos, backend="eager")
     ref.square().sum().backward()
@@ -214,34 +219,43 @@ def test_backends_equal_eager_and_gradients_reach_the_convolutions():
 
 def test_shift_invariance_follows_the_temperature():
     x = _x()
-    for opts, invariant in (({"sconv_kernel": K}, True), ({"log_scaling_n_floor": 2}, False)):
-        attn = posenc.Attention(D, H, "inkling", rel_extent=5, **opts)
+    cases = (("inkling", {"sconv_kernel": K}, True), ("inkling-temperature", {"log_scaling_n_floor": 2}, False))
+    for name, opts, invariant in cases:
+        attn = posenc.Attention(D, H, name, rel_extent=5, **opts)
         with torch.no_grad():
             base, shifted = attn(x, pos=torch.arange(L)), attn(x, pos=torch.arange(L) + 7)
         assert torch.allclose(base, shifted, atol=1e-5) is invariant and attn.encoding.relative is invariant
 
 
 @pytest.mark.parametrize(
-    "opts,match",
+    "name,opts,match",
     [
-        ({"rel_extent": 0}, "rel_extent must be an int >= 1, got 0"),
-        ({"d_rel": -2}, "d_rel must be an int >= 1, got -2"),
-        ({"sconv_kernel": -1}, "sconv_kernel must be an int >= 0.*got -1"),
-        ({"log_scaling_n_floor": 0}, "log_scaling_n_floor must be an int >= 1 or None, got 0"),
-        ({"log_scaling_n_floor": 4, "log_scaling_alpha": -0.5}, "log_scaling_alpha must be a number > 0, got -0.5"),
-        ({"log_scaling_alpha": 0.2}, "log_scaling_alpha=0.2 needs log_scaling_n_floor"),
-        ({"hidden_size": 0}, "hidden_size must be an int >= 1 or None, got 0"),
-        ({"init_std": 0.0}, "init_std must be a number > 0, got 0.0"),
-        ({"causal": False}, "causal only"),
+        ("inkling", {"rel_extent": 0}, "rel_extent must be an int >= 1, got 0"),
+        ("inkling", {"d_rel": -2}, "d_rel must be an int >= 1, got -2"),
+        ("inkling", {"sconv_kernel": -1}, "sconv_kernel must be an int >= 0.*got -1"),
+        ("inkling-temperature", {"log_scaling_n_floor": 0}, "log_scaling_n_floor must be an int >= 1, got 0"),
+        ("inkling-temperature", {"log_scaling_alpha": -0.5}, "log_scaling_alpha must be a number > 0, got -0.5"),
+        ("inkling-temperature", {"rel_extent": 0}, "rel_extent must be an int >= 1, got 0"),
+        # the temperature is a class of its own: plain inkling takes none of its options, and says which does
+        (
+            "inkling",
+            {"log_scaling_alpha": 0.2},
+            r"unknown option\(s\) \['log_scaling_alpha'\] for encoding 'inkling';.*'inkling-temperature' takes them",
+        ),
+        ("inkling", {"log_scaling_n_floor": 2}, r"\['log_scaling_n_floor'\] .*; 'inkling-temperature' takes them"),
+        ("inkling", {"hidden_size": 0}, "hidden_size must be an int >= 1 or None, got 0"),
+        ("inkling", {"init_std": 0.0}, "init_std must be a number > 0, got 0.0"),
+        ("inkling", {"causal": False}, "causal only"),
+        ("inkling-temperature", {"causal": False}, "causal only"),
     ],
 )
-def test_bad_options_raise(opts, match):
+def test_bad_options_raise(name, opts, match):
     with pytest.raises(ValueError, match=match):
-        posenc.build("inkling", heads=H, head_dim=DH, **opts)
+        posenc.build(name, heads=H, head_dim=DH, **opts)
 
 
 def test_bias_without_the_layer_input_raises():
-    enc = posenc.build("inkling", heads=H, head_dim=DH, log_scaling_n_floor=2)
+    enc = posenc.build("inkling-temperature", heads=H, head_dim=DH, log_scaling_n_floor=2)
     pos = torch.arange(4)
     for ctx in (None, Context(pos[None], pos[None])):
         with pytest.raises(ValueError, match=r"reads ctx\.x"):

@@ -56,7 +56,7 @@ def test_irope_nope_layer_matches_hf_llama4():
     hf = llama4_layer(3, chunk=5, floor_scale=4, attn_scale=0.1)
     assert not hf.uses_rope and hf.layer_type == "full_attention"
     spec = layers("irope", chunk=5, floor_scale=4)[3]
-    assert spec.encoding == "nope" and spec.chunk is None and spec.window is None
+    assert spec.encoding == "nope-temperature" and spec.chunk is None and spec.window is None
     attn = _attention(spec)
     copy_projections(hf.module, attn)
     x = _x()
@@ -176,8 +176,19 @@ def test_sink_transcription_matches_hf_gpt_oss_eager():
     assert_close(ours, ref, n=Dh + 2 * Lq)
 
 
-@pytest.mark.parametrize("bad", ["nope(attn_scale=-1)", "nope(floor_scale=0)"])
-def test_temperature_options_are_validated(bad):
-    with pytest.raises(ValueError, match="attn_scale|floor_scale"):
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ("nope-temperature(attn_scale=-1)", "attn_scale must be a number >= 0, got -1"),
+        ("nope-temperature(floor_scale=0)", "floor_scale must be a number > 0, got 0"),
+        # plain nope takes neither: the temperature is a class of its own, which the message names
+        (
+            "nope(attn_scale=0.1)",
+            r"unknown option\(s\) \['attn_scale'\] for encoding 'nope' in a layer pattern.*'nope-temperature' takes them",
+        ),
+    ],
+)
+def test_temperature_options_are_validated(bad, match):
+    with pytest.raises(ValueError, match=match):
         spec = layers(bad)[0]
         posenc.build(spec.encoding, heads=2, head_dim=4, **spec.options)

@@ -112,7 +112,7 @@ def test_rope_interleaved_matches_hf_roformer_with_value():
     sinusoidal_pos = table((B, L))[None, None]  # (1, 1, L, Dh) as [sin | cos]
     q, k, v = (torch.randn(B, H, L, Dh) for _ in range(3))
     rq, rk, rv = RoFormerSelfAttention.apply_rotary_position_embeddings(sinusoidal_pos, q, k, v)
-    enc = posenc.build("rope", heads=H, head_dim=Dh, layout="interleaved", rotary_value=True)
+    enc = posenc.build("rope-value", heads=H, head_dim=Dh, layout="interleaved")
     pos = torch.arange(L)
     oq, ok = enc.rotate(q, k, pos, pos)
     assert_close(oq, rq, n=2)

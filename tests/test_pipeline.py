@@ -200,7 +200,9 @@ def test_per_layer_specs_and_cached_decoding():
 def test_old_checkpoints_still_load(tmp_path):
     """A checkpoint written before ModelConfig (flat dict; EMD table as the model's emd_pos) loads."""
     torch.manual_seed(0)
-    lm = posenc.TransformerLM(20, DIM, 3, HEADS, "deberta", max_len=MAX_LEN, absolute_from_layer=1, position_buckets=8)
+    lm = posenc.TransformerLM(
+        20, DIM, 3, HEADS, "deberta-emd", max_len=MAX_LEN, absolute_from_layer=1, position_buckets=8
+    )
     state = lm.state_dict()
     table = state["blocks.0.attn.encoding.absolute.weight"]
     old_state = {k: v for k, v in state.items() if not k.endswith("encoding.absolute.weight")}
@@ -213,6 +215,7 @@ def test_old_checkpoints_still_load(tmp_path):
     torch.save({"model_config": old_config, "model": old_state, "step": 3}, tmp_path / "old.pt")
     loaded, extra = posenc.load_checkpoint(tmp_path / "old.pt")
     assert extra == {"step": 3} and loaded.config.options == {"absolute_from_layer": 1, "position_buckets": 8}
+    assert loaded.config.encoding == "deberta-emd"  # what posenc built then from "deberta" with absolute_from_layer
     tok = torch.randint(0, 20, (1, 6))
     assert torch.equal(loaded(tok), lm(tok))
     posenc.save_checkpoint(tmp_path / "new.pt", loaded)
@@ -253,7 +256,9 @@ def test_core_modules_name_no_encoding(module):
 def test_base_imports_nothing_above_it():
     imports = [n for n in ast.walk(ast.parse((SRC / "base.py").read_text())) if isinstance(n, ast.ImportFrom)]
     below = {(n.module, a.name) for n in imports if n.level for a in n.names}
-    assert {m or name for m, name in below} == {"functional", "validate", "context"}  # ground floor only
+    assert {m or name for m, name in below} == {"functional", "validate", "context", "contract"}  # ground floor only
+    contract = [n for n in ast.walk(ast.parse((SRC / "contract.py").read_text())) if isinstance(n, ast.ImportFrom)]
+    assert not [n.module for n in contract if n.level]  # the contract itself imports nothing of posenc
     for path in (SRC / "encodings").glob("*.py"):  # the encodings sit below the model
         imported = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)]
         assert not any(n.module in ("model", "attention", "checkpoint") for n in imported if n.level == 2), path.name

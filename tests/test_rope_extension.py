@@ -1,4 +1,4 @@
-"""ReRoPE, Leaky ReRoPE and Self-Extend (``rope``'s ``rope_extension``, issue 14 item 5).
+"""ReRoPE, Leaky ReRoPE and Self-Extend (``rope-extension``'s ``rope_extension``, issue 14 item 5).
 
 Parity: against ``tests/extension_oracles.py``, a transcription of the official patches'
 attention (bojone/rerope ``rerope_patch.py`` / ``leaky_rerope_patch.py``, datamllab/LongLM
@@ -37,7 +37,10 @@ L = 24  # three times the training length
 
 def make_attn(ext, *, seed=0, max_len=TRAIN, dim=DIM, heads=HEADS, head_dim=HEAD_DIM, **kw) -> posenc.Attention:
     torch.manual_seed(seed)
-    attn = posenc.Attention(dim, heads, "rope", head_dim=head_dim, max_len=max_len, rope_extension=ext, **kw)
+    if ext is not None:  # (None: plain rope, the reference)
+        kw["rope_extension"] = ext
+    name = "rope" if ext is None else "rope-extension"
+    attn = posenc.Attention(dim, heads, name, head_dim=head_dim, max_len=max_len, **kw)
     with torch.no_grad():
         for p in attn.parameters():
             p.add_(0.2 * torch.randn_like(p))
@@ -157,12 +160,15 @@ def test_far_pairs_see_clipped_or_grouped_distances():
     plain = posenc.build("rope", heads=HEADS, head_dim=HEAD_DIM)
     qr, kr = plain.rotate(q, k, pos, pos)
     by_distance = (qr[:, :, L - 1 :] @ kr.transpose(-1, -2))[0, :, 0].flip(-1)  # (H, L): RoPE score at distance d
-    rr = posenc.build("rope", heads=HEADS, head_dim=HEAD_DIM, rope_extension={"type": "rerope", "window": 5})
+    rr = posenc.build("rope-extension", heads=HEADS, head_dim=HEAD_DIM, rope_extension={"type": "rerope", "window": 5})
     s = rr.qk_scores(q, k, pos, pos)[0, :, L - 1].flip(-1)  # (H, L): at distance d = 0..L-1
     assert_close(s[:, :5], by_distance[:, :5], n=HEAD_DIM)
     assert_close(s[:, 5:], by_distance[:, 5:6].expand(-1, L - 5), n=HEAD_DIM)
     se = posenc.build(
-        "rope", heads=HEADS, head_dim=HEAD_DIM, rope_extension={"type": "self-extend", "window": 8, "group_size": 4}
+        "rope-extension",
+        heads=HEADS,
+        head_dim=HEAD_DIM,
+        rope_extension={"type": "self-extend", "window": 8, "group_size": 4},
     )
     s = se.qk_scores(q, k, pos, pos)[0, :, L - 1]  # query i = 23, keys j
     i = L - 1
@@ -179,14 +185,20 @@ def test_declarations():
         ({"type": "leaky-rerope", "window": 4, "factor": 2, "scale_base": None}, True),
         ({"type": "self-extend", "window": 4, "group_size": 2}, False),  # floor(i/G) is absolute
     ):
-        enc = posenc.build("rope", heads=HEADS, head_dim=HEAD_DIM, max_len=TRAIN, rope_extension=ext)
+        enc = posenc.build("rope-extension", heads=HEADS, head_dim=HEAD_DIM, max_len=TRAIN, rope_extension=ext)
         assert enc.stages == Stage.SCORES and enc.relative is relative, ext
         assert posenc.supported_backends(enc) == ["chunked", "eager"]
         assert posenc.select_backend(enc, "cuda") == "chunked"
         assert enc.rope_extension["scale_base"] == ext.get(
             "scale_base", TRAIN if ext["type"] != "self-extend" else None
         )
-    assert "rope_extension" in posenc.registry.options_of(posenc.get_class("rope"))
+    # a class of its own: rope takes no rope_extension, and says which class does
+    assert "rope_extension" in posenc.registry.options_of(posenc.get_class("rope-extension"))
+    assert "rope_extension" not in posenc.registry.options_of(posenc.get_class("rope"))
+    with pytest.raises(
+        ValueError, match=r"unknown option\(s\) \['rope_extension'\] for encoding 'rope';.*'rope-extension' takes them"
+    ):
+        posenc.build("rope", heads=HEADS, head_dim=HEAD_DIM, rope_extension={"type": "rerope", "window": 4})
 
 
 # ---------------------------------------------------------------------------- contract
@@ -204,7 +216,7 @@ N_LM = lm_n(dim=DIM, depth=2, length=CL)
 
 def make_lm(ext, seed=0):
     torch.manual_seed(seed)
-    lm = posenc.TransformerLM(32, DIM, 2, HEADS, encoding="rope", max_len=4, rope_extension=ext)
+    lm = posenc.TransformerLM(32, DIM, 2, HEADS, encoding="rope-extension", max_len=4, rope_extension=ext)
     with torch.no_grad():
         for p in lm.parameters():
             p.add_(0.2 * torch.randn_like(p))
@@ -272,7 +284,7 @@ def test_contract_model(ext):
         other.load_state_dict(lm.state_dict())
         assert_close(other(t), full, n=N_LM)
         with torch.device("meta"):
-            meta = posenc.TransformerLM(32, DIM, 2, HEADS, encoding="rope", max_len=4, rope_extension=ext)
+            meta = posenc.TransformerLM(32, DIM, 2, HEADS, encoding="rope-extension", max_len=4, rope_extension=ext)
         meta.to_empty(device="cpu")
         for m in meta.modules():
             if isinstance(m, posenc.PositionEncoding):
@@ -301,19 +313,19 @@ def test_contract_model(ext):
             r"scale_base must be a number > 1 or None \(no log-n scaling\), got 1",
         ),
         ({"type": "rerope", "window": 4}, {"causal": False}, "causal"),
-        # a variant of its own (rope-extension) that takes neither axes nor rope_scaling
+        # a class of its own (rope-extension) that takes neither axes nor rope_scaling
         ({"type": "rerope", "window": 4}, {"axes": 2}, r"unknown option\(s\) \['axes'\] for encoding 'rope-extension'"),
         (
             {"type": "rerope", "window": 4},
             {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
-            r"\['rope_scaling'\] for encoding 'rope-extension' \(what 'rope' builds with these options\)",
+            r"unknown option\(s\) \['rope_scaling'\] for encoding 'rope-extension'; valid options: base",
         ),
     ],
 )
 def test_bad_extension_raises(ext, kw, match):
     err = TypeError if isinstance(ext, str) else ValueError
     with pytest.raises(err, match=match):
-        posenc.build("rope", heads=HEADS, head_dim=HEAD_DIM, max_len=TRAIN, rope_extension=ext, **kw)
+        posenc.build("rope-extension", heads=HEADS, head_dim=HEAD_DIM, max_len=TRAIN, rope_extension=ext, **kw)
 
 
 def test_qk_scores_of_plain_rope_raises():

@@ -144,7 +144,7 @@ def test_length_dependent_cache_contract(scaling):
     torch.manual_seed(0)
     orig, L = 6, 16
     attn = posenc.Attention(32, 4, "rope", causal=True, max_len=orig, rope_scaling=scaling)
-    assert attn.encoding.cache_raw_keys
+    assert attn.encoding.cache_raw_keys and attn.encoding.needs.raw_keys
     x = torch.randn(2, L, 32)
     with torch.no_grad():
         full = attn(x)
@@ -155,8 +155,14 @@ def test_length_dependent_cache_contract(scaling):
             assert_close(steps[t][:, 0], prefix[:, -1], n=attention_n(dim=32, head_dim=8, length=L))
         # inside the original length nothing depends on the length: decoding == one full forward
         assert_close(torch.cat(steps[:orig], 1), attn(x[:, :orig]), n=attention_n(dim=32, head_dim=8, length=L))
-        # the contract matters: caching rotated keys (as HF does) mixes bases and differs
-        attn.encoding.cache_raw_keys = False
+        # the contract matters: caching rotated keys (as HF does) mixes bases and differs. The
+        # record is fixed at construction (assigning raises); the test swaps it behind its back
+        with pytest.raises(AttributeError, match="fixed at construction"):
+            attn.encoding.cache_raw_keys = False
+        with pytest.raises(AttributeError, match="fixed at construction"):
+            attn.encoding.needs = attn.encoding.needs.replace(raw_keys=False)
+        attn.encoding.__dict__["needs"] = attn.encoding.needs.replace(raw_keys=False)
+        assert not attn.encoding.cache_raw_keys
         cache = attn.init_cache(2, L)
         stale = [attn(x[:, t : t + 1], cache=cache) for t in range(L)]
         assert (stale[-1][:, 0] - full[:, -1]).abs().max() > 1e-4

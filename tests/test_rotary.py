@@ -65,16 +65,17 @@ def test_interleaved_equals_hf_roformer(rotary_value):
     q, k = _qk(L)
     v = torch.randn_like(q)
     ref = RoFormerSelfAttention.apply_rotary_position_embeddings(sinusoidal_pos, q, k, v if rotary_value else None)
-    enc = posenc.build("rope", heads=H, head_dim=DH, layout="interleaved", rotary_value=rotary_value)
+    # RoFormer's rotated values are a class of their own (rope-value: it defines rotate_value)
+    enc = posenc.build("rope-value" if rotary_value else "rope", heads=H, head_dim=DH, layout="interleaved")
     pos = torch.arange(L)
     got_q, got_k = enc.rotate(q, k, pos, pos)
     _close(got_q, ref[0], angle=L)
     _close(got_k, ref[1], angle=L)
-    assert enc.rotates_value is rotary_value
+    assert enc.defines("rotate_value") is rotary_value and enc.stages == posenc.Stage.QK
     if rotary_value:
         _close(enc.rotate_value(v, pos), ref[2], angle=L)
         # and the attention layer uses it: equals eager on every backend it allows
-        attn = posenc.Attention(64, H, "rope", head_dim=DH, layout="interleaved", rotary_value=True)
+        attn = posenc.Attention(64, H, "rope-value", head_dim=DH, layout="interleaved")
         assert "sdpa" not in posenc.supported_backends(attn.encoding)
         x = torch.randn(2, 10, 64)
         _close(attn(x, backend="chunked"), attn(x, backend="eager"), n=attention_n(dim=64, head_dim=DH, length=10))

@@ -194,7 +194,7 @@ def test_conv_left_padding_gives_the_unpadded_logits(causal, padding, k):
         ("learned", {}, "embed", r"supports positions 0\.\.15 \(max_len=16\)"),
         ("learned", {"axes": 2, "axial_shape": (4, 4), "axial_dims": (8, 8)}, "embed", "0..3 on axis 0"),
         ("multiplicative", {"table": "learned"}, "embed", r"supports positions 0\.\.15"),
-        ("deberta", {"absolute_from_layer": 0}, "embed", r"supports positions 0\.\.15"),
+        ("deberta-emd", {"absolute_from_layer": 0}, "embed", r"supports positions 0\.\.15"),
         ("tupe", {}, "bias", r"supports positions 0\.\.15"),
     ],
 )

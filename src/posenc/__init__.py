@@ -24,7 +24,7 @@ Public names::
     posenc.available()                 # registered encodings
     posenc.build(name, heads=, head_dim=, max_len=None, causal=True, **options)
     posenc.register                    # class decorator for new encodings
-    posenc.PositionEncoding, posenc.Stage
+    posenc.PositionEncoding, posenc.Stage, posenc.Needs   # the encoding contract (posenc.contract)
     posenc.Attention(dim, heads, encoding="rope", causal=True, **options)
     posenc.TransformerLM(vocab_size, dim, depth, heads, encoding="alibi", max_len=128)
     posenc.ModelConfig, posenc.LayerSpec          # TransformerLM.from_config(cfg)
@@ -44,7 +44,7 @@ from ._version import __version__ as __version__  # (ground floor: submodules re
 from .allocator import tune_allocator
 from .attention import Attention, Projection
 from .backends import BACKENDS, BlockOptions, select_backend, supported_backends
-from .base import PositionEncoding, Stage
+from .base import Needs, PositionEncoding, Stage
 from .cache import KVCache, ModelCache, SinkWindow
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import LayerSpec, ModelConfig
@@ -66,6 +66,7 @@ __all__ = [
     "LayerSpec",
     "ModelCache",
     "ModelConfig",
+    "Needs",
     "PRESETS",
     "PositionEncoding",
     "Projection",

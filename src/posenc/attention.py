@@ -75,11 +75,11 @@ def encode(
     HF's cache, which hands every raw key in ``k``). With one, ``k``/``v``/``ctx.k_state``
     are the new tokens' and the projection holds every key the cache returns.
     """
-    if enc.rotates_value:  # values carry their own key position (RoFormer's rotary_value)
+    if enc.defines("rotate_value"):  # values carry their own key position (RoFormer's rotary_value)
         v = enc.rotate_value(v, ctx.k_pos, ctx=ctx)
     if cache is None:
         q, k = _qk(enc, q, k, ctx, norms)
-    elif enc.cache_raw_keys or cache.reassigns_positions:  # rotate every cached key again
+    elif enc.needs.raw_keys or cache.reassigns_positions:  # rotate every cached key again
         L = q.shape[2]
         k, v, k_pos = cache.update(k, v, ctx.k_pos)
         state = cache.update_state(ctx.k_state)
@@ -199,7 +199,7 @@ class Attention(nn.Module):
         kw = {"heads": heads, "head_dim": head_dim, "dim": dim, "causal": causal, "max_len": max_len, **scores}
         self.encoding = layer_encoding(encoding, options=options, **kw)
         # heads of the keys the encoding's key side, and so the cache, holds
-        self.key_heads = heads if self.encoding.per_head_keys else self.kv_heads
+        self.key_heads = heads if self.encoding.needs.per_head_keys else self.kv_heads
         if backend != "auto":
             require_backend(self.encoding, backend)
         self.attn_dropout = check_dropout(attn_dropout, "attn_dropout")
@@ -241,7 +241,7 @@ class Attention(nn.Module):
     def runs_input_stage(self) -> bool:
         """Called on its own, the layer runs its encoding's input stage on ``x``."""
         enc = self.encoding
-        return bool(enc.stages & Stage.INPUT) and enc.input_at in (0, "layer")
+        return bool(enc.stages & Stage.INPUT) and enc.needs.input_at in (0, "layer")
 
     def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None, policy=None) -> KVCache:
         """An empty KV cache for ``batch_size`` sequences of up to ``max_len`` tokens; a causal
@@ -312,7 +312,7 @@ class Attention(nn.Module):
                 raise ValueError(
                     f"memory must have shape ({B}, M, {self.dim}), got {tuple(getattr(memory, 'shape', ()))}"
                 )
-            M, axes = memory.shape[1], self.encoding.axes
+            M, axes = memory.shape[1], self.encoding.needs.axes
             cache = LayerMemory.given(memory, as_positions(memory_pos, M, device=memory.device, batch=B, axes=axes))
         call = self.make_call(x, pos, cache, key_padding_mask=key_padding_mask, document_ids=document_ids)
         if self.runs_input_stage:
@@ -324,9 +324,9 @@ class Attention(nn.Module):
         too; with packed documents, on each document alone."""
         enc = self.encoding
         history = None
-        if cache is not None and enc.input_context > 0:
+        if cache is not None and enc.needs.input_context > 0:
             if cache.inputs is None:
-                cache.inputs = InputHistory(enc.input_context)
+                cache.inputs = InputHistory(enc.needs.input_context)
             history = cache.inputs
         return run_input_stage(enc, x, call.pos, history, call.documents)
 
@@ -348,7 +348,7 @@ class Attention(nn.Module):
         if self.key_heads != self.kv_heads:  # key-side stages with per-head parameters
             k, v = expand_kv(k, v, self.key_heads)
         state: dict[str, Tensor] = {}
-        if enc.reads_input:
+        if enc.defines("read_input"):
             keep = None if call.key_padding is None else call.key_padding[:, -Lk:]
             read = enc.read_input(
                 rows, k, v, None if cache is None else cache.carry, keep=keep, documents=call.documents

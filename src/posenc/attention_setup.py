@@ -5,9 +5,9 @@ Grouped k/v (``kv_heads``): the layer projects ``kv_heads`` keys and values, its
 stores them, and :func:`posenc.backends.attend` expands them to the ``H`` query heads (HF's
 ``repeat_kv``; SDPA's ``enable_gqa``). The encoding's key-side stages (``read_input``, the
 key half of ``rotate``, ``rotate_value``) run on the ``kv_heads`` keys when they treat
-every head alike, which is :meth:`PositionEncoding.key_heads`'s default; an encoding
-whose key-side stages hold per-head parameters sized by ``heads`` (Inkling's short
-convolutions, ``(H·Dh, K)``) says so there, and the layer repeats its keys and values to
+every head alike, the default; an encoding whose key-side stages hold per-head parameters
+sized by ``heads`` (Inkling's short convolutions, ``(H·Dh, K)``) says so
+(``needs.per_head_keys``), and the layer repeats its keys and values to
 ``H`` heads *before* those stages: the layer then computes as an ``H``-head layer whose
 k/v projections are shared within each group, and its cache holds ``H`` heads.
 """
@@ -15,7 +15,7 @@ k/v projections are shared within each group, and its cache holds ``H`` heads.
 from __future__ import annotations
 
 from .base import PositionEncoding, Stage
-from .registry import build, options_of, resolve
+from .registry import build, get_class
 from .validate import score_setting
 
 __all__ = ["build_for_layer", "check_kv_heads", "layer_encoding"]
@@ -35,12 +35,12 @@ def build_for_layer(
     """``name`` built for a layer of width ``dim`` with ``heads`` heads of ``head_dim`` (the one
     rule :class:`posenc.Attention`, :class:`posenc.TransformerLM` and ``posenc.hf`` share).
 
-    Where ``heads·head_dim`` is not ``dim`` (an explicit ``head_dim``: Qwen3-0.6B, Gemma), what
-    acts on the layer's input gets its width: an encoding that takes ``hidden_size`` (FoX's
-    gates, Inkling's ``r_proj``, DeBERTa's table and its EMD) gets ``hidden_size=dim`` unless the
-    options give it, and one with only an input stage is built as one head of ``dim`` (it adds
-    to or reads ``(B, L, dim)``). ``vocab_size`` goes to an encoding that
-    embeds token ids (``complex-order``) unless given.
+    What the class declares it takes (:class:`~posenc.contract.Needs`): ``needs.width`` gets
+    ``hidden_size=dim`` (FoX's gates, Inkling's ``r_proj``, DeBERTa's table and its EMD) and
+    ``needs.vocab`` gets ``vocab_size`` (``complex-order``, which embeds token ids), unless the
+    options give them. Where ``heads·head_dim`` is not ``dim`` (an explicit ``head_dim``:
+    Qwen3-0.6B, Gemma), an encoding with only an input stage and no ``needs.width`` is built as
+    one head of ``dim`` (it adds to or reads ``(B, L, dim)``).
 
     Raises:
         ValueError: a causal-only encoding in a bidirectional layer; an encoding with an input
@@ -49,14 +49,13 @@ def build_for_layer(
             what :func:`posenc.build` raises.
     """
     options = dict(options)
-    cls = resolve(name, options)
+    cls = get_class(name)
     if cls.causal_only and not causal:
         raise ValueError(f"encoding {name!r} is causal only, and this layer attends both ways (an encoder)")
     heads, head_dim = _sizes(cls, name, heads, head_dim, dim)
-    takes = options_of(cls)
-    if "hidden_size" in takes:
+    if cls.needs.width:
         options.setdefault("hidden_size", dim)
-    if vocab_size is not None and "vocab_size" in takes:
+    if vocab_size is not None and cls.needs.vocab:
         options.setdefault("vocab_size", vocab_size)
     return build(name, heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
 
@@ -74,8 +73,8 @@ def check_kv_heads(heads: int, kv_heads: int | None) -> int:
 
 def _sizes(cls: type[PositionEncoding], name: str, heads: int, head_dim: int, dim: int) -> tuple[int, int]:
     """The ``(heads, head_dim)`` an encoding of class ``cls`` is built with in a layer of width ``dim``
-    (one that takes ``hidden_size`` is told ``dim`` that way and keeps the layer's heads)."""
-    if cls.stages & Stage.INPUT and heads * head_dim != dim and "hidden_size" not in options_of(cls):
+    (one with ``needs.width`` is told ``dim`` as its ``hidden_size`` and keeps the layer's heads)."""
+    if cls.stages & Stage.INPUT and heads * head_dim != dim and not cls.needs.width:
         if cls.stages != Stage.INPUT:
             raise ValueError(
                 f"encoding {name!r} has an input stage and a score stage: it needs heads x head_dim = dim, "

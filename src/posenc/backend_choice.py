@@ -23,13 +23,13 @@ __all__ = [
 def supported_backends(enc: PositionEncoding) -> list[str]:
     """Backends able to run ``enc`` (every one of them equals ``eager``)."""
     st = enc.stages
-    vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES | Stage.NORM)) or enc.rotates_value
+    vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES | Stage.NORM)) or enc.defines("rotate_value")
     if enc.softcap is not None:  # only a score_mod or the materialised scores can cap
         return (["flex"] if not vector else []) + ["chunked", "eager"]
     out = []
     if not st & Stage.BIAS and not vector:
         out.append("sdpa")
-    if type(enc).distance_terms is not PositionEncoding.distance_terms and not enc.rotates_value:
+    if enc.defines("distance_terms") and not enc.defines("rotate_value"):
         out.append("blockwise")
     if st & Stage.BIAS and not vector:
         out += ["flex", "dense"]
@@ -98,7 +98,7 @@ def select_backend(
         return "sdpa"
     if dropout or enc.head_dim < FLEX_MIN_HEAD_DIM or (q_len is not None and q_len < FLEX_MIN_QUERIES):
         ok = [b for b in ok if b != "flex"]
-    if "flex" in ok and (enc.has_score_mod or not enc.stages & Stage.BIAS) and device_type == "cuda":
+    if "flex" in ok and (enc.defines("score_mod") or not enc.stages & Stage.BIAS) and device_type == "cuda":
         return "flex"
     least = BLOCKWISE_MIN_SCORES_BIDIR if causal is False else BLOCKWISE_MIN_SCORES
     short = q_len is not None and k_len is not None and q_len * k_len < least

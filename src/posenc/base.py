@@ -1,9 +1,9 @@
-"""The :class:`PositionEncoding` base class, its stage flags, and the registry.
+"""The :class:`PositionEncoding` base class.
 
 Every position encoding is a choice of *where position enters attention* (see
-``posenc/__init__.py`` for the picture). One class declares which of five stages it
-uses and implements only those methods; :class:`posenc.Attention` calls them and
-picks the fastest backend that can run them.
+``posenc/__init__.py`` for the picture). A class implements the stage methods it uses, and
+those are its stages (:mod:`posenc.contract`); :class:`posenc.Attention` calls them and picks
+the fastest backend that can run them.
 
 The score every backend computes, for one head::
 
@@ -11,7 +11,8 @@ The score every backend computes, for one head::
     o_i  = Σ_j softmax_j(s)_ij · v_j + value_term_i
 
 with ``q̃, k̃ = rotate(q, k)`` (an encoding with the ``SCORES`` stage supplies the whole
-``q̃_i·k̃_j`` term itself, per pair, from ``qk_scores``: ReRoPE, Self-Extend) and ``scale = encoding.scale`` (``Dh^-1/2`` unless the
+``q̃_i·k̃_j`` term itself, per pair, from ``qk_scores``: ReRoPE, Self-Extend; one with ``NORM``
+replaces softmax with ``weights``) and ``scale = encoding.scale`` (``Dh^-1/2`` unless the
 encoding says otherwise: T5 optionally uses 1, DeBERTa ``(Dh·(1+#terms))^-1/2``).
 
 The registry is filled by the encodings themselves (``@register``) when ``posenc``
@@ -20,14 +21,16 @@ imports :mod:`posenc.encodings`; this module imports nothing above it.
 
 from __future__ import annotations
 
-import enum
+import inspect
 from collections.abc import Callable
 from typing import ClassVar
 
 from torch import Tensor, nn
 
+from . import contract
 from . import functional as PF
 from .context import InputRead
+from .contract import OLD_NAMES, Deprecated, Needs, OldSpelling, Stage
 from .functional import (
     as_positions,  # re-exported: the layer and model call them from here
     check_lengths,
@@ -36,6 +39,7 @@ from .validate import checked_init, ignoring_keywords, missing_keywords, positio
 
 __all__ = [
     "Stage",
+    "Needs",
     "PositionEncoding",
     "ScoreMod",
     "check_lengths",
@@ -46,108 +50,85 @@ __all__ = [
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 BASE_ARGS = ("heads", "head_dim", "max_len", "causal")  # checked by PositionEncoding.__init__ itself
-STAGE_METHODS = ("embed", "rotate", "rotate_value", "bias", "score_terms", "qk_scores", "value_term", "weights")
 # the keywords the layer and the backends pass that a method may be written without: ``ctx=``
 # (a posenc.Context) to the stages; which input rows are real tokens, and of which document,
 # to read_input
-CALL_KEYWORDS = {**{m: ("ctx",) for m in (*STAGE_METHODS[1:], "score_mod", "distance_terms")},
+CALL_KEYWORDS = {**{m: ("ctx",) for m in contract.HOOKS if m not in ("embed", "read_input")},
                  "read_input": ("keep", "documents")}  # fmt: skip
 POSITION_ARGS = ("pos", "q_pos", "k_pos")  # the stage methods' position arguments
-
-
-class Stage(enum.Flag):
-    """Where an encoding enters attention."""
-
-    NONE = 0
-    INPUT = enum.auto()  # embed(x, pos): before the projections
-    QK = enum.auto()  # rotate(q, k, q_pos, k_pos): on queries and keys
-    BIAS = enum.auto()  # bias(q_pos, k_pos) / score_mod: a scalar per (h, i, j)
-    TERMS = enum.auto()  # score_terms(q, k, q_pos, k_pos): content-dependent relative terms
-    VALUE = enum.auto()  # value_term(attn, q_pos, k_pos): relative vectors on the values
-    SCORES = enum.auto()  # qk_scores(q, k, q_pos, k_pos): the q·k term itself, per (i, j) (ReRoPE)
-    NORM = enum.auto()  # weights(s): the attention weights from the masked scores, in place of softmax
-
-    def names(self) -> list[str]:
-        return [s.name.lower() for s in Stage if s in self and s is not Stage.NONE]
+_FIXED = ("stages", "kind")  # class facts no instance may set
 
 
 class PositionEncoding(nn.Module):
     """Base class of every encoding.
 
-    Subclasses set the class attributes below, call ``super().__init__`` with the
-    common arguments, and override the stage methods they declare in ``stages``.
+    A subclass sets the class attributes below, calls ``super().__init__`` with the common
+    arguments, and overrides the stage methods it uses: those make its :attr:`stages`
+    (``embed`` → ``INPUT``, ``read_input`` → ``READ``, ``rotate``/``rotate_value`` → ``QK``,
+    ``bias``/``score_mod`` → ``BIAS``, ``score_terms`` → ``TERMS``, ``qk_scores`` → ``SCORES``,
+    ``value_term`` → ``VALUE``, ``weights`` → ``NORM``), and :meth:`defines` answers which it has.
+    A variant with other stages is another registered class (``nope-temperature``); an
+    option never changes the stages, and an instance cannot set them.
 
     Class attributes (fixed by the encoding):
         name: registry name.
-        family: "none", "absolute", "rotary", "bias", "relative".
         paper, year: the paper the encoding comes from.
         causal_only: raise when built with ``causal=False``.
-        share_across_layers: one instance serves every layer of a model by default
-            (T5's bucket table, as the paper does).
-        shared_modules: submodules that every layer's instance takes from the first
-            layer's when the instance itself is not shared (DeBERTa's relative table).
-        variants: registered names of subclasses with other stages that ``build(name, ...)``
-            makes instead when an option only they take is given (``nope`` with
-            ``attn_scale``: ``nope-temperature``, :func:`posenc.registry.resolve`); an option
-            never changes the stages of a class.
+        needs: a :class:`~posenc.contract.Needs`, what the model, the layer and the cache do
+            for the encoding (the class's defaults; ``__init__`` may set values from its
+            options, ``self.needs = self.needs.replace(...)``; fixed after construction).
 
-    Declarations (class defaults; an instance may set them from its options). They say
-    what an encoding needs from the layer, the model and the cache, so that neither
-    :class:`posenc.Attention` nor :class:`posenc.TransformerLM` knows any encoding:
-        stages: the :class:`Stage` flags used.
-        input_at: where a model applies the input stage: an int ``n`` adds it to the
-            residual stream before block ``n`` (0, the default: once, on the token
-            embeddings; DeBERTa's enhanced mask decoder: before a top block);
-            ``"layer"`` on every attention layer's input, inside the layer (FLOATER);
-            ``"tokens"`` builds the token embedding from the ids (Complex Order). A bare
-            :class:`posenc.Attention` runs it on its input when it is 0 or ``"layer"``.
-        input_context: preceding inputs the input stage reads (a causal convolution's
-            ``k - 1``): a KV cache keeps that many and runs the stage on them plus the new ones.
-        cache_raw_keys: the KV cache stores keys before ``rotate`` and re-rotates all of
-            them at every step (rotations that depend on the whole call, such as dynamic
-            NTK); otherwise it stores rotated keys.
-        memory_len: tokens of earlier segments each layer attends to (Transformer-XL's
-            recurrence, :meth:`posenc.TransformerLM.init_memory`); 0 = none.
-        axes: coordinates per position the encoding reads, ``A``: 1 for a sequence, 2 or 3
-            for image rows/columns or video time/rows/columns (set per instance by the
-            encodings that take an ``axes`` option). With ``A > 1`` every stage receives
-            positions ``(B|1, L, A)``; see :meth:`axis_positions`.
-        per_head_keys: the key-side stages (``read_input``, ``rotate`` on keys, ``rotate_value``)
-            hold per-head parameters: with grouped k/v the layer repeats keys and values to
-            ``heads`` before them (:mod:`posenc.attention_setup`); else they run on ``kv_heads``.
-        score_scale, softcap: the model's score scale in place of ``Dh^-1/2`` (Gemma 3's
-            ``query_pre_attn_scalar**-0.5``) and tanh logit soft-capping (Gemma 2), None = off;
-            set per instance by :meth:`set_scores` only.
+    Derived once per class (read-only): :attr:`stages` (the :class:`Stage` flags) and :attr:`kind`
+    (one word for them: :func:`posenc.contract.kind_of`). The old spellings, which read ``needs``
+    for the layer, the model and the cache: ``input_at``, ``input_context``, ``cache_raw_keys``
+    (``needs.raw_keys``), ``memory_len``, ``axes``, ``per_head_keys``, ``share_across_layers``,
+    ``shared_modules``. Deprecated (a warning): ``reads_input``, ``rotates_value``, ``has_score_mod``
+    (:meth:`defines`), ``family`` (:attr:`kind`), :meth:`set_axes`.
+
+    Per instance: ``score_scale``, ``softcap``: the model's score scale in place of ``Dh^-1/2``
+    (Gemma 3) and tanh logit soft-capping (Gemma 2), None = off; set by :meth:`set_scores` only.
     """
 
     name: ClassVar[str] = ""
-    family: ClassVar[str] = ""
     paper: ClassVar[str] = ""
     year: ClassVar[int] = 0
     causal_only: ClassVar[bool] = False
-    share_across_layers: ClassVar[bool] = False
-    shared_modules: ClassVar[tuple[str, ...]] = ()
-    variants: ClassVar[tuple[str, ...]] = ()
-    stages: Stage = Stage.NONE
-    input_at: int | str = 0
-    input_context: int = 0
-    cache_raw_keys: bool = False
-    memory_len: int = 0
-    axes: int = 1
-    per_head_keys: bool = False
+    needs: Needs = Needs()
+    stages: ClassVar[Stage] = Stage.NONE
+    kind: ClassVar[str] = "none"
+    _defined: ClassVar[frozenset[str]] = frozenset()
     score_scale: float | None = None
     softcap: float | None = None
 
+    input_at = OldSpelling("input_at")
+    input_context = OldSpelling("input_context")
+    cache_raw_keys = OldSpelling("raw_keys")
+    memory_len = OldSpelling("memory_len")
+    axes = OldSpelling("axes")
+    per_head_keys = OldSpelling("per_head_keys")
+    share_across_layers = OldSpelling("share_across_layers")
+    shared_modules = OldSpelling("shared_modules")
+    reads_input = Deprecated(lambda e: e.defines("read_input"), 'enc.defines("read_input")')
+    rotates_value = Deprecated(lambda e: e.defines("rotate_value"), 'enc.defines("rotate_value")')
+    has_score_mod = Deprecated(lambda e: e.defines("score_mod"), 'enc.defines("score_mod")')
+    family = Deprecated(lambda e: e.kind, "kind, derived from the stage methods")
+
     def __init_subclass__(cls, **kwargs) -> None:
-        """Wrap the class's ``__init__`` to check its options against their annotations (a bool
-        option takes a bool, no NaN or infinity anywhere: :mod:`posenc.validate`), and its stage
-        methods to turn the ``IndexError`` of a table read past its end into the ``ValueError``
-        of :meth:`check_length` (nothing checked, no host sync, on a call that succeeds)."""
+        """Derive the class's :attr:`stages` and :attr:`kind` from the stage methods it defines;
+        wrap its ``__init__`` to check its options against their annotations (a bool option
+        takes a bool, no NaN or infinity anywhere: :mod:`posenc.validate`) and to let it set
+        :attr:`needs` while it runs, and its stage methods to turn the ``IndexError`` of a table
+        read past its end into the ``ValueError`` of :meth:`check_length` (nothing checked, no
+        host sync, on a call that succeeds)."""
         super().__init_subclass__(**kwargs)
+        declared = contract.fold_old_declarations(cls)
         init = cls.__dict__.get("__init__")
         if init is not None:
-            cls.__init__ = checked_init(init, skip=BASE_ARGS)
-        for name in STAGE_METHODS:
+            cls.__init__ = contract.building(checked_init(init, skip=BASE_ARGS))
+            contract.check_takes(cls, inspect.signature(init).parameters)
+        if not isinstance(cls.needs, Needs):
+            raise TypeError(f"{cls.__name__}.needs must be a posenc.contract.Needs, got {cls.needs!r}")
+        for name in contract.STAGE_OF.keys() - {"read_input", "score_mod"}:
             fn = cls.__dict__.get(name)
             if fn is not None and not getattr(fn, "checks_positions", False):
                 setattr(cls, name, position_checked(fn, POSITION_ARGS))
@@ -155,6 +136,42 @@ class PositionEncoding(nn.Module):
             fn = cls.__dict__.get(name)
             if fn is not None and (missing := missing_keywords(fn, keywords)):
                 setattr(cls, name, ignoring_keywords(fn, missing))
+        cls._defined = frozenset(h for h in contract.HOOKS if getattr(cls, h) is not getattr(PositionEncoding, h))
+        if "score_mod" in cls._defined and "bias" not in cls._defined:
+            raise TypeError(f"{cls.__name__} defines score_mod without bias: score_mod is bias's FlexAttention form")
+        cls.stages = contract.stages_of(cls._defined) if declared is None else declared
+        cls.kind = contract.kind_of(cls.stages)
+
+    @classmethod
+    def defines(cls, method: str) -> bool:
+        """The class (or a parent below :class:`PositionEncoding`) defines ``method``: a stage
+        method (``"score_mod"``: a real elementwise form, not the dense fallback;
+        ``"read_input"``: the layer calls it) or ``"distance_terms"`` (the ``blockwise`` backend)."""
+        if method in cls._defined:
+            return True
+        if method not in contract.HOOKS:
+            raise ValueError(f"defines() answers for the stage methods {', '.join(contract.HOOKS)}; got {method!r}")
+        return False
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _FIXED:
+            raise AttributeError(
+                f"encoding {self.name!r}: {name} follows the stage methods its class defines; an instance cannot "
+                "set it (a variant with other stages is another class)"
+            )
+        if name == "needs" or name in OLD_NAMES:
+            if "_building" not in self.__dict__:
+                raise AttributeError(f"encoding {self.name!r}: {name} is fixed at construction; build another one")
+            if name != "needs":  # posenc 0.x: self.input_at = ... in __init__
+                contract.warn_deprecated(
+                    f"setting self.{name} in __init__", f"set self.needs = self.needs.replace({OLD_NAMES[name]}=...)"
+                )
+                value = self.needs.replace(**{OLD_NAMES[name]: value})
+            if not isinstance(value, Needs):
+                raise TypeError(f"needs must be a posenc.contract.Needs, got {value!r}")
+            self.__dict__["needs"] = value
+            return
+        super().__setattr__(name, value)
 
     def __init__(self, *, heads: int, head_dim: int, max_len: int | None = None, causal: bool = True) -> None:
         super().__init__()
@@ -167,11 +184,8 @@ class PositionEncoding(nn.Module):
             raise TypeError(f"causal must be a bool, got {causal!r} ({type(causal).__name__})")
         if self.causal_only and not causal:
             raise ValueError(f"encoding {self.name!r} is causal only; build it with causal=True")
-        self.heads = heads
-        self.head_dim = head_dim
-        self.dim = heads * head_dim
-        self.max_len = max_len
-        self.causal = causal
+        self.heads, self.head_dim, self.dim = heads, head_dim, heads * head_dim
+        self.max_len, self.causal = max_len, causal
 
     # ------------------------------------------------------------------ properties
     @property
@@ -186,10 +200,8 @@ class PositionEncoding(nn.Module):
 
     @property
     def position_limit(self) -> int | tuple[int, ...] | None:
-        """Positions must be below this (a tuple: per axis); None when any position works.
-
-        ``max_len`` for an encoding that does not extrapolate.
-        """
+        """Positions must be below this (a tuple: per axis; ``max_len`` for an encoding that does
+        not extrapolate); None when any position works."""
         return None if self.extrapolates else self.max_len
 
     @property
@@ -251,11 +263,10 @@ class PositionEncoding(nn.Module):
         """
         check_lengths([self], self.axis_positions(pos) if self.axes > 1 else pos)
 
-    def set_axes(self, axes: int) -> None:
-        """Set :attr:`axes` from an encoding's ``axes`` option (a positive int)."""
-        if not isinstance(axes, int) or isinstance(axes, bool) or axes < 1:
-            raise ValueError(f"axes must be a positive int (1 for a sequence, 2 or 3 for grids), got {axes!r}")
-        self.axes = axes
+    def set_axes(self, axes: int) -> None:  # deprecated
+        """In ``__init__``: ``self.needs = self.needs.replace(axes=axes)``."""
+        contract.warn_deprecated("set_axes(axes)", "set self.needs = self.needs.replace(axes=axes) in __init__")
+        self.needs = self.needs.replace(axes=axes)
 
     def axis_positions(self, pos: Tensor, length: int | None = None) -> Tensor:
         """``pos`` as ``(B|1, L, A)`` with ``A = self.axes``, for direct calls of the stage methods.
@@ -290,11 +301,8 @@ class PositionEncoding(nn.Module):
 
     # ------------------------------------------------------------------ stages
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
-        """Input stage. ``x``: ``(B, L, D)``, ``pos``: ``(L,)`` or ``(B, L)`` -> ``(B, L, D)``.
-
-        An encoding whose :attr:`input_at` is ``"tokens"`` builds the embedding: ``x`` is
-        then the ``(B, L)`` token ids.
-        """
+        """Input stage. ``x``: ``(B, L, D)``, ``pos``: ``(L,)`` or ``(B, L)`` -> ``(B, L, D)``. With
+        ``needs.input_at == "tokens"`` it builds the embedding: ``x`` is the ``(B, L)`` token ids."""
         return x
 
     def read_input(self, x: Tensor, k: Tensor, v: Tensor, carry=None, *, keep=None, documents=None) -> InputRead:
@@ -313,11 +321,6 @@ class PositionEncoding(nn.Module):
         """
         return InputRead(k, v, {}, carry)
 
-    @property
-    def reads_input(self) -> bool:
-        """The encoding overrides :meth:`read_input` (the layer calls it)."""
-        return type(self).read_input is not PositionEncoding.read_input
-
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> tuple[Tensor, Tensor]:
         """q/k stage. ``q``: ``(B, H, Lq, Dh)``, ``k``: ``(B, H, Lk, Dh)``; same shapes out.
 
@@ -327,19 +330,13 @@ class PositionEncoding(nn.Module):
         return q, k
 
     def rotate_value(self, v: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
-        """Part of the q/k stage when :attr:`rotates_value`: values rotated by their key
-        position (RoFormer's ``rotary_value``); identity by default."""
+        """Part of the q/k stage: values rotated by their key position (RoFormer's rotary values,
+        ``rope-value``); the layer calls it when the class defines it."""
         return v
 
-    @property
-    def rotates_value(self) -> bool:
-        return False
-
     def bias(self, q_pos: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
-        """Scalar score stage: ``(H, Lq, Lk)`` for 1-D positions, ``(B, H, Lq, Lk)`` for 2-D.
-
-        Float32, added after ``scale``.
-        """
+        """Scalar score stage: float32 ``(H, Lq, Lk)`` for 1-D positions, ``(B, H, Lq, Lk)`` for 2-D,
+        added after ``scale``."""
         raise NotImplementedError
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor, ctx=None) -> ScoreMod:
@@ -355,11 +352,6 @@ class PositionEncoding(nn.Module):
             return score + dense[b, h, q_idx, kv_idx]
 
         return mod
-
-    @property
-    def has_score_mod(self) -> bool:
-        """True when :meth:`score_mod` is a real elementwise form (not the dense fallback)."""
-        return type(self).score_mod is not PositionEncoding.score_mod
 
     def score_terms(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
         """Vector score stage: ``(B, H, Lq, Lk)`` added to ``q̃·k̃`` before ``scale``.

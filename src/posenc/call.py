@@ -109,7 +109,7 @@ def make_call(
     """
     if cache and memory:
         raise ValueError("memory and cache cannot be used together")
-    axes = encodings[0].axes if encodings else 1
+    axes = encodings[0].needs.axes if encodings else 1
     if document_ids is not None:
         document_ids = _documents(document_ids, batch, length)
         if cache or memory:

@@ -15,7 +15,10 @@ checkpoints").
 
 Checkpoints written before :class:`~posenc.ModelConfig` existed (a flat dict with the
 encoding options at the top level, DeBERTa's enhanced-mask-decoder table as the model's
-``emd_pos``) load too: :func:`upgrade_state_dict` renames what moved.
+``emd_pos``) load too: :func:`upgrade_state_dict` renames what moved. So do configs saved
+while :func:`posenc.build` still made a variant from the options (``deberta`` with
+``absolute_from_layer``, ``nope`` with ``attn_scale``, ``rope`` with ``rope_extension``,
+``inkling`` with ``log_scaling_*``): :func:`upgrade_config` names the variant.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import hashlib
 import os
 import pickle
 import re
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,7 @@ import torch
 from .config import ModelConfig
 from .model import TransformerLM
 from .output.files import hold_ctrl_c
+from .registry import available, get_class, options_of, related
 
 __all__ = [
     "save_checkpoint",
@@ -57,7 +62,27 @@ class CheckpointError(ValueError):
 def upgrade_config(d: dict) -> ModelConfig:
     """A :class:`~posenc.ModelConfig` from a saved config dict of any posenc version."""
     d = {k: v for k, v in d.items() if not (k in _MOVED_TO_OPTIONS and v == _MOVED_TO_OPTIONS[k])}
-    return ModelConfig.from_dict(d)  # the others are encoding options now
+    names = {f.name for f in fields(ModelConfig)}
+    options = {**(d.get("options") or {}), **{k: v for k, v in d.items() if k not in names}}  # options now
+    d = {k: v for k, v in d.items() if k in names} | {"options": options}
+    if "encoding" in d:
+        d["encoding"] = _variant_named(d["encoding"], options)
+    if d.get("layers"):
+        d["layers"] = [
+            {**s, "encoding": _variant_named(s.get("encoding"), s.get("options") or {})} if isinstance(s, dict) else s
+            for s in d["layers"]
+        ]
+    return ModelConfig.from_dict(d)
+
+
+def _variant_named(name, options: dict):
+    """The registered class a config saved by posenc <= 0.x meant by ``name`` with ``options``: the
+    one variant of its family that takes the options ``name`` does not (posenc built it then)."""
+    if not isinstance(name, str) or name not in available():
+        return name
+    unknown = set(options) - set(options_of(get_class(name)))
+    others = related(get_class(name), unknown) if unknown else []
+    return others[0] if len(others) == 1 else name
 
 
 def upgrade_state_dict(model: TransformerLM, state: dict) -> dict:

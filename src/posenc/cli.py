@@ -34,7 +34,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 def encoding_rows() -> list[dict[str, str]]:
-    """One row per registered encoding: the data behind ``posenc list`` and the README table."""
+    """One row per registered encoding, grouped by kind (in the order position enters
+    attention, :data:`KIND_ORDER`), then by name: the data behind ``posenc list`` and the
+    README table."""
     rows = []
     for name in _available():
         cls = get_class(name)
@@ -43,20 +45,22 @@ def encoding_rows() -> list[dict[str, str]]:
         rows.append(
             {
                 "name": name,
-                "family": cls.family,
-                "stages": ", ".join(enc.stages.names()) or "none",
+                "kind": cls.kind,
+                "stages": ", ".join(cls.stages.names()) or "none",
                 "relative": "yes" if enc.relative else "no",
                 "extrapolates": "yes" if enc.extrapolates else "no",
                 # coordinates per position: 1 for a sequence; grids via the `axes` option or fixed
-                "axes": "1 (option `axes`)" if "axes" in options_of(cls) else str(enc.axes),
+                "axes": "1 (option `axes`)" if "axes" in options_of(cls) else str(enc.needs.axes),
                 "paper": cls.paper,
                 "year": str(cls.year),
             }
         )
-    return rows
+    return sorted(rows, key=lambda r: (KIND_ORDER.index(r["kind"]), r["name"]))
 
 
-COLUMNS = ("name", "family", "stages", "relative", "extrapolates", "axes", "paper", "year")
+# the kinds (posenc.contract.kind_of) in the order position enters attention
+KIND_ORDER = ("none", "input", "qk", "bias", "terms", "scores", "hidden", "normaliser")
+COLUMNS = ("name", "kind", "stages", "relative", "extrapolates", "axes", "paper", "year")
 
 
 def encodings_table(rows: list[dict[str, str]], columns=COLUMNS, title: str | None = None):

@@ -21,7 +21,7 @@ def layer_cache(
             raise TypeError(f"policy must be a posenc.SinkWindow or None, got {type(policy).__name__}")
         if window is not None or chunk is not None or not causal:
             raise ValueError("a SinkWindow cache is for causal layers without their own window or chunk")
-        if enc.stages & Stage.INPUT or enc.axes != 1:
+        if enc.stages & Stage.INPUT or enc.needs.axes != 1:
             raise ValueError(
                 f"encoding {enc.name!r} cannot have its positions re-assigned in the cache "
                 "(an input stage or several axes); SinkWindow needs q/k, score or bias stages"
@@ -29,6 +29,6 @@ def layer_cache(
         keep = {"keep_first": policy.sinks, "keep_last": policy.window - 1, "policy": policy}
         return WindowKVCache(batch_size, heads, head_dim, **keep, **kw)
     span = [n for n in (window, chunk) if n is not None]
-    if span and causal and enc.axes == 1:
+    if span and causal and enc.needs.axes == 1:
         return WindowKVCache(batch_size, heads, head_dim, keep_last=min(span) - 1, **kw)
-    return KVCache(batch_size, max_len, heads, head_dim, axes=enc.axes, **kw)
+    return KVCache(batch_size, max_len, heads, head_dim, axes=enc.needs.axes, **kw)

@@ -34,17 +34,17 @@ def layer_encodings(
     and options); ``make(i)``: a new encoding for layer ``i``.
 
     Layers with equal keys share the first instance when ``share`` says so (None: the
-    class's ``share_across_layers``, e.g. T5's bucket table) or when the encoding is only an
-    input stage the model runs once; otherwise each gets its own instance, which takes the
-    first one's ``shared_modules`` (DeBERTa's relative table).
+    encoding's ``needs.share_across_layers``, e.g. T5's bucket table) or when the encoding is
+    only an input stage the model runs once; otherwise each gets its own instance, which takes
+    the first one's ``needs.shared_modules`` (DeBERTa's relative table).
     """
     out, first = LayerEncodings(), {}
     for i, key in enumerate(keys):
         j = first.get(key)
         if j is not None:
             head = out[j]
-            only_input = head.stages == Stage.INPUT and head.input_at != "layer"
-            if (type(head).share_across_layers if share is None else share) or only_input:
+            only_input = head.stages == Stage.INPUT and head.needs.input_at != "layer"
+            if (head.needs.share_across_layers if share is None else share) or only_input:
                 out.index.append(j)
                 continue
         enc = make(i)
@@ -52,7 +52,7 @@ def layer_encodings(
             first[key] = len(out)
             out.firsts.append(enc)
         else:
-            for name in enc.shared_modules:  # e.g. a relative table shared by per-layer projections
+            for name in enc.needs.shared_modules:  # e.g. a relative table shared by per-layer projections
                 setattr(enc, name, getattr(out[j], name))
         out.index.append(len(out))
         out.append(enc)

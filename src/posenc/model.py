@@ -61,7 +61,7 @@ class Block(nn.Module):
         self.mlp = MLP(dim, int(dim * mlp_ratio), dropout, activation_dropout)
         self.drop = nn.Dropout(dropout)
         enc = attn.encoding
-        self.layer_input = bool(enc.stages & Stage.INPUT) and enc.input_at == "layer"
+        self.layer_input = bool(enc.stages & Stage.INPUT) and enc.needs.input_at == "layer"
 
     def attention_input(self, x: Tensor, call: Call, cache: KVCache | None = None) -> Tensor:
         """What the attention projects: ``LN(x)``, plus the encoding's input stage if it acts per layer."""
@@ -125,18 +125,18 @@ class TransformerLM(nn.Module):
         # input stages the model runs on the residual stream: block index -> encodings
         self.stages_before: dict[int, list[PositionEncoding]] = {}
         for enc in encs.firsts:
-            at = enc.input_at
+            at = enc.needs.input_at
             if enc.stages & Stage.INPUT and at != "layer":
                 at = 0 if at == "tokens" else at
                 if not isinstance(at, int) or not 0 <= at < cfg.depth:
                     raise ValueError(
-                        f"encoding {enc.name!r}: input_at must be 'layer', 'tokens' or a block index in [0, {cfg.depth - 1}], got {enc.input_at!r}"
+                        f"encoding {enc.name!r}: input_at must be 'layer', 'tokens' or a block index in [0, {cfg.depth - 1}], got {enc.needs.input_at!r}"
                     )
                 self.stages_before.setdefault(at, []).append(enc)
         # the stage at the embeddings, registered here too (checkpoints name its weights so)
         bottom = self.stages_before.get(0, [])
         self.input_encoding: PositionEncoding | None = bottom[0] if bottom else None
-        builds = [e for e in bottom if e.input_at == "tokens"]
+        builds = [e for e in bottom if e.needs.input_at == "tokens"]
         self.adaptive = cfg.adaptive_cutoffs is not None  # adaptive input and softmax (posenc.adaptive)
         if self.adaptive and builds:
             raise ValueError(f"adaptive_cutoffs needs a token embedding; encoding {builds[0].name!r} builds its own")
@@ -213,7 +213,7 @@ class TransformerLM(nn.Module):
     def init_memory(self, memory_len: int | None = None) -> SegmentMemory:
         """An empty Transformer-XL memory: ``memory_len`` tokens per layer, by default the
         longest memory the encodings declare (``xl``'s ``memory_len`` option)."""
-        m = max(e.memory_len for e in self.encodings) if memory_len is None else memory_len
+        m = max(e.needs.memory_len for e in self.encodings) if memory_len is None else memory_len
         if not isinstance(m, int) or isinstance(m, bool) or m < 1:
             raise ValueError(
                 f"memory_len must be an int >= 1, got {m!r}; build the encoding with memory_len >= 1 "
@@ -224,8 +224,8 @@ class TransformerLM(nn.Module):
     def _run_stages(self, at: int, x: Tensor, call: Call, cache: ModelCache | None) -> Tensor:
         for enc in self.stages_before.get(at, ()):
             history = None
-            if cache is not None and enc.input_context > 0:
-                history = cache.inputs.setdefault(at, InputHistory(enc.input_context))
+            if cache is not None and enc.needs.input_context > 0:
+                history = cache.inputs.setdefault(at, InputHistory(enc.needs.input_context))
             x = run_input_stage(enc, x, call.pos, history, call.documents)
         return x
 

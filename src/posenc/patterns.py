@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .layer_spec import SPEC_FIELDS, LayerSpec
-from .registry import get_class, options_of
+from .registry import get_class, options_of, variant_hint
 
 __all__ = ["Preset", "PRESETS", "MAX_LAYERS", "MAX_NESTING", "layers", "parse_pattern", "expand", "is_pattern"]
 
@@ -60,7 +60,7 @@ PRESETS: dict[str, Preset] = {
     for p in (
         Preset(
             "irope",
-            "rope(layout=interleaved,base=500000,chunk=8192)*3,nope(attn_scale=0.1,floor_scale=8192)",
+            "rope(layout=interleaved,base=500000,chunk=8192)*3,nope-temperature(attn_scale=0.1,floor_scale=8192)",
             "Llama 4 (iRoPE): NoPE every 4th layer with a log-length query temperature, chunked RoPE elsewhere",
             2025,
             "HF transformers models/llama4/modeling_llama4.py",
@@ -227,6 +227,7 @@ def _spec(encoding: str, options: dict, spec: dict) -> LayerSpec:
         raise ValueError(
             f"unknown option(s) {unknown} for encoding {encoding!r} in a layer pattern; valid options: "
             f"{', '.join(valid) or '(none)'}, and the layer fields {', '.join(SPEC_FIELDS)}"
+            + variant_hint(encoding, unknown)  # a variant's option: name the variant
         )
     return LayerSpec(encoding, dict(options), **spec)
 

@@ -1,7 +1,9 @@
 """The registry of encodings: :func:`register` (a class decorator), :func:`build`,
 :func:`available`, :func:`get_class`, :func:`options_of`.
 
-The encodings fill it (``@register``) when ``posenc`` imports :mod:`posenc.encodings`.
+The encodings fill it (``@register``) when ``posenc`` imports :mod:`posenc.encodings`. A name
+is one class: :func:`build` never picks another one from the options (a variant with other
+stages is registered under its own name, and an option only it takes is refused with that name).
 """
 
 from __future__ import annotations
@@ -10,7 +12,17 @@ import inspect
 
 from .base import PositionEncoding
 
-__all__ = ["register", "build", "available", "get_class", "options_of", "own_options", "resolve"]
+__all__ = [
+    "register",
+    "build",
+    "available",
+    "get_class",
+    "options_of",
+    "own_options",
+    "related",
+    "unknown_options",
+    "variant_hint",
+]
 
 _REGISTRY: dict[str, type[PositionEncoding]] = {}
 
@@ -54,50 +66,49 @@ def own_options(cls: type[PositionEncoding]) -> list[str]:
 
 
 def options_of(cls: type[PositionEncoding]) -> list[str]:
-    """Keyword options an encoding name accepts: the class's own and its variants' (the
-    registered classes :func:`build` makes instead when their own options are given)."""
-    out = own_options(cls)
-    for v in _variants(cls):
-        out += [o for o in own_options(get_class(v)) if o not in out]
-    return out
+    """Keyword options the class ``cls`` takes (its own and those it passes on to its parent).
+    An option of a variant (``nope-temperature``'s ``attn_scale``) is the variant's only: a
+    variant with other stages is built by its registered name."""
+    return own_options(cls)
 
 
-def _variants(cls: type[PositionEncoding]) -> tuple[str, ...]:
-    """The variants a class declares itself (a subclass, e.g. xPos of RoPE, has its own)."""
-    return cls.__dict__.get("variants", ())
+def related(cls: type[PositionEncoding], options) -> list[str]:
+    """The registered names of the classes of ``cls``'s family (a common base below
+    :class:`PositionEncoding`) that take every option in ``options``: what to build instead
+    when ``cls`` does not take them (``nope`` with ``attn_scale``: ``nope-temperature``)."""
+
+    def family(c: type) -> set[type]:
+        return {b for b in c.__mro__ if issubclass(b, PositionEncoding) and b is not PositionEncoding}
+
+    mine = family(cls)
+    return [n for n, c in sorted(_REGISTRY.items()) if c is not cls and family(c) & mine and set(options) <= set(own_options(c))]  # fmt: skip
 
 
-def resolve(name: str, options: dict) -> type[PositionEncoding]:
-    """The class :func:`build` makes for ``name`` with ``options``: a variant of it (another
-    registered class, with other stages) when an option only the variant takes is given,
-    e.g. ``nope`` with ``attn_scale``: ``nope-temperature``; else the class itself (a
-    variant's option given as None means "not this variant")."""
-    cls = get_class(name)
-    mine, given = set(own_options(cls)), {k for k, v in options.items() if v is not None}
-    for v in _variants(cls):
-        vcls = get_class(v)
-        if (set(own_options(vcls)) - mine) & given:
-            return vcls
-    return cls
+def variant_hint(name: str, unknown) -> str:
+    """``"; 'nope-temperature' takes them, ..."`` when a registered class of ``name``'s family
+    takes every option in ``unknown`` (a variant with other stages, which posenc once built from
+    the options); else ``""``. Appended to the message that refuses them."""
+    others = related(get_class(name), unknown)
+    return f"; {' or '.join(map(repr, others))} takes them, a registered class of its own: build it by that name" if others else ""  # fmt: skip
+
+
+def unknown_options(name: str, unknown: list[str], valid: list[str]) -> str:
+    """The one-line message for options ``unknown`` that encoding ``name`` does not take."""
+    return f"unknown option(s) {unknown} for encoding {name!r}; valid options: {', '.join(valid) or '(none)'}" + variant_hint(name, unknown)  # fmt: skip
 
 
 def build(
     name: str, *, heads: int, head_dim: int, max_len: int | None = None, causal: bool = True, **options
 ) -> PositionEncoding:
-    """Build a registered encoding (or the variant its options name: :func:`resolve`).
+    """Build the registered encoding ``name`` with ``options``.
 
     Raises:
-        ValueError: unknown name or option (the message lists the valid ones), or an
-            option value out of range.
+        ValueError: unknown name or option (the message names the variant that takes it, or
+            lists the valid ones), or an option value out of range.
     """
-    cls = resolve(name, options)
-    mine = set(own_options(cls))
-    options = {k: v for k, v in options.items() if k in mine or v is not None}  # (None: the variant is off)
+    cls = get_class(name)
     valid = options_of(cls)
     unknown = sorted(set(options) - set(valid))
     if unknown:
-        what = repr(name) if cls.name == name else f"{cls.name!r} (what {name!r} builds with these options)"
-        raise ValueError(
-            f"unknown option(s) {unknown} for encoding {what}; valid options: {', '.join(valid) or '(none)'}"
-        )
+        raise ValueError(unknown_options(name, unknown, valid))
     return cls(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)

@@ -100,7 +100,7 @@ def run_decay(subjects: list[Subject], notes: list[str], *, length=256, max_dist
         g = torch.Generator().manual_seed(seed)
         tokens = torch.randint(0, m.vocab_size, (batch, L), generator=g)
         if enc.stages & Stage.BIAS:
-            curve = input_bias_curve(m, tokens) if enc.reads_input else bias_curve(enc, length)
+            curve = input_bias_curve(m, tokens) if enc.defines("read_input") else bias_curve(enc, length)
             entry["bias"] = curve.tolist()
         entry["attention"] = attention_curve(m, tokens).tolist()
         results.append(entry)

@@ -7,7 +7,6 @@ import json
 from dataclasses import dataclass, field
 
 from ..registry import available, get_class
-from ..registry import resolve as variant_class
 
 __all__ = ["Spec", "resolve", "split_specs"]
 
@@ -93,9 +92,9 @@ def resolve(specs: list[str], *, want=None) -> tuple[list[Spec], list[str]]:
         if spec.label in seen:
             continue
         seen.add(spec.label)
-        get_class(spec.name)  # ValueError: unknown encoding, listing the valid names
+        cls = get_class(spec.name)  # ValueError: unknown encoding, listing the valid names
         if want is not None:
-            reason = want(variant_class(spec.name, spec.options))  # (a variant named by an option)
+            reason = want(cls)
             if reason:
                 notes.append(f"skipped {spec.label!r}: {reason}")
                 continue

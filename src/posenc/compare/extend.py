@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..checkpoint import load_checkpoint
-from ..extend.methods import EXTEND_METHODS, applies, describe, method_options, with_options
+from ..extend.methods import EXTEND_METHODS, applies, describe, method_classes, method_options, with_options
 from ..output import Column, Table, length_axis, pyplot, readable_log_axis, save_figure, write_csv, write_text
 from .diagnostics import finite, run_health
 from .evaluate import EvalSettings, evaluate
@@ -54,7 +54,7 @@ def run_extend(cfg, source, ckpt_dir: Path, runs: list[ModelRun], *, device, log
                 m, train_tokens=train_tokens, longest_tokens=longest, base=enc.base, rotary_dim=enc.rotary_dim
             )
             try:
-                model = with_options(trained, **opts)
+                model = with_options(trained, method_classes(m), **opts)
             except ValueError as e:  # e.g. rope_extension on axial RoPE (positions with axes)
                 log(f"extend {name} / {m}: not applicable ({e})")
                 continue

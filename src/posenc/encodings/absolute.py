@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, Stage
+from ..base import PositionEncoding
 from ..registry import register
 from ..validate import check_table_len
 
@@ -44,10 +44,8 @@ class Learned(PositionEncoding):
     """
 
     name = "learned"
-    family = "absolute"
     paper = "Devlin et al., BERT; Radford et al., GPT"
     year = 2018
-    stages = Stage.INPUT
 
     def __init__(
         self,
@@ -62,7 +60,7 @@ class Learned(PositionEncoding):
         axial_dims: tuple[int, ...] | None = None,
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
-        self.set_axes(axes)
+        self.needs = self.needs.replace(axes=axes)
         if axes == 1 and (axial_shape is not None or axial_dims is not None):
             raise ValueError("axial_shape and axial_dims need axes >= 2")
         if max_len is None and axial_shape is None:
@@ -129,10 +127,8 @@ class Sinusoidal(PositionEncoding):
     ``axes=2|3``: per-axis tables of ``2·ceil(D/2A)`` channels concatenated, cut to ``D``."""
 
     name = "sinusoidal"
-    family = "absolute"
     paper = "Vaswani et al., Attention Is All You Need"
     year = 2017
-    stages = Stage.INPUT
 
     def __init__(
         self,
@@ -146,7 +142,7 @@ class Sinusoidal(PositionEncoding):
         axes: int = 1,
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
-        self.set_axes(axes)
+        self.needs = self.needs.replace(axes=axes)
         if layout not in ("interleaved", "halves"):
             raise ValueError(f"layout must be 'interleaved' or 'halves', got {layout!r}")
         if base <= 1:
@@ -188,10 +184,8 @@ class Hierarchical(PositionEncoding):
     """
 
     name = "hierarchical"
-    family = "absolute"
     paper = "Su, Transformer upgrade road 7: hierarchically decomposed position encoding"
     year = 2020
-    stages = Stage.INPUT
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, ScoreMod, Stage
+from ..base import Needs, PositionEncoding, ScoreMod
 from ..context import table as memo
 from ..registry import register
 from ..terms import DistanceTerms, saturation
@@ -38,10 +38,8 @@ def _per_head(values: Tensor) -> Tensor:
 @register
 class ALiBi(PositionEncoding):
     name = "alibi"
-    family = "bias"
     paper = "Press et al., Train Short, Test Long: Attention with Linear Biases"
     year = 2022
-    stages = Stage.BIAS
 
     def __init__(self, *, heads, head_dim, max_len=None, causal=True, alibi_num_heads: int | None = None):
         """``alibi_num_heads``: only the first ``n`` heads get a bias, with the slopes of an
@@ -111,11 +109,9 @@ def _span(ctx, q_pos: Tensor, k_pos: Tensor) -> tuple[int, int]:
 @register
 class T5(PositionEncoding):
     name = "t5"
-    family = "bias"
     paper = "Raffel et al., Exploring the Limits of Transfer Learning with a Unified Text-to-Text Transformer"
     year = 2020
-    stages = Stage.BIAS
-    share_across_layers = True
+    needs = Needs(share_across_layers=True)  # one bucket table for the whole model, as the paper
 
     def __init__(
         self,
@@ -244,10 +240,8 @@ class Kerple(PositionEncoding):
     """
 
     name = "kerple"
-    family = "bias"
     paper = "Chi et al., KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation"
     year = 2022
-    stages = Stage.BIAS
 
     def __init__(self, *, heads, head_dim, max_len=None, causal=True, kernel: str = "log"):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, Stage
+from ..base import Needs, PositionEncoding
 from ..registry import register
 
 
@@ -48,10 +48,9 @@ class ComplexOrder(PositionEncoding):
     """
 
     name = "complex-order"
-    family = "absolute"
     paper = "Wang et al., Encoding Word Order in Complex Embeddings"
     year = 2020
-    stages = Stage.INPUT
+    needs = Needs(vocab=True)  # takes the model's vocab_size
 
     def __init__(
         self,
@@ -73,7 +72,8 @@ class ComplexOrder(PositionEncoding):
         n = self.dim // 2
         self.vocab_size = vocab_size
         self.share_frequency, self.share_phase = bool(share_frequency), bool(share_phase)
-        self.input_at = "tokens" if vocab_size is not None else 0  # without a vocabulary it only rotates
+        if vocab_size is not None:  # it builds the token embedding; without a vocabulary it only rotates
+            self.needs = self.needs.replace(input_at="tokens")
         rows_w = 1 if share_frequency or vocab_size is None else vocab_size
         self.frequency = nn.Parameter(PF.sinusoidal_inv_freq(self.dim).expand(rows_w, n).clone())  # (V|1, D/2)
         if vocab_size is not None:

@@ -26,7 +26,7 @@ posenc's sense (shifting every position up changes nothing), though absolute pos
 leaks through the padding, which is the point of Islam et al.
 
 KV-cache decoding: token ``t`` needs the inputs of the ``k−1`` tokens before it, which an
-earlier call saw. The encoding declares ``input_context = k − 1`` (causal mode), so the
+earlier call saw. The encoding needs ``input_context = k − 1`` (causal mode), so the
 cache keeps those inputs and runs ``embed`` on them followed by the new ones
 (:class:`posenc.cache.InputHistory`); decoding token by token equals the full forward.
 Checked against a direct transcription of the convolution sum (test).
@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import PositionEncoding, Stage
+from ..base import PositionEncoding
 from ..registry import register
 
 
@@ -47,10 +47,8 @@ class Conv(PositionEncoding):
     """Depthwise convolution over the sequence added to the input; see the module doc."""
 
     name = "conv"
-    family = "absolute"
     paper = "Islam et al., How Much Position Information Do Convolutional Neural Networks Encode?"
     year = 2020
-    stages = Stage.INPUT
 
     def __init__(self, *, heads, head_dim, max_len=None, causal=True, kernel_size: int = 3, padding: str = "zeros"):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
@@ -64,7 +62,7 @@ class Conv(PositionEncoding):
             raise ValueError(f"bidirectional conv needs an odd kernel_size (centred window), got {kernel_size}")
         self.kernel_size, self.padding = kernel_size, padding
         # decoding reads the k - 1 inputs before each token (a centred window would need future ones)
-        self.input_context = kernel_size - 1 if causal else 0
+        self.needs = self.needs.replace(input_context=kernel_size - 1 if causal else 0)
         self.conv = nn.Conv1d(self.dim, self.dim, kernel_size, groups=self.dim)  # depthwise
 
     @property

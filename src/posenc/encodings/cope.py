@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..base import PositionEncoding, Stage
+from ..base import PositionEncoding
 from ..registry import register
 from ..validate import check_table_len
 
@@ -38,10 +38,8 @@ class CoPE(PositionEncoding):
     """CoPE. Args: ``npos_max``: number of integer positions in ``E`` (``p`` is clipped below it)."""
 
     name = "cope"
-    family = "bias"
     paper = "Golovneva et al., Contextual Position Encoding: Learning to Count What's Important"
     year = 2024
-    stages = Stage.TERMS
     causal_only = True
 
     def __init__(self, *, heads, head_dim, max_len=None, causal=True, npos_max: int = 64):

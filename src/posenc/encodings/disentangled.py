@@ -11,8 +11,9 @@
 
   Checked against HF ``DebertaV2`` and ``Deberta`` ``DisentangledSelfAttention``.
   The enhanced mask decoder (absolute positions added only before the top layers) is
-  the ``absolute_from_layer=n`` option: an input stage that adds a learned absolute
-  table to the residual stream before block ``n`` of a :class:`posenc.TransformerLM`.
+  ``deberta-emd`` (:class:`DebertaEMD`, option ``absolute_from_layer=n``): DeBERTa plus an
+  input stage that adds a learned absolute table to the residual stream before block ``n``
+  of a :class:`posenc.TransformerLM`.
 
 Fast path: the ``2·span`` relative vectors are projected once per call, each term is one
 matmul against them and a gather into place; no ``(L, L, Dh)`` tensor.
@@ -26,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, Stage
+from ..base import Needs, PositionEncoding
 from ..registry import register
 from ..terms import DistanceTerms, saturation
 from ..validate import check_table_len
@@ -64,8 +65,6 @@ class DeBERTa(PositionEncoding):
         hidden_size: width ``D`` of the table; ``H·Dh`` by default. Must equal the layer
             width with ``share_att_key``.
         layer_norm_eps: eps of that LayerNorm (HF default 1e-7).
-        absolute_from_layer: makes a :class:`DebertaEMD` (``deberta-emd``), DeBERTa's
-            enhanced mask decoder (see there); None: relative only.
         clamp_relative_positions: clamp ``δ`` to ``±(max_relative_positions - 1)`` before
             log-bucketing, as Microsoft's code does (``da_utils.make_log_bucket_position`` since
             its 2023 DeBERTaV3 release; its 2021 v2 release did not); HF does not, so there a key more than ``max_relative_positions - 1`` positions
@@ -76,12 +75,10 @@ class DeBERTa(PositionEncoding):
     """
 
     name = "deberta"
-    family = "relative"
     paper = "He et al., DeBERTa: Decoding-enhanced BERT with Disentangled Attention"
     year = 2021
-    stages = Stage.TERMS
-    shared_modules = ("rel_embeddings", "rel_norm", "absolute")
-    variants = ("deberta-emd",)
+    # the relative table is the model's (HF shares it across layers); the table is as wide as the layer
+    needs = Needs(shared_modules=("rel_embeddings", "rel_norm", "absolute"), width=True)
 
     def __init__(
         self,
@@ -145,14 +142,6 @@ class DeBERTa(PositionEncoding):
     @property
     def extrapolates(self) -> bool:
         return self.absolute is None  # the enhanced-mask-decoder table has max_len rows
-
-    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
-        """Enhanced mask decoder (``absolute_from_layer``): ``x + P[pos]``, ``x`` ``(B, L, hidden_size)``."""
-        if self.absolute is None:
-            return x
-        if x.shape[-1] != self.hidden_size:
-            raise ValueError(f"absolute_from_layer: table width hidden_size={self.hidden_size}, x {tuple(x.shape)}")
-        return x + self.absolute(pos).to(x.dtype)  # (B|1, L, D)
 
     @property
     def num_terms(self) -> int:
@@ -284,13 +273,12 @@ class DebertaEMD(DeBERTa):
     """DeBERTa with its enhanced mask decoder, approximated: a learned absolute position table
     (``max_len`` rows of width ``hidden_size``) added to the hidden states just before block
     ``absolute_from_layer`` of a model (the input stage, ``input_at``), so only the blocks from
-    there on see absolute positions. ``posenc.build("deberta", absolute_from_layer=n)`` makes
-    one; every other option is DeBERTa's.
+    there on see absolute positions (its ``embed``: the input stage ``deberta`` does not have).
+    Built by its name, ``posenc.build("deberta-emd", absolute_from_layer=n, ...)``; every other
+    option is DeBERTa's.
     """
 
     name = "deberta-emd"
-    stages = Stage.TERMS | Stage.INPUT
-    variants = ()
 
     def __init__(self, *, heads, head_dim, max_len=None, causal=True, absolute_from_layer: int = 0, **options):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
@@ -301,7 +289,14 @@ class DebertaEMD(DeBERTa):
         check_table_len(self, "max_len", max_len)
         self.absolute = nn.Embedding(max_len, self.hidden_size)
         nn.init.normal_(self.absolute.weight, std=options.get("init_std", 0.02))
-        self.input_at = self.absolute_from_layer = absolute_from_layer
+        self.absolute_from_layer = absolute_from_layer
+        self.needs = self.needs.replace(input_at=absolute_from_layer)  # before block absolute_from_layer
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", absolute_from_layer={self.absolute_from_layer}"
+
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        """Enhanced mask decoder (``absolute_from_layer``): ``x + P[pos]``, ``x`` ``(B, L, hidden_size)``."""
+        if x.shape[-1] != self.hidden_size:
+            raise ValueError(f"absolute_from_layer: table width hidden_size={self.hidden_size}, x {tuple(x.shape)}")
+        return x + self.absolute(pos).to(x.dtype)  # (B|1, L, D)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import PositionEncoding, ScoreMod, Stage
+from ..base import PositionEncoding, ScoreMod
 from ..registry import register
 from .bias import _per_head
 
@@ -105,10 +105,8 @@ class FIRE(PositionEncoding):
     """
 
     name = "fire"
-    family = "bias"
     paper = "Li et al., Functional Interpolation for Relative Positions Improves Long Context Transformers"
     year = 2023
-    stages = Stage.BIAS
     eps = 1e-6
 
     def __init__(

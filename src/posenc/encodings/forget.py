@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import PositionEncoding, ScoreMod, Stage
+from ..base import Needs, PositionEncoding, ScoreMod
 from ..context import Context, InputRead
 from ..registry import register
 
@@ -47,10 +47,9 @@ class FoX(PositionEncoding):
     """
 
     name = "fox"
-    family = "bias"
     paper = "Lin et al., Forgetting Transformer: Softmax Attention with a Forget Gate"
     year = 2025
-    stages = Stage.BIAS
+    needs = Needs(width=True)  # the gates read the layer input: hidden_size = the layer width
 
     def __init__(
         self,

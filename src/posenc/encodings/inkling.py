@@ -10,7 +10,8 @@
 
   The bias is exactly 0 beyond ``E`` (not clipped to the last column). On Inkling's global
   layers ``τ_i = 1 + α·ln(max(1, (i + 1) / n_floor))`` multiplies the queries and the bias
-  (in float32); elsewhere ``τ = 1``. ``k`` and ``v`` pass through depthwise causal
+  (in float32): ``inkling-temperature``, a class of its own (its q/k stage scales the
+  queries); elsewhere ``τ = 1``: ``inkling``. ``k`` and ``v`` pass through depthwise causal
   convolutions of ``K`` taps with a residual (float32) before attention; a KV cache
   carries the last ``K - 1`` raw rows between calls (zeros before the first token, as
   HF's ``causal_conv1d_fn`` pads). ``1/Dh`` is Inkling's scale because its q and k are
@@ -27,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import PositionEncoding, ScoreMod, Stage
+from ..base import Needs, PositionEncoding, ScoreMod
 from ..context import InputRead
 from ..registry import register
 
@@ -39,7 +40,7 @@ def _as_rows(pos: Tensor) -> Tensor:
 
 @register
 class Inkling(PositionEncoding):
-    """Inkling's hidden-state relative logits, log-scaled temperature and short convolutions.
+    """Inkling's hidden-state relative logits and short convolutions (its local layers: ``τ = 1``).
 
     Args:
         d_rel: width per head of the relative states ``r = W_r x`` (HF ``d_rel``, 16).
@@ -48,8 +49,6 @@ class Inkling(PositionEncoding):
             Default 1024, HF's ``InklingTextConfig.rel_extent``: past it the bias is 0, so it
             should reach at least the training length you want to distinguish positions in.
         hidden_size: width ``D`` of the layer input ``r_proj`` reads; ``heads·head_dim`` by default.
-        log_scaling_n_floor: ``n_floor`` of the temperature ``τ_i`` (global layers); None: off.
-        log_scaling_alpha: ``α`` of ``τ_i`` (> 0); HF's default 0.1 when ``n_floor`` is set.
         sconv_kernel: ``K`` of the short convolutions on k and v (HF ``sconv_kernel_size``);
             0: none.
         init_std: standard deviation of the initial ``W_r``, ``P`` and convolution weights
@@ -69,10 +68,9 @@ class Inkling(PositionEncoding):
     """
 
     name = "inkling"
-    family = "bias"
     paper = "Thinking Machines Lab, Inkling (HF transformers models/inkling)"
     year = 2026
-    stages = Stage.BIAS
+    needs = Needs(width=True)  # r_proj reads the layer input: hidden_size = the layer width
     causal_only = True  # the bias covers past keys only and the convolutions are causal, as in HF
 
     def __init__(
@@ -85,8 +83,6 @@ class Inkling(PositionEncoding):
         d_rel: int = 16,
         rel_extent: int = 1024,
         hidden_size: int | None = None,
-        log_scaling_n_floor: int | None = None,
-        log_scaling_alpha: float | None = None,
         sconv_kernel: int = 0,
         init_std: float = 0.02,
     ):
@@ -100,45 +96,24 @@ class Inkling(PositionEncoding):
             raise ValueError(f"sconv_kernel must be an int >= 0 (0: no short convolutions), got {sconv_kernel!r}")
         if init_std <= 0:
             raise ValueError(f"init_std must be a number > 0, got {init_std!r}")
-        if log_scaling_n_floor is None:
-            if log_scaling_alpha is not None:
-                raise ValueError(
-                    f"log_scaling_alpha={log_scaling_alpha!r} needs log_scaling_n_floor (an int >= 1); "
-                    "without it the temperature is off"
-                )
-        else:
-            if log_scaling_n_floor < 1:
-                raise ValueError(f"log_scaling_n_floor must be an int >= 1 or None, got {log_scaling_n_floor!r}")
-            log_scaling_alpha = 0.1 if log_scaling_alpha is None else log_scaling_alpha
-            if log_scaling_alpha <= 0:
-                raise ValueError(f"log_scaling_alpha must be a number > 0, got {log_scaling_alpha!r}")
-            self.stages = Stage.BIAS | Stage.QK  # τ multiplies the queries
         self.d_rel, self.rel_extent, self.sconv_kernel = d_rel, rel_extent, sconv_kernel
-        self.log_scaling_n_floor, self.log_scaling_alpha = log_scaling_n_floor, log_scaling_alpha
         self.hidden_size = self.dim if hidden_size is None else hidden_size
         self.r_proj = nn.Linear(self.hidden_size, heads * d_rel, bias=False)
         self.rel_proj = nn.Parameter(torch.empty(d_rel, rel_extent))
         nn.init.normal_(self.r_proj.weight, std=init_std)
         nn.init.normal_(self.rel_proj, std=init_std)
         if sconv_kernel > 0:  # per-head channels: grouped k/v are repeated to all heads first
-            self.per_head_keys = True
+            self.needs = self.needs.replace(per_head_keys=True)
             self.k_conv = nn.Parameter(torch.randn(self.dim, sconv_kernel) * init_std)
             self.v_conv = nn.Parameter(torch.randn(self.dim, sconv_kernel) * init_std)
 
     def extra_repr(self) -> str:
         extra = f", d_rel={self.d_rel}, rel_extent={self.rel_extent}, sconv_kernel={self.sconv_kernel}"
-        if self.log_scaling:
-            extra += f", log_scaling_n_floor={self.log_scaling_n_floor}, log_scaling_alpha={self.log_scaling_alpha}"
         return super().extra_repr() + extra
 
     @property
-    def log_scaling(self) -> bool:
-        return self.log_scaling_n_floor is not None
-
-    @property
     def relative(self) -> bool:
-        # τ_i depends on the absolute query position: a shift changes it
-        return not self.log_scaling
+        return True
 
     @property
     def scale(self) -> float:
@@ -149,11 +124,8 @@ class Inkling(PositionEncoding):
         return 1.0 / self.head_dim
 
     def tau(self, q_pos: Tensor) -> Tensor:
-        """``τ_i = 1 + α·ln(max(1, (i + 1)/n_floor))`` float32, same shape as ``q_pos``; 1 when off."""
-        if not self.log_scaling:
-            return torch.ones(q_pos.shape, device=q_pos.device)
-        n = (q_pos + 1).float() / self.log_scaling_n_floor
-        return 1.0 + self.log_scaling_alpha * torch.log(n.clamp(min=1.0))
+        """``τ_i`` float32, same shape as ``q_pos``: 1 (``inkling-temperature`` has one)."""
+        return torch.ones(q_pos.shape, device=q_pos.device)
 
     # ------------------------------------------------------------------ k/v convolutions
     def read_input(self, x: Tensor, k: Tensor, v: Tensor, carry=None, *, keep=None, documents=None) -> InputRead:
@@ -188,15 +160,6 @@ class Inkling(PositionEncoding):
         return out, full[:, :, full.shape[2] - (self.sconv_kernel - 1) :].detach()
 
     # ------------------------------------------------------------------ scores
-    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> tuple[Tensor, Tensor]:
-        """``τ_i·q_i`` (float32, back to ``q``'s dtype); keys unchanged."""
-        if not self.log_scaling:
-            return q, k
-        if q_pos.shape[-1] != q.shape[2]:
-            raise ValueError(f"q_pos holds {q_pos.shape[-1]} positions for {q.shape[2]} queries (length {q.shape[2]})")
-        tau = self.tau(_as_rows(q_pos))[:, None, :, None]  # (B|1, 1, Lq, 1)
-        return (q.float() * tau).to(q.dtype), k
-
     def _rows_table(self, q_pos: Tensor, ctx, span: int | None = None) -> Tensor:
         """``τ_i·(r_i)_h·P[:, :span]`` float32 ``(B, H, Lq, span)``: row ``i``'s bias at the first
         ``span`` distances (all ``E`` by default)."""
@@ -211,10 +174,7 @@ class Inkling(PositionEncoding):
             raise ValueError(f"ctx.x has {Lq} rows for {q_pos.shape[-1]} query positions; they must match")
         r = self.r_proj(x.to(self.r_proj.weight.dtype)).view(B, Lq, self.heads, self.d_rel).float()
         P = self.rel_proj if span is None else self.rel_proj[:, :span]
-        rel = (r @ P.float()).transpose(1, 2)  # (B, H, Lq, span)
-        if self.log_scaling:
-            rel = rel * self.tau(_as_rows(q_pos))[:, None, :, None]
-        return rel
+        return (r @ P.float()).transpose(1, 2)  # (B, H, Lq, span)
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
         """``(B, H, Lq, Lk)`` float32: ``τ_i·(r_i)_h·P[:, i - j]`` for ``0 <= i - j < E``, else 0."""
@@ -239,6 +199,62 @@ class Inkling(PositionEncoding):
             return score + torch.where((d >= 0) & (d < E), value, 0.0)
 
         return mod
+
+
+@register
+class InklingTemperature(Inkling):
+    """Inkling on its global layers: the temperature ``τ_i = 1 + α·ln(max(1, (i + 1)/n_floor))``
+    multiplies the queries (the q/k stage) and the bias, in float32.
+
+    Args:
+        log_scaling_n_floor: ``n_floor`` (HF ``log_scaling_n_floor``; HF's config default is None,
+            set per checkpoint: 1024 here, the default ``rel_extent``).
+        log_scaling_alpha: ``α`` (> 0; HF's default 0.1).
+        (others as :class:`Inkling`.)
+    """
+
+    name = "inkling-temperature"
+
+    def __init__(
+        self,
+        *,
+        heads,
+        head_dim,
+        max_len=None,
+        causal=True,
+        log_scaling_n_floor: int = 1024,
+        log_scaling_alpha: float = 0.1,
+        **options,
+    ):
+        super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal, **options)
+        if log_scaling_n_floor < 1:
+            raise ValueError(f"log_scaling_n_floor must be an int >= 1, got {log_scaling_n_floor!r}")
+        if log_scaling_alpha <= 0:
+            raise ValueError(f"log_scaling_alpha must be a number > 0, got {log_scaling_alpha!r}")
+        self.log_scaling_n_floor, self.log_scaling_alpha = log_scaling_n_floor, log_scaling_alpha
+
+    def extra_repr(self) -> str:
+        extra = f", log_scaling_n_floor={self.log_scaling_n_floor}, log_scaling_alpha={self.log_scaling_alpha}"
+        return super().extra_repr() + extra
+
+    @property
+    def relative(self) -> bool:
+        return False  # τ_i depends on the absolute query position: a shift changes it
+
+    def tau(self, q_pos: Tensor) -> Tensor:
+        """``τ_i = 1 + α·ln(max(1, (i + 1)/n_floor))`` float32, same shape as ``q_pos``."""
+        n = (q_pos + 1).float() / self.log_scaling_n_floor
+        return 1.0 + self.log_scaling_alpha * torch.log(n.clamp(min=1.0))
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> tuple[Tensor, Tensor]:
+        """``τ_i·q_i`` (float32, back to ``q``'s dtype); keys unchanged."""
+        if q_pos.shape[-1] != q.shape[2]:
+            raise ValueError(f"q_pos holds {q_pos.shape[-1]} positions for {q.shape[2]} queries (length {q.shape[2]})")
+        tau = self.tau(_as_rows(q_pos))[:, None, :, None]  # (B|1, 1, Lq, 1)
+        return (q.float() * tau).to(q.dtype), k
+
+    def _rows_table(self, q_pos: Tensor, ctx, span: int | None = None) -> Tensor:
+        return super()._rows_table(q_pos, ctx, span) * self.tau(_as_rows(q_pos))[:, None, :, None]
 
 
 def _same_document(documents: Tensor, K: int) -> Tensor:

@@ -55,7 +55,6 @@ class MRoPE(RoPE):
     """
 
     name = "mrope"
-    family = "rotary"
     paper = "Wang et al., Qwen2-VL: Enhancing Vision-Language Model's Perception of the World at Any Resolution"
     year = 2024
     # per-layer instances with equal options share their tables within a call (RoPE.table_key)

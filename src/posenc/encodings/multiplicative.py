@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, Stage
+from ..base import PositionEncoding
 from ..registry import register
 from ..validate import check_table_len
 
@@ -32,10 +32,8 @@ class Multiplicative(PositionEncoding):
     """
 
     name = "multiplicative"
-    family = "absolute"
     paper = "Multiplicative position encoding (x ⊙ p), cf. Vaswani et al. 2017 for the table"
     year = 2017
-    stages = Stage.INPUT
 
     def __init__(
         self,

@@ -11,8 +11,8 @@ temperature that grows with the log of its position::
 
     q_i ← q_i · (1 + attn_scale · log(1 + floor((p_i + 1) / floor_scale)))
 
-so attention stays sharp over long contexts: the registered variant ``nope-temperature``,
-which ``posenc.build("nope", attn_scale=...)`` makes.
+so attention stays sharp over long contexts: the registered variant ``nope-temperature``
+(a class of its own: its q/k stage scales the queries), built by its name.
 Checked against HF ``Llama4TextAttention`` in ``tests/test_layers_parity.py``.
 """
 
@@ -21,21 +21,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..base import PositionEncoding, Stage
+from ..base import PositionEncoding
 from ..registry import register
 
 
 @register
 class NoPE(PositionEncoding):
-    """No position encoding. With ``attn_scale``/``floor_scale``, :func:`posenc.build` makes a
-    :class:`NoPETemperature` (``nope-temperature``) instead."""
+    """No position encoding (no stage). Llama 4's query temperature is :class:`NoPETemperature`
+    (``nope-temperature``)."""
 
     name = "nope"
-    family = "none"
     paper = "Kazemnejad et al., The Impact of Positional Encoding on Length Generalization in Transformers"
     year = 2023
-    stages = Stage.NONE
-    variants = ("nope-temperature",)
 
     @property
     def relative(self) -> bool:
@@ -55,8 +52,6 @@ class NoPETemperature(NoPE):
     name = "nope-temperature"
     paper = "Meta, Llama 4 (iRoPE NoPE layers), after Nakanishi, Scalable-Softmax Is Superior for Attention"
     year = 2025
-    stages = Stage.QK  # the temperature acts on the queries
-    variants = ()
 
     def __init__(
         self, *, heads, head_dim, max_len=None, causal=True, attn_scale: float = 0.1, floor_scale: float = 8192

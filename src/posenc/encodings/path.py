@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import PositionEncoding, Stage
+from ..base import Needs, PositionEncoding
 from ..context import InputRead
 from ..registry import register
 
@@ -82,11 +82,10 @@ class PaTH(PositionEncoding):
     """
 
     name = "path"
-    family = "transform"
     paper = "Yang et al., PaTH Attention: Position Encoding via Accumulating Householder Transformations"
     year = 2025
-    stages = Stage.SCORES
     causal_only = True  # the transforms accumulate from the key up to the query
+    needs = Needs(width=True)  # w and β read the layer input: hidden_size = the layer width
 
     def __init__(
         self,

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, Stage
+from ..base import Needs, PositionEncoding
 from ..registry import register
 
 __all__ = ["PoPE", "polar_frequencies"]
@@ -56,7 +56,7 @@ class PoPE(PositionEncoding):
     then sine parts, in float32 and cast back to the input dtype. The attention scale
     stays ``Dh^-1/2`` (x-transformers scales by the head dim, not by the doubled width).
 
-    KV cache: a cache holds ``Dh``-wide keys, so the encoding sets ``cache_raw_keys``: the
+    KV cache: a cache holds ``Dh``-wide keys, so the encoding needs ``raw_keys``: the
     cache stores keys before ``rotate`` and the layer rotates every cached key again at
     each step (``O(Lk·Dh)`` elementwise work per step and layer, as x-transformers, whose
     cache also holds raw keys). Cached decoding equals the full forward.
@@ -72,11 +72,9 @@ class PoPE(PositionEncoding):
     """
 
     name = "pope"
-    family = "rotary"
     paper = "Gopalakrishnan et al., Decoupling the 'What' and 'Where' With Polar Coordinate Positional Embeddings"
     year = 2025
-    stages = Stage.QK
-    cache_raw_keys = True  # rotated keys are 2·Dh wide: the cache keeps the raw Dh-wide ones
+    needs = Needs(raw_keys=True)  # rotated keys are 2·Dh wide: the cache keeps the raw Dh-wide ones
 
     def __init__(
         self,

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, Stage
+from ..base import Needs, PositionEncoding
 from ..registry import register
 
 
@@ -70,9 +70,6 @@ class _Memo:
 
 class _Generated(PositionEncoding):
     """Input-stage encoding whose vectors come from ``_solve(times) -> (U, D)`` float32."""
-
-    family = "absolute"
-    stages = Stage.INPUT
 
     def __init__(self, *, heads, head_dim, max_len=None, causal=True):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
@@ -199,8 +196,7 @@ class Floater(_Generated):
     name = "floater"
     paper = "Liu et al., Learning to Encode Position for Transformer with Continuous Dynamical Model"
     year = 2020
-    input_at = "layer"
-    share_across_layers = True
+    needs = Needs(input_at="layer", share_across_layers=True)
     CHUNK = 64  # output times per torchdiffeq call (see _solve)
 
     def __init__(

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, Stage
+from ..base import PositionEncoding
 from ..registry import register
 from ..terms import DistanceTerms
 from ..validate import check_table_len
@@ -63,10 +63,8 @@ class Shaw(PositionEncoding):
     """
 
     name = "shaw"
-    family = "relative"
     paper = "Shaw et al., Self-Attention with Relative Position Representations"
     year = 2018
-    stages = Stage.TERMS | Stage.VALUE
 
     def __init__(
         self,
@@ -173,10 +171,8 @@ class TransformerXL(PositionEncoding):
     """
 
     name = "xl"
-    family = "relative"
     paper = "Dai et al., Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context"
     year = 2019
-    stages = Stage.TERMS
 
     def __init__(
         self,
@@ -194,7 +190,7 @@ class TransformerXL(PositionEncoding):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
         if not isinstance(memory_len, int) or isinstance(memory_len, bool) or memory_len < 0:
             raise ValueError(f"memory_len must be an int >= 0, got {memory_len!r}")
-        self.memory_len = memory_len
+        self.needs = self.needs.replace(memory_len=memory_len)
         d_model = self.dim if d_model is None else d_model
         if not isinstance(d_model, int) or d_model < 2 or d_model % 2:
             raise ValueError(f"d_model must be an even int >= 2, got {d_model!r}")

@@ -3,28 +3,28 @@
 Self-Extend LLM Context Window Without Tuning", ICML 2024).
 
 The methods themselves (the two score maps merged by distance, the references they are
-checked against) are in :mod:`.rope_extension`. They change what the encoding *is*: the
-q/k stage becomes the identity (the KV cache holds raw keys) and the whole ``q·k`` term
-comes from :meth:`RoPEExtension.qk_scores`, the ``SCORES`` stage, which only the
-backends that materialise scores run (``chunked``, ``eager``). So they are a registered
-class of their own, with fixed stages, which ``posenc.build("rope", rope_extension=...)``
-makes (:func:`posenc.registry.resolve`).
+checked against) are in :mod:`.rope_extension`. They change what the encoding *is*: there
+is no q/k stage (the KV cache holds raw keys) and the whole ``q·k`` term comes from
+:meth:`RoPEExtension.qk_scores`, the ``SCORES`` stage, which only the backends that
+materialise scores run (``chunked``, ``eager``). So they are a registered class of their
+own, built by its name (``posenc.build("rope-extension", rope_extension=...)``), beside
+``rope`` on the common base :class:`~posenc.encodings.rotary.Rotary` (RoPE's tables,
+no stage).
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
-from ..base import Stage
 from ..registry import register
 from .rope_extension import check_extension, extended_qk_scores
-from .rotary import RoPE
+from .rotary import Rotary
 
 __all__ = ["RoPEExtension"]
 
 
 @register
-class RoPEExtension(RoPE):
+class RoPEExtension(Rotary):
     """RoPE under an inference-time extension of its attention pattern.
 
     Args:
@@ -34,16 +34,14 @@ class RoPEExtension(RoPE):
             ``"scale_base"`` (log-n query scaling; ReRoPE's default is ``max_len``, as in
             bojone/rerope; ``None`` turns it off). Default: ReRoPE with a window of
             ``max_len // 4`` (512 without ``max_len``).
-        base, layout, partial_rotary_factor, rotary_value: RoPE's. Plain 1-D RoPE only: the
-            extensions are defined without ``axes`` or ``rope_scaling``.
+        base, layout, partial_rotary_factor: RoPE's. Plain 1-D RoPE only: the extensions are
+            defined without ``axes`` or ``rope_scaling`` (nor ``rope-value``'s rotated values).
     """
 
     name = "rope-extension"
     paper = "Su, ReRoPE (2023); Jin et al., LLM Maybe LongLM: Self-Extend LLM Context Window Without Tuning"
     year = 2024
-    stages = Stage.SCORES  # q·k from the two maps; no rotation of q and k
     causal_only = True  # both references are decoders
-    variants = ()
 
     def __init__(
         self,
@@ -55,7 +53,6 @@ class RoPEExtension(RoPE):
         base: float = 10000.0,
         layout: str | None = None,
         partial_rotary_factor: float = 1.0,
-        rotary_value: bool = False,
         rope_extension: dict | None = None,
     ):
         super().__init__(
@@ -66,7 +63,6 @@ class RoPEExtension(RoPE):
             base=base,
             layout=layout,
             partial_rotary_factor=partial_rotary_factor,
-            rotary_value=rotary_value,
         )
         if rope_extension is None:
             rope_extension = {"type": "rerope", "window": max(1, max_len // 4) if max_len else 512}
@@ -80,9 +76,6 @@ class RoPEExtension(RoPE):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", rope_extension={self.rope_extension}"
-
-    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> tuple[Tensor, Tensor]:
-        return q, k  # the rotations happen inside qk_scores
 
     def qk_scores(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
         """The merged score maps, float32 ``(B, H, Lq, Lk)`` (unrotated ``q``, ``k``)."""

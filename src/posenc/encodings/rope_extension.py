@@ -21,9 +21,9 @@ Both reference patches optionally multiply each query by ``max(1, log(i + 1)/log
 (log-n scaling; bojone's ReRoPE applies it with ``scale_base`` = the training length,
 LongLM's is off by default): the ``scale_base`` key.
 
-The two maps are computed from *unrotated* queries and keys, so with an extension ``rope``
-declares the ``SCORES`` stage instead of ``QK``: its q/k stage is the identity (the KV cache
-holds raw keys and their positions, as both references' caches do) and it supplies the whole
+The two maps are computed from *unrotated* queries and keys, so ``rope-extension`` has the
+``SCORES`` stage instead of ``QK``: it rotates nothing itself (the KV cache holds raw keys
+and their positions, as both references' caches do) and it supplies the whole
 ``q·k`` term through :meth:`~posenc.PositionEncoding.qk_scores`, which every backend that
 materialises scores (``chunked``, ``eager``) runs; the fused ones (``sdpa``, ``flex``,
 ``dense``) cannot. Every pair's score depends on its two positions only, so cached decoding

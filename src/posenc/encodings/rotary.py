@@ -17,7 +17,7 @@ Two layouts of the pairs (``layout=``), converted into each other by
 same float32 ``inv_freq`` and the same attention factor, which multiplies ``cos`` and ``sin``.
 
 Length-dependent types (``dynamic``, ``longrope``) pick their frequencies from the
-length ``s = max(position) + 1`` of the current call. They set ``cache_raw_keys``:
+length ``s = max(position) + 1`` of the current call. They need ``raw_keys``:
 the KV cache holds keys *before* rotation and all of them are rotated again, with
 the frequencies of the current length, at every decoding step. A cached step at
 length ``s`` therefore sees, in that layer, exactly the scores of a full forward
@@ -40,12 +40,12 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, Stage
+from ..base import PositionEncoding
 from ..context import table
 from ..registry import register
 from .rope_scaling import ROPE_REGISTRY, ROPE_TYPES, check_scaling, rope_parameters, rotary_width
 
-__all__ = ["RoPE", "ROPE_TYPES", "rope_parameters", "permute_for_layout"]
+__all__ = ["Rotary", "RoPE", "RoPEValue", "ROPE_TYPES", "rope_parameters", "permute_for_layout"]
 
 
 def permute_for_layout(weight: Tensor, *, heads: int, head_dim: int, to: str, rotary_dim: int | None = None) -> Tensor:
@@ -72,9 +72,10 @@ def permute_for_layout(weight: Tensor, *, heads: int, head_dim: int, to: str, ro
     return w[:, perm].reshape(weight.shape)
 
 
-@register
-class RoPE(PositionEncoding):
-    """Rotary embedding with HF's scaling variants.
+class Rotary(PositionEncoding):
+    """RoPE's frequencies, cos/sin tables and rotation, with HF's scaling variants, and no stage:
+    the common base of ``rope`` (:class:`RoPE`, which rotates queries and keys) and
+    ``rope-extension`` (whose ``q·k`` term replaces the rotation).
 
     Args:
         base: ``θ`` (HF ``rope_theta``).
@@ -82,7 +83,6 @@ class RoPE(PositionEncoding):
         partial_rotary_factor: rotate only the first ``Dr = int(Dh·factor)`` dimensions. With
             ``rope_type="proportional"`` (Gemma 4) the tables span all ``Dh`` dims instead, with
             the first ``int(p·Dh // 2)`` frequencies of the full-``Dh`` spectrum and zeros after.
-        rotary_value: also rotate the values by their key position (RoFormer's option).
         rope_scaling: HF's dict, ``None`` for plain RoPE. ``rope_theta`` and
             ``partial_rotary_factor`` keys in it override ``base`` and ``partial_rotary_factor``.
         axes: coordinates per position (Heo et al. 2024, "Rotary Position Embedding for
@@ -95,18 +95,14 @@ class RoPE(PositionEncoding):
             the axial bands rotated by a random angle per head (``axes >= 2``). The paper
             uses ``base=10`` (mixed) and ``base=100`` (axial) on 14×14 ViT grids.
 
-    With the option ``rope_extension`` (ReRoPE, Leaky ReRoPE, Self-Extend), ``posenc.build``
-    makes a :class:`~posenc.encodings.rope_extended.RoPEExtension` (``rope-extension``), whose
-    stage is ``SCORES``.
+    Variants with other stages are classes of their own: ``rope-value`` (RoFormer's rotary
+    values, :class:`RoPEValue`) and ``rope-extension`` (ReRoPE, Leaky ReRoPE, Self-Extend:
+    :class:`~posenc.encodings.rope_extended.RoPEExtension`, stage ``SCORES``).
     """
 
-    name = "rope"
-    family = "rotary"
     paper = "Su et al., RoFormer: Enhanced Transformer with Rotary Position Embedding"
     year = 2021
-    stages = Stage.QK
     default_layout = "half"
-    variants = ("rope-extension",)
 
     def __init__(
         self,
@@ -118,13 +114,12 @@ class RoPE(PositionEncoding):
         base: float = 10000.0,
         layout: str | None = None,
         partial_rotary_factor: float = 1.0,
-        rotary_value: bool = False,
         rope_scaling: dict | None = None,
         axes: int = 1,
         rope_mixed: bool = False,
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
-        self.set_axes(axes)
+        self.needs = self.needs.replace(axes=axes)
         self.rope_mixed = bool(rope_mixed)
         layout = self.default_layout if layout is None else layout
         if layout not in ("half", "interleaved"):
@@ -144,12 +139,11 @@ class RoPE(PositionEncoding):
             raise ValueError(f"base must be a number > 1, got {base!r}")
         self.base, self.layout, self.rotary_dim = float(base), layout, rot
         self.partial_rotary_factor = partial_rotary_factor
-        self.rotary_value = bool(rotary_value)
         self.rope_scaling = check_scaling(rope_scaling, rot, max_len)
         self.rope_type = self.rope_scaling["rope_type"]
         # frequencies depend on the current length: keep raw keys in the KV cache
         self.length_dependent = ROPE_REGISTRY[self.rope_type].length_dependent
-        self.cache_raw_keys = self.length_dependent
+        self.needs = self.needs.replace(raw_keys=self.needs.raw_keys or self.length_dependent)
         self.original_max_len = self.rope_scaling.get("original_max_position_embeddings") or max_len
         self.register_buffer("inv_freq", torch.empty(rot // 2), persistent=False)
         self.attention_factor = 1.0
@@ -211,21 +205,6 @@ class RoPE(PositionEncoding):
         self._mark_built()
 
     # ------------------------------------------------------------------ per-call tables
-    # the options that fix this class's tables (with the buffers init_buffers builds from
-    # them); a subclass shares tables across instances only if it declares its own tuple
-    _table_fields = (
-        "base",
-        "layout",
-        "rotary_dim",
-        "head_dim",
-        "partial_rotary_factor",
-        "rope_scaling",
-        "max_len",
-        "original_max_len",
-        "axes",
-        "attention_factor",
-    )
-
     def _mark_built(self) -> None:
         """Remember the buffers :meth:`init_buffers` made from the options (see :meth:`table_key`)."""
         self._built = tuple(self._buffers.values())
@@ -265,10 +244,6 @@ class RoPE(PositionEncoding):
     @property
     def relative(self) -> bool:
         return True
-
-    @property
-    def rotates_value(self) -> bool:
-        return self.rotary_value
 
     def extra_repr(self) -> str:
         s = super().extra_repr() + f", base={self.base}, layout={self.layout!r}, rotary_dim={self.rotary_dim}"
@@ -336,12 +311,54 @@ class RoPE(PositionEncoding):
             return 0
         return max(int(p.max()) for p in positions if p.numel()) + 1
 
+
+@register
+class RoPE(Rotary):
+    """Rotary embedding (``rope``): queries and keys rotated by their positions. Options (see
+    :class:`Rotary`): ``base``, ``layout``, ``partial_rotary_factor``, ``rope_scaling``, ``axes``
+    (axial RoPE), ``rope_mixed``."""
+
+    name = "rope"
+
+    # the options that fix this class's tables (with the buffers init_buffers builds from
+    # them); a subclass shares tables across instances only if it declares its own tuple
+    _table_fields = (
+        "base",
+        "layout",
+        "rotary_dim",
+        "head_dim",
+        "partial_rotary_factor",
+        "rope_scaling",
+        "max_len",
+        "original_max_len",
+        "axes",
+        "attention_factor",
+    )
+
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> tuple[Tensor, Tensor]:
         seq_len = self._seq_len(q_pos, k_pos)  # (length-dependent types only: none with axes)
         qp, q_tab = self._tables(ctx, q_pos, q.shape[-2], seq_len)
         # without a cache the keys are the queries: one table
         kp, k_tab = (qp, q_tab) if k_pos is q_pos else self._tables(ctx, k_pos, k.shape[-2], seq_len)
         return self._rotate_one(q, qp, q_tab), self._rotate_one(k, kp, k_tab)
+
+
+@register
+class RoPEValue(RoPE):
+    """``rope-value``: RoPE that also rotates the values by their key position (RoFormer's
+    ``rotary_value``; HF RoFormer ``apply_rotary_position_embeddings`` on ``v``). Options as
+    ``rope``'s (``axes`` included).
+
+    Not ``relative``: the output turns with the keys' absolute positions
+    (``o_i = Σ_j a_ij R_j v_j``; shifting every position by ``s`` gives ``R_s o_i``).
+    """
+
+    name = "rope-value"
+    _table_fields = RoPE._table_fields  # the same tables as rope's: shared with equal options
+
+    @property
+    def relative(self) -> bool:
+        return False
 
     def rotate_value(self, v: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
         kp, tab = self._tables(ctx, k_pos, v.shape[-2], self._seq_len(k_pos))

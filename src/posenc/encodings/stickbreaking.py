@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..base import PositionEncoding, Stage
+from ..base import PositionEncoding
 from ..registry import register
 
 
@@ -56,10 +56,8 @@ class StickBreaking(PositionEncoding):
     """
 
     name = "stick-breaking"
-    family = "normaliser"
     paper = "Tan et al., Scaling Stick-Breaking Attention: An Efficient Implementation and In-depth Study"
     year = 2024
-    stages = Stage.NORM
     causal_only = True
 
     def __init__(self, *, heads, head_dim, max_len=None, causal=True, attend_current: bool = False):

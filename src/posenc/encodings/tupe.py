@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as PF
-from ..base import PositionEncoding, Stage
+from ..base import Needs, PositionEncoding
 from ..registry import register
 from ..validate import check_table_len
 
@@ -42,11 +42,9 @@ class TUPE(PositionEncoding):
     """
 
     name = "tupe"
-    family = "absolute"
     paper = "Ke et al., Rethinking Positional Encoding in Language Pre-training"
     year = 2021
-    stages = Stage.BIAS
-    share_across_layers = True
+    needs = Needs(share_across_layers=True)
 
     def __init__(
         self,

@@ -14,6 +14,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..base import Needs
 from ..context import table
 from ..registry import register
 from .rotary import RoPE
@@ -30,7 +31,7 @@ class XPos(RoPE):
     (per batch row), as ``rotary-embedding-torch`` does for a full sequence (``n - L//2``),
     so the factors stay bounded by half the query span whatever the absolute positions:
     a float16 layer at position 10⁵ is as exact as at position 0. Because ``r`` moves
-    with the queries, the KV cache keeps keys before the rotation (``cache_raw_keys``)
+    with the queries, the KV cache keeps keys before the rotation (``needs.raw_keys``)
     and rotates them again at every step, so cached decoding still equals a full forward.
 
     The factors are float32; the rotated ``q``/``k`` are cast to the activation dtype,
@@ -50,6 +51,7 @@ class XPos(RoPE):
     year = 2022
     causal_only = True
     default_layout = "interleaved"
+    needs = Needs(raw_keys=True)  # the reference position moves with the queries
     _table_fields = (*RoPE._table_fields, "scale_base", "gamma")  # what fixes the tables (RoPE.table_key)
 
     def __init__(
@@ -79,7 +81,6 @@ class XPos(RoPE):
             layout=layout,
             partial_rotary_factor=partial_rotary_factor,
         )
-        self.cache_raw_keys = True  # the reference position moves with the queries
         self.register_buffer("zeta", torch.empty(self.rotary_dim // 2), persistent=False)
         self.init_buffers()
 

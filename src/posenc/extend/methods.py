@@ -26,9 +26,10 @@ sink-window   4 sink tokens and a window of ``L - 4``: a cache     Xiao et al. 2
 
 (``k`` and ``G`` are at least 2.) Which encodings a method applies to is decided by the
 encoding's class (:func:`applies`): every method but ``sink-window`` is defined on rotary
-embeddings (:class:`~posenc.encodings.rotary.RoPE` and its subclasses); HF's scalings on the
+embeddings (:class:`~posenc.encodings.rotary.Rotary` and its subclasses); HF's scalings on the
 classes that compute RoPE's frequencies as HF does (RoPE, M-RoPE: not xPos, whose decay is
-its own); ReRoPE and Self-Extend where RoPE has its ``rope-extension`` variant.
+its own); ReRoPE and Self-Extend on ``rope``, whose layers they make ``rope-extension``, a
+class of its own (:func:`method_classes`), and on ``rope-extension`` itself.
 ``posenc compare --extend`` runs :data:`EXTEND_METHODS`, ``posenc extend`` all of :data:`METHODS`.
 """
 
@@ -39,11 +40,20 @@ import math
 
 from ..encodings.mrope import MRoPE
 from ..encodings.rope_extended import RoPEExtension
-from ..encodings.rotary import RoPE
+from ..encodings.rotary import RoPE, RoPEValue, Rotary
 from ..model import TransformerLM
 from ..registry import available, get_class
 
-__all__ = ["EXTEND_METHODS", "METHODS", "SINKS", "applies", "describe", "method_options", "with_options"]
+__all__ = [
+    "EXTEND_METHODS",
+    "METHODS",
+    "SINKS",
+    "applies",
+    "describe",
+    "method_classes",
+    "method_options",
+    "with_options",
+]
 
 # the methods posenc compare --extend may list (its trained models, through its own evaluation)
 EXTEND_METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "rerope", "leaky-rerope", "self-extend")
@@ -115,24 +125,40 @@ def applies(method: str, encoding: str) -> bool:
     if encoding not in available():
         return False
     cls = get_class(encoding)
-    if not issubclass(cls, RoPE):
+    if not issubclass(cls, Rotary):
         return False
     if method in _SCALINGS:
-        return cls in (RoPE, MRoPE)
+        return cls in (RoPE, RoPEValue, MRoPE)
     if method in _EXTENSIONS:
         return cls in (RoPE, RoPEExtension)
     return True  # none (the baseline row of a rotary model) and ntk (its base)
 
 
-def with_options(model: TransformerLM, **options) -> TransformerLM:
+def method_classes(method: str) -> dict[str, str]:
+    """The registered encodings ``method`` turns a layer's encoding into, ``{old: new}``: ReRoPE,
+    Leaky ReRoPE and Self-Extend make ``rope`` layers ``rope-extension`` (their ``q·k`` term
+    replaces the rotation: a class of its own); the other methods keep every class."""
+    if method not in METHODS:
+        raise ValueError(f"extension method must be one of {METHODS}, got {method!r}")
+    return {"rope": "rope-extension"} if method in _EXTENSIONS else {}
+
+
+def with_options(model: TransformerLM, rename: dict[str, str] | None = None, **options) -> TransformerLM:
     """A copy of ``model`` (same weights, same device, eval mode) whose encodings take ``options``
-    on top of their own, e.g. ``with_options(lm, rope_extension={"type": "rerope", "window": 32})``."""
-    cfg = model.config
+    on top of their own, a layer whose encoding is a key of ``rename`` being built as the value
+    instead, e.g. ``with_options(lm, rename={"rope": "rope-extension"}, rope_extension={"type":
+    "rerope", "window": 32})`` (:func:`method_classes` gives a method's ``rename``)."""
+    cfg, rename = model.config, rename or {}
     if cfg.layers is not None:
-        layers = [dataclasses.replace(s, options={**s.options, **options}) for s in cfg.layers]
+        layers = [
+            dataclasses.replace(s, encoding=rename.get(s.encoding, s.encoding), options={**s.options, **options})
+            for s in cfg.layers
+        ]
         cfg = dataclasses.replace(cfg, layers=layers)
     else:
-        cfg = dataclasses.replace(cfg, options={**cfg.options, **options})
+        cfg = dataclasses.replace(
+            cfg, encoding=rename.get(cfg.encoding, cfg.encoding), options={**cfg.options, **options}
+        )
     p = next(model.parameters())
     new = TransformerLM(config=cfg).to(device=p.device, dtype=p.dtype)
     new.load_state_dict(model.state_dict())

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from .folder import ModelError, digest, file_digest, first, read_hf
-from .methods import applies, method_options, with_options
+from .methods import applies, method_classes, method_options, with_options
 
 __all__ = ["Subject", "load_subject", "ModelError"]
 
@@ -73,21 +73,21 @@ class Subject:
 
     def _with(self, method: str, opts: dict):
         if self.kind == "run":
-            return with_options(self.model, **opts)
+            return with_options(self.model, method_classes(method), **opts)
         import posenc.hf as ph
 
-        specs = []
+        specs, rename = [], method_classes(method)
         for s in self.specs:
-            own = dict(s["options"])
-            if applies(method, s["encoding"]):
+            own, name = dict(s["options"]), s["encoding"]
+            if applies(method, name):
                 if "rope_extension" in opts:  # defined on plain RoPE: the model's scaling cannot stay
                     if own.get("rope_scaling"):
                         raise ValueError(
                             f"{method} is defined on plain RoPE; this layer has rope_scaling {own['rope_scaling']}"
                         )
                     own.pop("rope_scaling", None)
-                own = {**own, **opts}
-            specs.append((s["encoding"], own))
+                own, name = {**own, **opts}, rename.get(name, name)
+            specs.append((name, own))
         return ph.convert(self.model, encoding=specs).eval()
 
 

@@ -144,18 +144,18 @@ def attention_forward(
             held = held[..., held.shape[-1] - c :]
         else:
             held = None
-        if enc.axes > 1 and got.shape[0] == enc.axes:
+        if enc.needs.axes > 1 and got.shape[0] == enc.needs.axes:
             axes, past = got, None if held is None else held.permute(1, 2, 0)
         elif position_ids is None:  # a 1-D encoding in a multimodal model: the temporal row (text: t = h = w)
             position_ids, past, multimodal = got[0], None if held is None else held[0], True
     q_pos, k_pos, documents = mask.positions(position_ids, B, kwargs, axes, past, multimodal)
     qk_proj = rec.qk_proj
-    if enc.reads_input:  # FoX, Inkling: read_input on the module's hidden states (posenc.hf.hidden)
+    if enc.defines("read_input"):  # FoX, Inkling: read_input on the module's hidden states (posenc.hf.hidden)
         key, value, q_state, k_state, x = rec.hidden.read(module, enc, key, value, mask, documents)
         ctx = Context(q_pos, k_pos, x=x, q_state=q_state, k_state=k_state, qk_proj=qk_proj)
     else:
         ctx = Context(q_pos, k_pos, qk_proj=qk_proj)
-    if enc.per_head_keys:  # key-side stages with per-head parameters see every query head's keys
+    if enc.needs.per_head_keys:  # key-side stages with per-head parameters see every query head's keys
         key, value = expand_kv(key, value, H)
     # the q/k side, written once for posenc's layer and this one (HF's cache holds raw keys:
     # every key comes in and is rotated here); grouped heads stay grouped: attend expands them

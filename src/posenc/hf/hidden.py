@@ -78,7 +78,7 @@ class HiddenReads:
             )
         keep = None if mask.padding is None else mask.padding[:, c:]
         k_new, v_new = key[:, :, c:], value[:, :, c:]
-        if enc.per_head_keys and k_new.shape[1] != enc.heads:  # per-head key-side parameters
+        if enc.needs.per_head_keys and k_new.shape[1] != enc.heads:  # per-head key-side parameters
             r = enc.heads // k_new.shape[1]
             k_new, v_new = k_new.repeat_interleave(r, 1), v_new.repeat_interleave(r, 1)
         per_layer = None if cache is None else self.by_cache.setdefault(cache, {})

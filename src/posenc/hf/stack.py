@@ -150,7 +150,7 @@ def build_encoding(spec: dict, dims: Dims, causal: bool = True) -> PositionEncod
     name, options = spec["encoding"], dict(spec.get("options") or {})
     size = {"heads": dims.heads, "head_dim": dims.head_dim, "dim": dims.hidden, "max_len": dims.max_len}
     enc = build_for_layer(name, options, causal=causal, **size)  # (the layer's widths: posenc.attention_setup)
-    if enc.input_at == "tokens":
+    if enc.needs.input_at == "tokens":
         raise ValueError(
             f"encoding {name!r} with these options builds the token embedding from ids and positions together; "
             "a Hugging Face model's embedding sees no positions, so posenc.hf cannot run it"
@@ -234,7 +234,7 @@ class PosencStack(nn.Module):
             if spec.get("sinks") and isinstance(getattr(attn, "sinks", None), nn.Parameter):
                 raise ValueError(f"layer {i} has HF's own learned sinks; its posenc spec cannot add sinks=True")
             hidden = None
-            if enc.reads_input:  # the attention function needs the module's hidden states
+            if enc.defines("read_input"):  # the attention function needs the module's hidden states
                 if getattr(attn, "is_kv_shared_layer", False):  # (Gemma 4: another layer's keys)
                     raise ValueError(
                         f"encoding {enc.name!r} reads the hidden state of the layer's own keys, and layer {i} "
@@ -245,11 +245,11 @@ class PosencStack(nn.Module):
                 self._handles.append(attn.register_forward_pre_hook(capture, with_kwargs=True))
             hf_scores = self._set_scores(i, attn, enc, scores)
             if enc.stages & Stage.INPUT:
-                if enc.input_at == "layer":
+                if enc.needs.input_at == "layer":
                     hook = functools.partial(self._input_hook, [self.layer_index[i]], i)
                     self._handles.append(attn.register_forward_pre_hook(hook, with_kwargs=True))
                 else:
-                    at = enc.input_at
+                    at = enc.needs.input_at
                     if not isinstance(at, int) or not 0 <= at < len(layers):
                         raise ValueError(
                             f"encoding {enc.name!r}: input_at must be 'layer' or a block index in "
@@ -325,7 +325,7 @@ class PosencStack(nn.Module):
 
     def _history(self, enc: PositionEncoding, key, cache, cached: int, new: int) -> InputHistory | None:
         """The input history of ``enc`` at hook ``key`` for this cache; None for a stage that reads no earlier inputs."""
-        if enc.input_context <= 0:
+        if enc.needs.input_context <= 0:
             return None
         per_cache = self._histories.setdefault(cache, {})
         entry = per_cache.get(key)
@@ -335,7 +335,7 @@ class PosencStack(nn.Module):
                     f"encoding {enc.name!r} reads the last inputs of earlier calls; this cache already holds "
                     f"{cached} tokens it did not see (start decoding from an empty cache)"
                 )
-            entry = per_cache[key] = [InputHistory(enc.input_context), 0]
+            entry = per_cache[key] = [InputHistory(enc.needs.input_context), 0]
         elif entry[1] != cached:
             raise ValueError(
                 f"encoding {enc.name!r} saw {entry[1]} tokens but the cache holds {cached}: caches that are "
