@@ -1,6 +1,6 @@
 """FlexAttention's compile cache on CUDA: what a process that runs many shapes pays.
 
-posenc compiles ``flex_attention`` once with static shapes (``posenc.flex``). Two checks:
+posenc compiles ``flex_attention`` once with static shapes (``posenc.attend.flex``). Two checks:
 
 * ``entries``: one flex call per (encoding, length), forward, in one process: more compiled
   entries than dynamo's default limit of 8. Prints each case's time after its compile, and
@@ -28,7 +28,7 @@ import time
 import torch
 
 import posenc
-import posenc.flex
+import posenc.attend.flex
 from posenc import registry
 from posenc.cli_types import OneLineParser, device_name
 from posenc.fields import Choice, Int, ListOf
@@ -58,8 +58,8 @@ def frames() -> str:
 
 def entries(args, device) -> None:
     if args.no_limit:  # the compiled call as it was before posenc raised the limit
-        posenc.flex._recompile_limit = contextlib.nullcontext
-    print(f"entries: limit {'dynamo default' if args.no_limit else posenc.flex.FLEX_RECOMPILE_LIMIT}", flush=True)
+        posenc.attend.flex._recompile_limit = contextlib.nullcontext
+    print(f"entries: limit {'dynamo default' if args.no_limit else posenc.attend.flex.FLEX_RECOMPILE_LIMIT}", flush=True)
     for name in args.encodings:
         for L in args.lengths:
             torch.manual_seed(0)

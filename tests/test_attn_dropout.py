@@ -1,5 +1,5 @@
 """Attention-probability dropout (``Attention(attn_dropout=)``, ``ModelConfig.attn_dropout``,
-``posenc.backends.attend(dropout=)``): off in eval on every backend, on in training, unbiased,
+``posenc.attend.backends.attend(dropout=)``): off in eval on every backend, on in training, unbiased,
 the same mask through a recomputed backward, transcriptions of HF's eager attention and of
 SDPA's own dropout; ``flex`` (FlexAttention has none) refuses it and ``"auto"`` avoids it; HF
 models keep their ``attention_dropout`` (GPT-2's ``attn_pdrop``) and match stock HF in training.
@@ -16,7 +16,7 @@ from tests.conftest import DIM, HEAD_DIM, HEADS, assert_close, attention_n
 from tests.test_contract import ALL_BACKEND_CASES, L, _x, make_attn
 
 import posenc
-from posenc.backends import attend, select_backend
+from posenc.attend.backends import attend, select_backend
 
 P = 0.5
 N = attention_n(dim=DIM, head_dim=HEAD_DIM, length=L)

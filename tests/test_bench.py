@@ -57,7 +57,7 @@ def test_blockwise_only_for_long_sequences(name):
     training length (64) the one-shot backends measured faster; KV-cache decoding (one
     query over many keys) stays on them too."""
     enc = _small(name)
-    side = int(posenc.backends.BLOCKWISE_MIN_SCORES**0.5)
+    side = int(posenc.attend.backends.BLOCKWISE_MIN_SCORES**0.5)
     short = posenc.select_backend(enc, "cpu", 64, 64)
     assert short != "blockwise" and short in posenc.supported_backends(enc)
     assert posenc.select_backend(enc, "cpu", 1, 4096) == short
@@ -76,8 +76,8 @@ def test_blockwise_bidirectional_only_from_its_own_threshold(name):
     head (the one-shot backends measured faster below it); causal ones keep the causal rule,
     and a layer resolves with its own causality unless the call says otherwise."""
     enc = _small(name, causal=False)
-    side = int(posenc.backends.BLOCKWISE_MIN_SCORES_BIDIR**0.5)
-    causal_side = int(posenc.backends.BLOCKWISE_MIN_SCORES**0.5)
+    side = int(posenc.attend.backends.BLOCKWISE_MIN_SCORES_BIDIR**0.5)
+    causal_side = int(posenc.attend.backends.BLOCKWISE_MIN_SCORES**0.5)
     assert side > causal_side
     short = posenc.select_backend(enc, "cpu", 64, 64, causal=False)
     assert short != "blockwise" and short in posenc.supported_backends(enc)
@@ -114,7 +114,7 @@ def test_chunked_blocks_keep_to_a_score_budget(monkeypatch):
     """``chunked`` blocks hold at most CHUNKED_ROWS rows and CHUNKED_SCORES scores per head
     (at least 8 rows), so that the blocks of a long causal call have about one size; they
     cover every query once, in order, and the output equals one block over everything."""
-    from posenc import backends as B
+    from posenc.attend import backends as B
 
     assert B.chunked_rows(64, 1024) == 256 and B.chunked_rows(1024, 1024) == 256
     assert B.chunked_rows(2048, 1024) == 128 and B.chunked_rows(4096, 1024) == 64

@@ -7,7 +7,7 @@ import torch
 from tests.conftest import assert_close, attention_n
 
 import posenc
-from posenc.cache import WindowKVCache
+from posenc.layer.cache import WindowKVCache
 
 
 def _decode(lm, tokens, prefill, cache, step=1):

@@ -149,7 +149,7 @@ def test_kv_cache_decoding_equals_full_forward(name):
 @pytest.mark.parametrize("name", [n for n, _ in CAUSAL])
 def test_head_dim_other_than_dim_over_heads(name):
     """``heads·head_dim != dim`` (an explicit ``head_dim``: Qwen3-0.6B, Gemma): what acts on the
-    layer's input gets the layer's width (posenc.attention_setup.build_for_layer), the model runs
+    layer's input gets the layer's width (posenc.layer.setup.build_for_layer), the model runs
     forward and decodes with its cache as it runs whole."""
     torch.manual_seed(0)
     kw = dict(vocab_size=32, dim=DIM, depth=2, heads=HEADS, head_dim=2 * HEAD_DIM, encoding=name, max_len=MAX_LEN)
@@ -169,7 +169,7 @@ def test_an_input_and_score_encoding_that_is_not_told_the_width_is_refused():
     """No registered encoding is one (DeBERTa's EMD takes ``hidden_size``): a user's encoding with
     an input stage and a bias, whose input table is ``heads·head_dim`` wide, cannot serve a layer
     of another width, and says so before anything runs."""
-    from posenc.attention_setup import _sizes
+    from posenc.layer.setup import _sizes
 
     class Both(posenc.PositionEncoding):
         def embed(self, x, pos):

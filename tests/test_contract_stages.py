@@ -15,9 +15,9 @@ from tests.conftest import assert_close, attention_n
 
 import posenc
 from posenc import PositionEncoding, Stage
-from posenc.attention_setup import build_for_layer
 from posenc.cli import KIND_ORDER, encoding_rows
 from posenc.contract import HOOKS, KINDS, STAGE_OF, Needs, kind_of, stages_of
+from posenc.layer.setup import build_for_layer
 
 HEADS, HEAD_DIM = 2, 8
 DIM = HEADS * HEAD_DIM
@@ -128,7 +128,7 @@ def test_needs_come_from_the_class_and_its_options(name, options, field, value):
 
 def test_width_and_vocab_are_declared_not_sniffed():
     takes = {n for n in posenc.available() if posenc.get_class(n).needs.width}
-    assert takes == {"deberta", "deberta-emd", "fox", "inkling", "inkling-temperature"}
+    assert takes == {"deberta", "deberta-emd", "fox", "inkling", "inkling-temperature", "path"}
     assert {n for n in posenc.available() if posenc.get_class(n).needs.vocab} == {"complex-order"}
     enc = build_for_layer("fox", {}, heads=2, head_dim=4, dim=24, max_len=None, causal=True)
     assert enc.hidden_size == 24 and (enc.heads, enc.head_dim) == (2, 4)

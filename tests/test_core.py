@@ -7,8 +7,8 @@ import torch
 from tests.conftest import assert_close, attention_n
 
 import posenc
+from posenc.attend.flex import check_flex_heads
 from posenc.base import PositionEncoding, Stage
-from posenc.flex import check_flex_heads
 
 
 def test_build_unknown_name_lists_available():
@@ -70,7 +70,7 @@ def test_auto_leaves_flex_out_on_cuda_for_heads_under_16(name):
     dimension ... must be at least 16", seen on an H100): auto picks the next backend there, and
     an explicit flex says why instead of failing inside inductor."""
     wide, narrow = (posenc.build(name, heads=2, head_dim=d, max_len=16) for d in (16, 8))
-    assert posenc.backends.FLEX_MIN_HEAD_DIM == 16
+    assert posenc.attend.backends.FLEX_MIN_HEAD_DIM == 16
     assert posenc.select_backend(wide, "cuda") == "flex"
     assert posenc.select_backend(narrow, "cuda") == "dense"
     assert posenc.select_backend(narrow, "cpu") == posenc.select_backend(wide, "cpu")
@@ -90,7 +90,7 @@ def test_auto_leaves_flex_out_on_cuda_for_decoding_shapes(name):
     """posenc compiles FlexAttention for static shapes: a call with fewer queries than one block
     (the KV cache's decoding steps, whose key count grows every step) runs dense on CUDA."""
     enc = posenc.build(name, heads=2, head_dim=16, max_len=16)
-    least = posenc.backends.FLEX_MIN_QUERIES
+    least = posenc.attend.backends.FLEX_MIN_QUERIES
     assert least == 128
     assert posenc.select_backend(enc, "cuda", least, least) == "flex"
     assert posenc.select_backend(enc, "cuda", least, 4 * least) == "flex"
@@ -107,7 +107,7 @@ def test_compiled_flex_raises_dynamos_recompile_limit(monkeypatch):
     8 entries it ran uncompiled (the unfused L x L path). posenc's compiled call (CUDA) raises
     the limit for its own calls only. Run here with dynamo's eager backend on the CPU: the
     limit is dynamo's, whatever compiles the graph."""
-    import posenc.flex as flex_mod
+    import posenc.attend.flex as flex_mod
 
     real_compile = torch.compile
     monkeypatch.setattr(flex_mod, "_compiled_flex", None)

@@ -23,7 +23,7 @@ pytestmark = [
 ]
 
 L = 48  # past FlexAttention's 16-row minimum block and every small table's far field
-HEAD_DIM = 16  # FlexAttention's compiled kernel refuses narrower heads (posenc.backends.FLEX_MIN_HEAD_DIM)
+HEAD_DIM = 16  # FlexAttention's compiled kernel refuses narrower heads (posenc.attend.backends.FLEX_MIN_HEAD_DIM)
 DIM = HEADS * HEAD_DIM
 MAX_LEN = 64
 CUDA = torch.device("cuda")

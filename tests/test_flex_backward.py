@@ -33,7 +33,7 @@ def joint_graph_verdicts(name: str, causal: bool, monkeypatch) -> list[str]:
     from torch._dynamo.backends.common import aot_autograd
     from torch._inductor.kernel.flex.flex_attention import validate_joint_graph
 
-    import posenc.flex as flex_mod
+    import posenc.attend.flex as flex_mod
 
     verdicts: list[str] = []
 

@@ -20,7 +20,7 @@ from transformers.models.llama4.modeling_llama4 import Llama4TextL2Norm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 import posenc
-from posenc.qk_norm import QKNorm
+from posenc.layer.qk_norm import QKNorm
 
 D, H, DH, L, B = 32, 4, 8, 10, 2
 N = attention_n(dim=D, head_dim=DH, length=L)

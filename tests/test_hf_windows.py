@@ -86,7 +86,10 @@ def test_layer_sinks_equal_gpt_oss_sink_softmax():
     oracle.set_attn_implementation("gpt_oss_sinks")
     ids = torch.randint(1, V, (2, 16))
     assert_close(logits(ours, ids), logits(oracle, ids), n=llama_n(cfg, 16))
-    assert {k for k in ours.state_dict() if "sinks" in k} == {"model.posenc.sinks.0", "model.posenc.sinks.1"}
+    assert {k for k in ours.state_dict() if "sinks" in k} == {
+        "model.posenc.sinks.0",
+        "model.posenc.sinks.1",
+    }
 
 
 @pytest.mark.parametrize(

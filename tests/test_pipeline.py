@@ -242,11 +242,14 @@ def _quoted_names(path: Path) -> set[str]:
     return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
-@pytest.mark.parametrize("module", ["model.py", "attention.py", "backends.py", "mask.py", "cache.py", "config.py"])
+@pytest.mark.parametrize(
+    "module",
+    ["model.py", "layer/attention.py", "layer/call.py", "attend/backends.py", "mask.py", "layer/cache.py", "config.py"],
+)
 def test_core_modules_name_no_encoding(module):
     """The layer, the model and the backends learn everything from the encodings' declarations."""
     names = set(posenc.available())
-    allowed = {"nope"} if module == "attention.py" else {"rope"} if module in ("config.py", "model.py") else set()
+    allowed = {"nope"} if module == "layer/attention.py" else {"rope"} if module in ("config.py", "model.py") else set()
     assert not (_quoted_names(SRC / module) & (names - allowed)), module  # only defaults of signatures
     text = (SRC / module).read_text()
     for flag in ("emd", "absolute_from_layer", "builds_embedding", "input_every_layer", "init_state", "tie_to"):

@@ -361,7 +361,7 @@ def test_variant_keeps_the_contract(variant):
     every position shifts (both variants are relative)."""
     from tests.conftest import assert_close, attention_n, lm_n
 
-    from posenc.backends import supported_backends
+    from posenc.attend.backends import supported_backends
 
     torch.manual_seed(0)
     name, opts = VARIANTS[variant]

@@ -17,7 +17,7 @@ from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward a
 
 import posenc
 from posenc import AttentionMask
-from posenc.backends import attend
+from posenc.attend.backends import attend
 
 B, H, L, DH = 2, 4, 8, 8
 N = DH + 2 * L  # q·k over Dh, softmax and attn @ v over Lk

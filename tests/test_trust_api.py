@@ -321,7 +321,7 @@ def test_a_cache_larger_than_the_machine_is_refused_naming_the_bytes(monkeypatch
     with pytest.raises(ValueError, match=rf"needs {need // 2:,} bytes"):
         lm.blocks[0].attn.init_cache(1, 10**12)
     with pytest.raises(ValueError, match="KVCache: needs"):
-        posenc.cache.KVCache(1, 10**12, 2, 8)
+        posenc.layer.cache.KVCache(1, 10**12, 2, 8)
     assert lm.init_cache(1, 10**12, device="meta").layers[0].k.shape[2] == 10**12  # nothing allocated
     monkeypatch.setattr(posenc.validate, "memory_of", lambda device: 10**6)  # a machine of 1 MB
     n = 600_000 // per_token  # each layer fits in it, the two do not

@@ -32,7 +32,7 @@ Public names::
     posenc.PRESETS                                # irope, smollm3, gemma3, gpt-oss
     posenc.AttentionMask                          # what each query may see
     posenc.scores(enc, q, k, q_pos, k_pos)        # the pre-softmax score sum
-    posenc.BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask)   # see posenc.backends
+    posenc.BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask)   # see posenc.attend.backends
     posenc.tune_allocator()                       # glibc keeps freed blocks (long CPU sequences)
 """
 
@@ -42,20 +42,20 @@ from . import (
 )
 from ._version import __version__ as __version__  # (ground floor: submodules read it there)
 from .allocator import tune_allocator
-from .attention import Attention, Projection
-from .backends import BACKENDS, BlockOptions, select_backend, supported_backends
+from .attend.backends import BACKENDS, BlockOptions, select_backend, supported_backends
+from .attend.scores import scores
 from .base import Needs, PositionEncoding, Stage
-from .cache import KVCache, ModelCache, SinkWindow
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import LayerSpec, ModelConfig
 from .context import Context, InputRead, Tables
+from .layer.attention import Attention, Projection
+from .layer.cache import KVCache, ModelCache, SinkWindow
+from .layer.memory import SegmentMemory
+from .layer.qk_norm import QKNorm
 from .mask import AttentionMask
-from .memory import SegmentMemory
 from .model import TransformerLM
 from .patterns import PRESETS, layers
-from .qk_norm import QKNorm
 from .registry import available, build, get_class, register
-from .score_sum import scores
 
 __all__ = [
     "Attention",

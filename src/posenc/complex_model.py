@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import as_positions
-from .cache import KVCache, ModelCache
 from .encodings.complex import ComplexOrder
+from .layer.cache import KVCache, ModelCache
 from .mask import AttentionMask
 
 __all__ = ["ComplexLinear", "ComplexAttention", "ComplexTransformerLM"]

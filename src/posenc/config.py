@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .adaptive import check_cutoffs
-from .attention_setup import check_kv_heads
-from .backends import canonical_backend
+from .attend.backends import canonical_backend
 from .fields import DROPOUT, Float, Int, check
-from .layer_spec import SPEC_FIELDS, LayerSpec
+from .layer.qk_norm import check_qk_norm
+from .layer.setup import check_kv_heads
+from .layer.spec import SPEC_FIELDS, LayerSpec
 from .patterns import is_pattern, layers
-from .qk_norm import check_qk_norm
 from .registry import get_class, options_of
 from .validate import check_args, score_setting
 
@@ -63,7 +63,7 @@ class ModelConfig:
         kv_heads: key/value heads of every layer (grouped-query; 1: multi-query); None = ``heads``.
         qk_norm, qk_norm_position, qk_norm_eps: per-head q/k normalisation (``"rms"``,
             ``"gemma-rms"``, ``"l2"`` or None; ``"before"``/``"after"`` the q/k stage;
-            :mod:`posenc.qk_norm`).
+            :mod:`posenc.layer.qk_norm`).
         score_scale, softcap: the score scale in place of ``Dh^-1/2`` and the tanh logit
             soft-cap of every layer (None: off). A :class:`LayerSpec`'s own ``kv_heads``,
             ``score_scale``, ``softcap`` override these for its layer.

@@ -16,7 +16,7 @@ import torch
 
 from .base import PositionEncoding
 from .config import ModelConfig
-from .layer_spec import LayerSpec
+from .layer.spec import LayerSpec
 
 __all__ = ["learned_to_hierarchical"]
 

@@ -270,7 +270,7 @@ def in_query_blocks(
     Blocks whose sizes grow with the key count leave the C allocator's heap fragmented
     (each block's tensors no longer fit where the previous block's were freed): CoPE's
     ``chunked`` fwd+bwd at L = 8192 peaked at 9.2 GiB resident for about 1 GiB of live
-    tensors. The blocked backends of :mod:`posenc.backends` run through it.
+    tensors. The blocked backends of :mod:`posenc.attend.backends` run through it.
     """
     (Lq, Lk), c = (q.shape[2], k.shape[2]), mask.query_block(c)
     if Lq <= c and (scores is None or Lq * Lk <= scores):

@@ -22,14 +22,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .adaptive import AdaptiveInput, adaptive_head, tie_bands
-from .attention import Attention
-from .attention_setup import build_for_layer
 from .base import PositionEncoding, Stage
-from .cache import InputHistory, KVCache, ModelCache, run_input_stage
-from .call import Call, make_call
 from .config import ModelConfig
-from .layer_encodings import layer_encodings
-from .memory import LayerMemory, SegmentMemory
+from .layer.attention import Attention
+from .layer.cache import InputHistory, KVCache, ModelCache, run_input_stage
+from .layer.call import Call, make_call
+from .layer.memory import LayerMemory, SegmentMemory
+from .layer.setup import build_for_layer, layer_encodings
 from .validate import check_memory
 
 __all__ = ["TransformerLM", "Block"]
@@ -157,7 +156,7 @@ class TransformerLM(nn.Module):
             self.head.weight = self.tok_emb.weight
 
     def _build_encoding(self, spec, args: dict) -> PositionEncoding:
-        """A new encoding for layer ``spec`` (:func:`posenc.layer_encodings.layer_encodings` decides sharing)."""
+        """A new encoding for layer ``spec`` (:func:`posenc.layer.setup.layer_encodings` decides sharing)."""
         cfg = self.config
         size = {"heads": cfg.heads, "head_dim": cfg.head_dim, "dim": cfg.dim, "max_len": cfg.max_len}
         enc = build_for_layer(spec.encoding, spec.options, causal=cfg.causal, vocab_size=cfg.vocab_size, **size)
@@ -250,7 +249,7 @@ class TransformerLM(nn.Module):
         key_padding_mask: Tensor | None = None,
         document_ids: Tensor | None = None,
     ) -> Call:
-        """The :class:`~posenc.call.Call` every layer of one forward shares (see :meth:`forward`)."""
+        """The :class:`~posenc.layer.call.Call` every layer of one forward shares (see :meth:`forward`)."""
         if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
             raise TypeError(f"tokens must be an integer tensor, got {getattr(tokens, 'dtype', type(tokens))}")
         if tokens.dim() != 2:

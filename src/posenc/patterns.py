@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .layer_spec import SPEC_FIELDS, LayerSpec
+from .layer.spec import SPEC_FIELDS, LayerSpec
 from .registry import get_class, options_of, variant_hint
 
 __all__ = ["Preset", "PRESETS", "MAX_LAYERS", "MAX_NESTING", "layers", "parse_pattern", "expand", "is_pattern"]

@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..attend.scores import expand_kv, scores
 from ..base import Stage
 from ..output import pyplot, save_figure
-from ..score_sum import expand_kv, scores
 from .models import Subject
 from .scores import causal_mask, layer_inputs, score_parts
 from .stats import masked_values

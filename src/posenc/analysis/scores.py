@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..attend.scores import scores
 from ..model import TransformerLM
-from ..score_sum import scores
 from .stats import distances
 
 __all__ = ["attention_probs", "attention_scores", "causal_mask", "layer_inputs", "score_parts"]

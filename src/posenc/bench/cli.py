@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..allocator import tune_allocator
-from ..backends import backend_names
+from ..attend.backends import backend_names
 from ..cli_types import device_name, nonempty_path
 from ..fields import Choice, Float, Int, ListOf
 from ..output import OutputFolder, check_creatable, write_text

@@ -52,7 +52,7 @@ class KVCacheConfig:
 
 
 def cache_bytes(cache) -> int:
-    """Bytes of every distinct storage a :class:`posenc.cache.ModelCache` holds (counted once)."""
+    """Bytes of every distinct storage a :class:`posenc.layer.cache.ModelCache` holds (counted once)."""
     seen: dict[int, int] = {}
 
     def add(t) -> None:

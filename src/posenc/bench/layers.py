@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from ..attention import Attention
+from ..layer.attention import Attention
 from ..registry import available
 
 __all__ = ["Case", "posenc_case", "baseline_case", "reference_cases", "resolved_backend", "REFERENCE_ENCODINGS"]

@@ -18,7 +18,7 @@ from typing import Any
 from ..data import TASK_NAMES
 from ..extend.methods import EXTEND_METHODS
 from ..fields import DROPOUT, SEED, Bool, Choice, Float, Int, ListOf, Map, Str, declared
-from ..qk_norm import QK_NORM_POSITIONS, QK_NORMS
+from ..layer.qk_norm import QK_NORM_POSITIONS, QK_NORMS
 from .checks import (
     ATTENTION_DEFAULTS,
     COUNT,
@@ -91,7 +91,7 @@ class CompareConfig:
     final_norm: bool = Bool().field(True)  # False: pre-norm without a final norm
     # adaptive input + softmax bands (word-level vocabularies)
     adaptive_cutoffs: list[int] | None = ListOf(Int(1), increasing=True, optional=True).field(None)
-    qk_norm: str | None = Choice(QK_NORMS, optional=True).field(None)  # posenc.qk_norm
+    qk_norm: str | None = Choice(QK_NORMS, optional=True).field(None)  # posenc.layer.qk_norm
     qk_norm_position: str = Choice(QK_NORM_POSITIONS).field("before")  # before | after the q/k stage
     score_scale: float | None = Float(0, lo_open=True, optional=True).field(None)  # replaces Dh^-1/2
     softcap: float | None = Float(0, lo_open=True, optional=True).field(None)  # tanh soft-capping c*tanh(s/c)

@@ -303,8 +303,8 @@ def training_flops_per_token(model, seq_len: int) -> float:
     """
     from torch import nn
 
-    from ..attention import Attention
     from ..base import PositionEncoding
+    from ..layer.attention import Attention
 
     if not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")

@@ -83,7 +83,7 @@ def _slow_first(cfg: CompareConfig, names: list[str]) -> list[str]:
     (chunked, then the bias backends, then SDPA; within one, more position parameters
     first: their gradients cost time), so that no long job starts last (the longest-first
     rule for jobs on parallel workers)."""
-    from ..backends import select_backend
+    from ..attend.backends import select_backend
     from ..registry import build
 
     rank = {"chunked": 0, "eager": 0, "sdpa": 2}  # any other (dense, flex, blockwise ...): 1

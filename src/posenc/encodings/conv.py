@@ -28,7 +28,7 @@ leaks through the padding, which is the point of Islam et al.
 KV-cache decoding: token ``t`` needs the inputs of the ``k−1`` tokens before it, which an
 earlier call saw. The encoding needs ``input_context = k − 1`` (causal mode), so the
 cache keeps those inputs and runs ``embed`` on them followed by the new ones
-(:class:`posenc.cache.InputHistory`); decoding token by token equals the full forward.
+(:class:`posenc.layer.cache.InputHistory`); decoding token by token equals the full forward.
 Checked against a direct transcription of the convolution sum (test).
 """
 

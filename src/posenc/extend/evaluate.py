@@ -96,7 +96,7 @@ def sink_block(window: int) -> int:
 
 
 def _run_stream(model, ids: Tensor, chunk: int, sink: dict | None):
-    from ..cache import SinkWindow
+    from ..layer.cache import SinkWindow
 
     policy = SinkWindow(sink["sinks"], sink["window"]) if sink else None
     p = next(model.parameters())

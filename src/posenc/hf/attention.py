@@ -46,12 +46,12 @@ from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from ..attention import encode
-from ..backends import attend
+from ..attend.backends import attend
+from ..attend.scores import expand_kv
 from ..base import PositionEncoding
 from ..context import Context
+from ..layer.attention import encode
 from ..mask import AttentionMask
-from ..score_sum import expand_kv
 from .masks import PosencMask, mask_interface
 
 __all__ = ["NAME", "LayerRecord", "PosencMask", "attention_forward", "mask_interface", "register", "layer_encoding"]

@@ -8,7 +8,7 @@ they restrict the layer on top of whatever the HF model's own mask already does 
 
 from __future__ import annotations
 
-from ..layer_spec import LayerSpec
+from ..layer.spec import LayerSpec
 from ..patterns import is_pattern, layers
 from ..registry import get_class, options_of
 from .rope_config import rope_options_for

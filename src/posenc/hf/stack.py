@@ -17,7 +17,7 @@ anything global:
   layer's keyword arguments, numbered from the padding mask where the model made them itself
   (:meth:`posenc.hf.masks.PosencMask.positions`: a left-padded row's first real token is at 0,
   so ``conv``'s zero padding, not the pads, lies before it); with a cache, an input stage that
-  reads preceding inputs (``input_context``) keeps them in a :class:`posenc.cache.InputHistory`
+  reads preceding inputs (``input_context``) keeps them in a :class:`posenc.layer.cache.InputHistory`
   per cache.
 """
 
@@ -30,10 +30,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..attention_setup import build_for_layer
 from ..base import PositionEncoding, Stage
-from ..cache import InputHistory, run_input_stage
-from ..layer_encodings import layer_encodings
+from ..layer.cache import InputHistory, run_input_stage
+from ..layer.setup import build_for_layer, layer_encodings
 from .attention import RECORD, LayerRecord
 from .hidden import HiddenReads, capture
 from .history import PositionHistory
@@ -139,7 +138,7 @@ def _find(kind, args: tuple, kwargs: dict):
 def build_encoding(spec: dict, dims: Dims, causal: bool = True) -> PositionEncoding:
     """One encoding for a layer spec ``{"encoding": name, "options": {...}}``.
 
-    Built by :func:`posenc.attention_setup.build_for_layer`, the rule ``posenc.Attention`` uses:
+    Built by :func:`posenc.layer.setup.build_for_layer`, the rule ``posenc.Attention`` uses:
     what acts on the hidden states gets their width ``hidden``.
 
     Raises:
@@ -149,7 +148,7 @@ def build_encoding(spec: dict, dims: Dims, causal: bool = True) -> PositionEncod
     """
     name, options = spec["encoding"], dict(spec.get("options") or {})
     size = {"heads": dims.heads, "head_dim": dims.head_dim, "dim": dims.hidden, "max_len": dims.max_len}
-    enc = build_for_layer(name, options, causal=causal, **size)  # (the layer's widths: posenc.attention_setup)
+    enc = build_for_layer(name, options, causal=causal, **size)  # (the layer's widths: posenc.layer.setup)
     if enc.needs.input_at == "tokens":
         raise ValueError(
             f"encoding {name!r} with these options builds the token embedding from ids and positions together; "

@@ -7,7 +7,7 @@ with an offset (no other :class:`~posenc.AttentionMask` field set), and the posi
 are consecutive in every batch row with one distance between the first key and the
 first query for all rows (the default positions, a KV cache, left padding with shifted
 positions). Otherwise :func:`blockwise_attention` returns None and
-:func:`posenc.backends.blockwise` runs the general backend (this module stands below
+:func:`posenc.attend.backends.blockwise` runs the general backend (this module stands below
 the backends: it imports none of them).
 """
 

@@ -150,7 +150,7 @@ def propagate_nonfinite(out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """``out`` ``(B, H, Lq, Dh)`` with NaN in every (batch row, head) whose ``q``, ``k`` or ``v`` holds a
     NaN or an infinity (``k``/``v`` may have ``H/g`` heads: grouped, query head ``h`` reads key
     head ``h // g``), unchanged elsewhere (bit for bit: ``x + 0``): every backend's rule
-    for non-finite input (:mod:`posenc.backends`).
+    for non-finite input (:mod:`posenc.attend.backends`).
 
     The kernels alone would not agree: this flash kernel treats a query row whose scores are
     all NaN like a row that sees no key and returns zeros where ``eager`` returns NaN, and

@@ -3,7 +3,7 @@
 ``posenc.scores(enc, q, k, q_pos, k_pos, *, qk_proj=None, parts=False)`` is the sum
 ``s = scale·(q̃·k̃ + score_terms) + bias`` that every backend equals (float32
 ``(B, H, Lq, Lk)``), soft-capped to ``c·tanh(s/c)`` when the encoding's ``softcap`` is set; :func:`materialized` adds mask, softmax and values for the backends
-that hold the scores (``chunked``, ``eager`` in :mod:`posenc.backends`).
+that hold the scores (``chunked``, ``eager`` in :mod:`posenc.attend.backends`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import PositionEncoding, Stage
-from .context import Context
-from .mask import AttentionMask
+from ..base import PositionEncoding, Stage
+from ..context import Context
+from ..mask import AttentionMask
 from .sinks import sink_softmax
 
 __all__ = ["QKProj", "expand_kv", "materialized", "saved_score_bytes", "scores", "softcapped"]

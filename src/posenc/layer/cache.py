@@ -7,7 +7,7 @@
   decoding token by token equals the full forward.
 * :class:`ModelCache` — one :class:`KVCache` per layer, plus the history of input stages
   the model runs outside the layers.
-* Transformer-XL's segment memory is a cache policy too: :mod:`posenc.memory`.
+* Transformer-XL's segment memory is a cache policy too: :mod:`posenc.layer.memory`.
 * :class:`WindowKVCache` — a cache that keeps only some keys: the last ``W - 1`` for a
   sliding-window or chunked layer (a rolling cache, ``O(W)`` memory, equal to the full
   forward), or the first ``S`` plus the last ``W - 1`` with positions counted inside the
@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .base import PositionEncoding
-from .validate import check_args, check_memory
+from ..base import PositionEncoding, Stage
+from ..validate import check_args, check_memory
 
 __all__ = [
+    "layer_cache",
     "KVCache",
     "InputHistory",
     "ModelCache",
@@ -85,7 +86,7 @@ def run_input_stage(
     equal ids of each row on its own, so a stage that reads neighbouring inputs (a
     convolution) never reads across a document boundary.
     """
-    if documents is not None:  # (posenc.call.make_call refuses documents with a cache)
+    if documents is not None:  # (posenc.layer.call.make_call refuses documents with a cache)
         return _per_document(enc, x, pos, documents)
     return enc.embed(x, pos) if history is None else history.embed(enc, x, pos)
 
@@ -353,3 +354,29 @@ class ModelCache:
             c.reset()
         for h in self.inputs.values():
             h.reset()
+
+
+def layer_cache(
+    enc: PositionEncoding, batch_size: int, max_len: int, heads: int, head_dim: int, *,
+    window: int | None, chunk: int | None, causal: bool, policy=None, dtype=None, device=None,
+) -> KVCache:  # fmt: skip
+    """The empty cache of one attention layer (:meth:`posenc.Attention.init_cache`): a rolling
+    :class:`WindowKVCache` for a causal layer with a ``window``/``chunk``, StreamingLLM's
+    with ``policy=SinkWindow(...)``, else a :class:`KVCache` of ``max_len`` tokens."""
+    kw = {"dtype": dtype, "device": device}
+    if policy is not None:
+        if not isinstance(policy, SinkWindow):
+            raise TypeError(f"policy must be a posenc.SinkWindow or None, got {type(policy).__name__}")
+        if window is not None or chunk is not None or not causal:
+            raise ValueError("a SinkWindow cache is for causal layers without their own window or chunk")
+        if enc.stages & Stage.INPUT or enc.needs.axes != 1:
+            raise ValueError(
+                f"encoding {enc.name!r} cannot have its positions re-assigned in the cache "
+                "(an input stage or several axes); SinkWindow needs q/k, score or bias stages"
+            )
+        keep = {"keep_first": policy.sinks, "keep_last": policy.window - 1, "policy": policy}
+        return WindowKVCache(batch_size, heads, head_dim, **keep, **kw)
+    span = [n for n in (window, chunk) if n is not None]
+    if span and causal and enc.needs.axes == 1:
+        return WindowKVCache(batch_size, heads, head_dim, keep_last=min(span) - 1, **kw)
+    return KVCache(batch_size, max_len, heads, head_dim, axes=enc.needs.axes, **kw)

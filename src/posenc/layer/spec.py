@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .fields import Int, check
-from .validate import check_args, score_setting
+from ..fields import Int, check
+from ..validate import check_args, score_setting
 
 __all__ = ["SPEC_FIELDS", "LayerSpec"]
 

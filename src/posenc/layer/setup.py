@@ -2,7 +2,7 @@
 given), the k/v head count, and the score settings the encoding carries.
 
 Grouped k/v (``kv_heads``): the layer projects ``kv_heads`` keys and values, its KV cache
-stores them, and :func:`posenc.backends.attend` expands them to the ``H`` query heads (HF's
+stores them, and :func:`posenc.attend.backends.attend` expands them to the ``H`` query heads (HF's
 ``repeat_kv``; SDPA's ``enable_gqa``). The encoding's key-side stages (``read_input``, the
 key half of ``rotate``, ``rotate_value``) run on the ``kv_heads`` keys when they treat
 every head alike, the default; an encoding whose key-side stages hold per-head parameters
@@ -14,11 +14,13 @@ k/v projections are shared within each group, and its cache holds ``H`` heads.
 
 from __future__ import annotations
 
-from .base import PositionEncoding, Stage
-from .registry import build, get_class
-from .validate import score_setting
+from collections.abc import Callable, Hashable
 
-__all__ = ["build_for_layer", "check_kv_heads", "layer_encoding"]
+from ..base import PositionEncoding, Stage
+from ..registry import build, get_class
+from ..validate import score_setting
+
+__all__ = ["LayerEncodings", "layer_encodings", "build_for_layer", "check_kv_heads", "layer_encoding"]
 
 
 def build_for_layer(
@@ -127,3 +129,49 @@ def layer_encoding(
                 "(set it with enc.set_scores(...) before sharing it, or pass the encoding by name)"
             )
     return encoding
+
+
+class LayerEncodings(list):
+    """The distinct encoding instances of a stack (a list), with ``index[i]``: layer ``i``'s
+    instance, and ``firsts``: the first instance built for each distinct spec, in layer order
+    (where a model runs the input stages that act outside the layers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.index: list[int] = []
+        self.firsts: list[PositionEncoding] = []
+
+    def of(self, layer: int) -> PositionEncoding:
+        return self[self.index[layer]]
+
+
+def layer_encodings(
+    keys: list[Hashable], make: Callable[[int], PositionEncoding], share: bool | None = None
+) -> LayerEncodings:
+    """One encoding per layer. ``keys[i]``: layer ``i``'s spec (equal keys: the same encoding
+    and options); ``make(i)``: a new encoding for layer ``i``.
+
+    Layers with equal keys share the first instance when ``share`` says so (None: the
+    encoding's ``needs.share_across_layers``, e.g. T5's bucket table) or when the encoding is
+    only an input stage the model runs once; otherwise each gets its own instance, which takes
+    the first one's ``needs.shared_modules`` (DeBERTa's relative table).
+    """
+    out, first = LayerEncodings(), {}
+    for i, key in enumerate(keys):
+        j = first.get(key)
+        if j is not None:
+            head = out[j]
+            only_input = head.stages == Stage.INPUT and head.needs.input_at != "layer"
+            if (head.needs.share_across_layers if share is None else share) or only_input:
+                out.index.append(j)
+                continue
+        enc = make(i)
+        if j is None:
+            first[key] = len(out)
+            out.firsts.append(enc)
+        else:
+            for name in enc.needs.shared_modules:  # e.g. a relative table shared by per-layer projections
+                setattr(enc, name, getattr(out[j], name))
+        out.index.append(len(out))
+        out.append(enc)
+    return out

@@ -13,7 +13,7 @@ takes ``(x, call, cache)``::
     call.tables       # the position tables the layers share (posenc.context.Tables)
     call.mask(...)    # the posenc.AttentionMask of a layer, made once per kind of layer
 
-A layer's cache decides which keys it attends to (:mod:`posenc.cache`: rotated or raw keys,
+A layer's cache decides which keys it attends to (:mod:`posenc.layer.cache`: rotated or raw keys,
 a rolling window, StreamingLLM's sinks, or Transformer-XL's memory rows followed by the new
 ones); the call only says what the tokens of this forward are.
 """
@@ -25,10 +25,10 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from .context import Tables
-from .functional import as_positions, check_lengths
-from .mask import AttentionMask
-from .positions import document_positions
+from ..context import Tables
+from ..functional import as_positions, check_lengths
+from ..mask import AttentionMask
+from ..positions import document_positions
 
 __all__ = ["Call", "make_call"]
 

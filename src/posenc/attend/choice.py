@@ -1,13 +1,13 @@
 """Which backends can run an encoding, and which one ``backend="auto"`` runs.
 
-Kept apart from :mod:`posenc.backends` (which re-exports every name here) so that the
+Kept apart from :mod:`posenc.attend.backends` (which re-exports every name here) so that the
 backends themselves stay one readable file.
 """
 
 from __future__ import annotations
 
-from .base import PositionEncoding, Stage
-from .validate import check_device_type
+from ..base import PositionEncoding, Stage
+from ..validate import check_device_type
 
 __all__ = [
     "BLOCKWISE_MIN_SCORES",
@@ -60,7 +60,7 @@ BLOCKWISE_MIN_SCORES_BIDIR = 2048 * 2048
 # check is in torch 2.13's torch/_inductor/kernel/flex/flex_attention.py).
 FLEX_MIN_HEAD_DIM = 16
 
-# posenc compiles FlexAttention for static shapes (posenc.flex): every new (queries, keys) shape
+# posenc compiles FlexAttention for static shapes (posenc.attend.flex): every new (queries, keys) shape
 # is a compile of seconds. A call with fewer queries than one FlexAttention block (decoding
 # with the KV cache: one query over a key count that grows every step) would compile at every
 # step, so auto runs ``dense`` there (its bias is only ``q_len x k_len`` per head).

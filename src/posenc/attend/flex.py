@@ -4,7 +4,7 @@ The ``score_mod`` is the bias stage's, composed with the encoding's soft-cap whe
 (:func:`flex_score_mod`; a pure rotary encoding with a cap gets the cap alone).
 
 Compiled on CUDA (the fused kernel, no ``L×L`` tensor); elsewhere the unfused reference
-(forward only). Registered in :data:`posenc.BACKENDS` by :mod:`posenc.backends`.
+(forward only). Registered in :data:`posenc.BACKENDS` by :mod:`posenc.attend.backends`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import warnings
 import torch
 from torch import Tensor
 
-from .backend_choice import FLEX_MIN_HEAD_DIM
-from .base import Stage
-from .kernels.flash import propagate_nonfinite
-from .mask import AttentionMask
+from ..base import Stage
+from ..kernels.flash import propagate_nonfinite
+from ..mask import AttentionMask
+from .choice import FLEX_MIN_HEAD_DIM
 from .sinks import append_sink_key, sink_mods
 
 __all__ = ["flex", "flex_score_mod", "check_flex_heads", "FLEX_RECOMPILE_LIMIT"]
@@ -65,7 +65,7 @@ def _recompile_limit():
 
 
 def check_flex_heads(device_type: str, head_dim: int, value_dim: int) -> None:
-    """On CUDA, a ``ValueError`` for heads narrower than :data:`~posenc.backend_choice.FLEX_MIN_HEAD_DIM`
+    """On CUDA, a ``ValueError`` for heads narrower than :data:`~posenc.attend.choice.FLEX_MIN_HEAD_DIM`
     channels (q/k ``head_dim`` or values ``value_dim``), which FlexAttention's compiled kernel
     refuses (inside inductor, with a lowering error); elsewhere (the unfused reference) nothing."""
     if device_type == "cuda" and min(head_dim, value_dim) < FLEX_MIN_HEAD_DIM:
@@ -98,7 +98,7 @@ def flex(
     Raises:
         ValueError: attention dropout (``dropout > 0``): FlexAttention has none (a ``score_mod``
             changes scores before the softmax; dropout acts on the probabilities after it);
-            on CUDA, heads narrower than :data:`~posenc.backend_choice.FLEX_MIN_HEAD_DIM`
+            on CUDA, heads narrower than :data:`~posenc.attend.choice.FLEX_MIN_HEAD_DIM`
             channels, which its compiled kernel cannot run.
     """
     from torch.nn.attention.flex_attention import create_block_mask

@@ -14,7 +14,7 @@ API reference (what :class:`posenc.Attention` calls, and what other code may cal
         #   per-token state, the layer's projections, the per-forward tables); None: a bare one
         # qk_proj: the layer's (W_Q, W_K), when ctx does not carry them;
         # options: a BlockOptions (query block sizes, recompute budget)
-        # sinks: (H,) learned sink logits (gpt-oss, posenc.sinks) or None
+        # sinks: (H,) learned sink logits (gpt-oss, posenc.attend.sinks) or None
         # dropout: attention-probability dropout (training only; flex has none and refuses it)
     posenc.supported_backends(enc) -> list[str]     # every one of them equals "eager"
         # an encoding with a softcap (enc.set_scores): flex (no vector stage), chunked, eager
@@ -63,7 +63,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .backend_choice import (
+from ..base import PositionEncoding
+from ..kernels.backend import blockwise_attention
+from ..kernels.flash import needs_upcast, propagate_nonfinite
+from ..mask import AttentionMask
+from ..mask import in_query_blocks as _in_query_blocks
+from ..validate import check_dropout
+from .choice import (
     BLOCKWISE_MIN_SCORES,
     BLOCKWISE_MIN_SCORES_BIDIR,
     FLEX_MIN_HEAD_DIM,
@@ -72,15 +78,9 @@ from .backend_choice import (
     select_backend,
     supported_backends,
 )
-from .base import PositionEncoding
 from .flex import flex
-from .kernels.backend import blockwise_attention
-from .kernels.flash import needs_upcast, propagate_nonfinite
-from .mask import AttentionMask
-from .mask import in_query_blocks as _in_query_blocks
-from .score_sum import expand_kv, materialized, saved_score_bytes, scores
+from .scores import expand_kv, materialized, saved_score_bytes, scores
 from .sinks import append_sink_key, sink_bias
-from .validate import check_dropout
 
 __all__ = [
     "BLOCKWISE_MIN_SCORES",
@@ -334,7 +334,7 @@ def attend(
     device, lengths and mask) on ``q`` ``(B, H, Lq, Dh)``, ``k``, ``v`` ``(B, H, Lk, Dh)``
     after the q/k stage -> ``(B, H, Lq, Dh)``. ``k``/``v`` may have ``Hk`` heads, ``Hk`` dividing
     ``H`` (grouped- and multi-query attention): query head ``h`` reads key head ``h // (H/Hk)``;
-    this is the one place they are expanded (:func:`posenc.score_sum.expand_kv`; ``sdpa`` passes
+    this is the one place they are expanded (:func:`posenc.attend.scores.expand_kv`; ``sdpa`` passes
     ``enable_gqa=True`` instead), so every backend and every encoding's score side sees ``H``.
 
     ``dropout``: attention-probability dropout in ``[0, 1)``, applied as given (the caller passes

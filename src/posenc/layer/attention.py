@@ -3,14 +3,14 @@
 The layer is a pipeline of public steps; each can be called on its own::
 
     attn(x, pos, cache)                      # all of it: the call, input stage, attend
-    call = attn.make_call(x, pos, cache)     # the checked posenc.call.Call of x (a model makes one for all layers)
+    call = attn.make_call(x, pos, cache)     # the checked posenc.layer.call.Call of x (a model makes one for all layers)
     attn.embed_input(x, call, cache)         # the input stage (through the cache's input history)
     attn.project(x, call, cache)             # q, k, v after the q/k stage (and the cache update)
     attn.attend(x, call, cache)              # project -> backend -> o_proj
     call.mask(causal=, window=, chunk=, k_len=)   # the posenc.AttentionMask of a layer
     encode(enc, q, k, v, ctx, norms=, cache=)    # the q/k step on projections: posenc.hf runs it too
 
-The backend is a function of :data:`posenc.BACKENDS` (see :mod:`posenc.backends`):
+The backend is a function of :data:`posenc.BACKENDS` (see :mod:`posenc.attend.backends`):
 ``backend="auto"`` picks the fastest that can run the encoding's stages
 (:func:`posenc.select_backend`), and every backend equals ``eager``. Masks are by index
 (:mod:`posenc.mask`); positions only feed the encoding.
@@ -24,18 +24,17 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .attention_setup import check_kv_heads, layer_encoding
-from .backends import BlockOptions, attend, canonical_backend, require_backend, select_backend
-from .base import PositionEncoding, Stage, as_positions
-from .cache import InputHistory, KVCache, run_input_stage
+from ..attend.backends import BlockOptions, attend, canonical_backend, require_backend, select_backend
+from ..attend.scores import expand_kv
+from ..base import PositionEncoding, Stage, as_positions
+from ..context import Context
+from ..mask import AttentionMask
+from ..validate import check_args, check_dropout
+from .cache import InputHistory, KVCache, layer_cache, run_input_stage
 from .call import Call, make_call
-from .context import Context
-from .layer_cache import layer_cache
-from .mask import AttentionMask
 from .memory import LayerMemory
 from .qk_norm import check_qk_norm, qk_norms
-from .score_sum import expand_kv
-from .validate import check_args, check_dropout
+from .setup import check_kv_heads, layer_encoding
 
 __all__ = ["Attention", "Projection", "encode"]
 
@@ -116,18 +115,18 @@ class Attention(nn.Module):
         qkv_bias: bias terms on the q/k/v/o projections.
         chunk_size: the most query rows in one block of any blocked backend; each uses
             its own measured block below it (``chunked``
-            :func:`posenc.backends.chunked_rows`, ``dense`` ``dense_chunk``,
+            :func:`posenc.attend.backends.chunked_rows`, ``dense`` ``dense_chunk``,
             ``blockwise`` :data:`posenc.kernels.backend.BLOCK`).
         window: attend to the last ``window`` keys only, the query included (sliding
             window; :class:`~posenc.AttentionMask`); None: no window.
         chunk: attend only within aligned chunks of ``chunk`` tokens (Llama 4); None: no chunks.
-        sinks: learn one sink logit per head (gpt-oss, :mod:`posenc.sinks`; ``.sinks``
+        sinks: learn one sink logit per head (gpt-oss, :mod:`posenc.attend.sinks`; ``.sinks``
             ``(H,)``, initialised to 0); every backend runs it.
         kv_heads: key/value heads (grouped-query; 1: multi-query); None = ``heads``. The
             projections, the encoding's key side and the KV cache use ``kv_heads``
-            (:mod:`posenc.attention_setup`); ``heads`` must be a multiple.
+            (:mod:`posenc.layer.setup`); ``heads`` must be a multiple.
         qk_norm: ``"rms"``, ``"gemma-rms"``, ``"l2"`` or None: per-head q/k normalisation
-            with HF's conventions (:mod:`posenc.qk_norm`), ``qk_norm_position`` ``"before"``
+            with HF's conventions (:mod:`posenc.layer.qk_norm`), ``qk_norm_position`` ``"before"``
             or ``"after"`` the q/k stage, ``qk_norm_eps``.
         score_scale, softcap: the score scale in place of ``Dh^-1/2`` and tanh logit
             soft-capping, set on the encoding (:meth:`PositionEncoding.set_scores`).
@@ -245,7 +244,7 @@ class Attention(nn.Module):
 
     def init_cache(self, batch_size: int, max_len: int, *, dtype=None, device=None, policy=None) -> KVCache:
         """An empty KV cache for ``batch_size`` sequences of up to ``max_len`` tokens; a causal
-        layer with a ``window``/``chunk`` gets a rolling :class:`~posenc.cache.WindowKVCache`
+        layer with a ``window``/``chunk`` gets a rolling :class:`~posenc.layer.cache.WindowKVCache`
         (``O(W)`` memory, no length limit), ``policy=SinkWindow(...)`` StreamingLLM's cache."""
         w = self.q_proj.weight
         shape = (batch_size, max_len, self.key_heads, self.head_dim)
@@ -262,7 +261,7 @@ class Attention(nn.Module):
         key_padding_mask: Tensor | None = None,
         document_ids: Tensor | None = None,
     ) -> Call:
-        """The :class:`~posenc.call.Call` of this layer alone on ``x`` ``(B, L, dim)`` (a model builds
+        """The :class:`~posenc.layer.call.Call` of this layer alone on ``x`` ``(B, L, dim)`` (a model builds
         one for all its layers): positions checked, by default continuing from ``cache``."""
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a Tensor, got {type(x).__name__}")
@@ -290,13 +289,13 @@ class Attention(nn.Module):
 
         ``memory`` ``(B, M, dim)`` at ``memory_pos`` ``(B|1, M)`` (Transformer-XL; default
         ``0..M-1``, and ``pos`` then continues from ``M``): keys and values come from
-        ``cat(memory, x)``, queries from ``x`` only (a :class:`~posenc.cache.LayerMemory`).
+        ``cat(memory, x)``, queries from ``x`` only (a :class:`~posenc.layer.cache.LayerMemory`).
 
         Raises:
             ValueError: ``x`` not ``(B, L, dim)``; bad positions (see
                 :func:`posenc.functional.check_positions`), or past ``max_len`` for an
                 encoding that does not extrapolate; unknown backend; what
-                :func:`posenc.call.make_call` refuses.
+                :func:`posenc.layer.call.make_call` refuses.
             TypeError: float positions.
         """
         if memory is not None:
