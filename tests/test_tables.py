@@ -163,3 +163,31 @@ def test_t5_rows_from_the_near_buckets(causal, num_buckets, max_distance):
     terms = t5.distance_terms(None, None)
     d = torch.arange(-5 * max_distance - 50, 5 * max_distance + 50)
     assert torch.equal(terms.rows(d), t5.buckets(d))
+
+
+def test_hf_adapter_makes_rope_tables_once_per_forward():
+    """In a converted HF model every layer of a forward gets the same mask object, which carries
+    the call's Tables: cos/sin are made in the first layer and read by the others, prefill and
+    decoding alike, with logits equal to those computed without the memo (on 59d1c16 each of
+    the layers made its own: no memo in the adapter)."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import posenc.hf
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = posenc.hf.convert(LlamaForCausalLM(cfg).eval())
+    tokens = TOKENS[:, :12]
+    out, log = forward(model, tokens, memo=True)
+    ref, _ = forward(model, tokens, memo=False)
+    assert torch.equal(out.logits, ref.logits)
+    assert sum(len(t._memo) for t in log["tables"]) == 1 and sum(t.hits for t in log["tables"]) == 2
+    with torch.no_grad():  # one decoding step: the query's and the re-rotated keys' tables, once each
+        first = model(tokens, use_cache=True)
+        with tables_log(True) as step:
+            model(TOKENS[:, 12:13], past_key_values=first.past_key_values)
+    assert sum(len(t._memo) for t in step["tables"]) == 2 and sum(t.hits for t in step["tables"]) == 4

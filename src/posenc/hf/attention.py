@@ -152,9 +152,9 @@ def attention_forward(
     qk_proj = rec.qk_proj
     if enc.defines("read_input"):  # FoX, Inkling: read_input on the module's hidden states (posenc.hf.hidden)
         key, value, q_state, k_state, x = rec.hidden.read(module, enc, key, value, mask, documents)
-        ctx = Context(q_pos, k_pos, x=x, q_state=q_state, k_state=k_state, qk_proj=qk_proj)
+        ctx = Context(q_pos, k_pos, x=x, q_state=q_state, k_state=k_state, qk_proj=qk_proj, tables=mask.tables)
     else:
-        ctx = Context(q_pos, k_pos, qk_proj=qk_proj)
+        ctx = Context(q_pos, k_pos, qk_proj=qk_proj, tables=mask.tables)
     if enc.needs.per_head_keys:  # key-side stages with per-head parameters see every query head's keys
         key, value = expand_kv(key, value, H)
     # the q/k side, written once for posenc's layer and this one (HF's cache holds raw keys:

@@ -23,6 +23,7 @@ from transformers.masking_utils import (
 )
 
 from .. import functional as PF
+from ..context import Tables
 
 __all__ = ["PosencMask", "mask_interface"]
 
@@ -95,6 +96,12 @@ class PosencMask:
     def cached(self) -> int:
         """Key slots before the first query (cached keys this layer still holds)."""
         return self.q_offset - self.kv_offset
+
+    @property
+    def tables(self) -> Tables:
+        """The position tables of this call (cos/sin, buckets), shared by every layer that gets this
+        mask: HF hands each layer of a forward the same mask, so a table is made once per forward."""
+        return self._memo.setdefault("tables", Tables())
 
     def positions(
         self,
