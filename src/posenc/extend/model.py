@@ -29,7 +29,7 @@ import torch
 from .folder import ModelError, digest, file_digest, first, read_hf
 from .methods import applies, method_classes, method_options, with_options
 
-__all__ = ["Subject", "load_subject", "ModelError"]
+__all__ = ["Subject", "load_subject", "ModelError", "peek"]
 
 
 @dataclass
@@ -235,6 +235,32 @@ def load_subject(model: str, *, encoding=None, seed=None, train_len=None, device
     if train_len is not None:
         subject.train_len = train_len
     return subject
+
+
+def peek(model: str) -> tuple[int | None, bool]:
+    """``(training length or None, has a tokenizer)`` of ``MODEL`` from its ``config.json`` alone,
+    no weights read: what ``--text``'s length is checked against before the model loads.
+    None where the config does not say (the full load then decides, or refuses)."""
+    path = Path(model)
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None, False
+    if not isinstance(raw, dict):
+        return None, False
+    if "model_type" not in raw:  # a compare run directory: bytes as tokens
+        n = raw.get("train_len")
+        return (n if isinstance(n, int) and not isinstance(n, bool) and n >= 2 else None), False
+    tok = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    for params in (text.get("rope_parameters"), text.get("rope_scaling")):
+        if isinstance(params, dict) and isinstance(params.get("original_max_position_embeddings"), int):
+            return params["original_max_position_embeddings"], tok
+    for name in ("max_position_embeddings", "n_positions"):
+        v = text.get(name)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v, tok
+    return None, tok
 
 
 def _is_hf(path: Path) -> bool:
