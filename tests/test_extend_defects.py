@@ -74,3 +74,72 @@ def test_a_short_text_is_refused_before_the_model_loads(ckpt, tmp_path, capsys, 
     (tok / "tokenizer.json").write_text("{}")  # (never read: the text is refused first)
     assert run(tok, "--text", tmp_path / "short.txt", "--lengths", "100", "--out", tmp_path / "o") == 2
     assert "--text: 52 bytes (at most 53 tokens), fewer than the longest length 100" in capsys.readouterr().err
+
+
+def _cell(m, n, ppl, pk=None):
+    return {"method": m, "length": n, "applicable": True, "ppl": ppl, "passkey": pk, "ms_per_token": 1.0,
+            "setting": ""}  # fmt: skip
+
+
+def test_the_reading_says_when_nothing_past_the_window_was_measured():
+    from posenc.extend.report import reading
+
+    pk = {"0": 1.0, "1": 1.0}
+    results = {"train_len": 32, "settings": {"methods": ["none", "yarn"]},
+               "cells": [_cell("none", 16, 10.0, pk), _cell("none", 32, 10.0, pk), _cell("yarn", 32, 10.2, pk)]}  # fmt: skip
+    text = "\n".join(reading(results, within=10))
+    assert "Passkey `none`: 100 % within the window; nothing past the training window was measured." in text
+    assert "does not break" not in text
+    results["cells"].append(_cell("none", 64, 11.0, {"0": 1.0, "1": 0.5}))
+    text = "\n".join(reading(results, within=10))
+    assert "Passkey `none`: 100 % within the window; does not break up to L=64." in text
+    assert "Passkey `yarn`: 100 % within the window; nothing past the training window was measured." in text
+
+
+def test_the_reading_compares_in_the_precision_it_prints():
+    from posenc.extend.report import reading
+
+    results = {"train_len": 32, "settings": {"methods": ["none", "linear", "yarn"]},
+               "cells": [_cell("none", 32, 17.5400001), _cell("linear", 32, 17.54), _cell("yarn", 32, 17.6)]}  # fmt: skip
+    text = "\n".join(reading(results, within=10))
+    assert "At L=32: `linear` 17.540 = `none` 17.540 < `yarn` 17.600." in text
+    assert "17.540 < 17.540" not in text
+    # a value equal, as printed, to the limit holds
+    results["cells"] += [_cell("none", 64, 10.0), _cell("linear", 64, 19.2940004)]  # limit 17.5400001 * 1.1
+    assert "`linear` 64" in "\n".join(reading(results, within=10))
+
+
+def test_the_time_column_says_it_is_wall_time_on_a_shared_machine():
+    from posenc.extend.report import tables
+
+    results = {"train_len": 32, "settings": {"methods": ["none"], "stride": None, "passkey_trials": 1},
+               "cells": [_cell("none", 32, 10.0, {"0": 1.0})]}  # fmt: skip
+    title = tables(results)[1].title
+    assert "wall time" in title and "shared machine" in title and "not a benchmark" in title
+
+
+@pytest.mark.parametrize("sink", [None, {"sinks": 2, "window": 14}])
+def test_one_window_is_scored_once(sink, monkeypatch):
+    import posenc.extend.evaluate as ev
+
+    model = ph.convert(llama())
+    text = torch.randint(0, 256, (96,))
+    calls = []
+    scores = ev.token_scores
+    monkeypatch.setattr(ev, "token_scores", lambda *a, **k: calls.append(1) or scores(*a, **k))
+    one = ev.perplexity("hf", model, text, L, stride=8, windows=1, chunk=16, sink=sink)
+    assert len(calls) == 1 and one["one_pass"] and one["ppl"] == one["ppl_windows"] and one["tokens"] == L - 1
+    calls.clear()
+    two = ev.perplexity("hf", model, text, L, stride=8, windows=2, chunk=16, sink=sink)
+    assert len(calls) > 2 and not two["one_pass"]
+    assert two["ppl_windows"] != two["ppl"]  # two protocols, two numbers
+
+
+def test_one_window_shows_one_perplexity_column(ckpt, tmp_path):
+    out = tmp_path / "one"
+    assert run(ckpt, "--lengths", "1x", "--methods", "none", "--windows", "1", "--passkey-trials", "0",
+               "--chunk", "16", "--out", out) == 0  # fmt: skip
+    table = (out / "table.md").read_text()
+    assert "one window: the two are the same computation, shown once" in table
+    row = next(r for r in table.splitlines() if r.startswith("| `none`"))
+    assert "(" not in row  # no bracketed second value equal to the first
