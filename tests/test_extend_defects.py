@@ -32,6 +32,9 @@ def ckpt(tmp_path_factory):
     return path
 
 
+FAST = ("--windows", "1", "--passkey-trials", "1", "--chunk", "16")
+
+
 def run(*args) -> int:
     try:
         return main(["extend", *map(str, args)])
@@ -143,3 +146,30 @@ def test_one_window_shows_one_perplexity_column(ckpt, tmp_path):
     assert "one window: the two are the same computation, shown once" in table
     row = next(r for r in table.splitlines() if r.startswith("| `none`"))
     assert "(" not in row  # no bracketed second value equal to the first
+
+
+def test_identity_settings_are_not_scored_again(ckpt, tmp_path, capsys):
+    from posenc.extend.model import load_subject
+
+    out = tmp_path / "same"
+    assert run(ckpt, "--lengths", "16,1x", "--methods", "none,linear,yarn,ntk,dynamic,rerope", *FAST, "--out", out) == 0
+    cells = {(c["method"], c["length"]): c for c in json.loads((out / "results.json").read_text())["cells"]}
+    same = sorted(k for k, c in cells.items() if c.get("same_as_none"))
+    assert same == sorted((m, n) for m in ("linear", "yarn", "ntk", "dynamic") for n in (16, L))
+    assert all("ppl" not in cells[k] and "the same model as `none`" in cells[k]["why"] for k in same)
+    assert cells[("rerope", L)]["ppl"] > 1  # (its window caps distances: not the identity, scored)
+    assert "linear @ 32: not run (factor 1" in capsys.readouterr().err
+    rows = [r for r in (out / "table.md").read_text().splitlines() if r.startswith("| `yarn`")]
+    assert [r.count("= none") for r in rows] == [2, 2]  # both tables' cells
+    # the skip is right: each such model gives none's logits, bit for bit
+    subject, ids = load_subject(str(ckpt)), torch.randint(0, 256, (1, L))
+    for m in ("linear", "yarn", "ntk", "dynamic"):
+        model, opts, _ = subject.variant(m, L)
+        assert torch.equal(model(ids).logits, subject.model(ids).logits), m
+    # past the training length nothing is the identity but dynamic within it
+    out2 = tmp_path / "past"
+    assert run(ckpt, "--lengths", "1x,2x", "--methods", "none,linear,dynamic", *FAST, "--out", out2) == 0
+    cells = json.loads((out2 / "results.json").read_text())["cells"]
+    assert [(c["method"], c["length"]) for c in cells if c.get("same_as_none")] == [("dynamic", L)]
+    model, _, _ = subject.variant("dynamic", 2 * L)
+    assert torch.equal(model(ids).logits, subject.model(ids).logits)

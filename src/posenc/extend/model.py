@@ -71,6 +71,28 @@ class Subject:
         except ValueError as e:  # e.g. rope_extension on a layer with rope_scaling
             return None, opts, str(e).splitlines()[0]
 
+    def same_as_none(self, method: str, opts: dict, length: int) -> str | None:
+        """Why ``method`` with ``opts`` is the model as trained at ``length`` (its cell would
+        repeat ``none``'s at full cost), or None. Only where it is so by construction: a scaling
+        factor of 1 or dynamic NTK within its original length on layers with no scaling of their
+        own (which the method would replace), NTK's base equal to every rotary layer's."""
+        takes = [dict(s["options"]) for s in self.specs if applies(method, s["encoding"])]
+        if not takes:
+            return None
+        if method == "ntk":
+            base = opts.get("base")
+            same = all(o.get("base") == base for o in takes)
+            return f"base {base:g} is every rotary layer's own: the same model as `none`" if same else None
+        sc = opts.get("rope_scaling") or {}
+        if any(o.get("rope_scaling") for o in takes) or not sc:
+            return None
+        if sc.get("rope_type") in ("linear", "yarn") and sc.get("factor") == 1:
+            return "factor 1 (no length past the training length): the same model as `none`"
+        orig = sc.get("original_max_position_embeddings", 0)
+        if sc.get("rope_type") == "dynamic" and sc.get("factor") == 1 and length <= orig:
+            return f"dynamic NTK scales only past {orig} tokens: the same model as `none` at this length"
+        return None
+
     def _with(self, method: str, opts: dict):
         if self.kind == "run":
             return with_options(self.model, method_classes(method), **opts)

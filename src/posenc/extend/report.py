@@ -64,6 +64,8 @@ def tables(results: dict) -> list[Table]:
             c = at.get((m, n))
             if c is None:
                 row.append(""), pk.append("")
+            elif c.get("same_as_none"):  # an identity setting, not scored again (its "why" says why)
+                row.append("= none"), pk.append("= none")
             elif not c.get("applicable"):
                 row.append("n/a"), pk.append("n/a")
             else:
