@@ -173,3 +173,51 @@ def test_identity_settings_are_not_scored_again(ckpt, tmp_path, capsys):
     assert [(c["method"], c["length"]) for c in cells if c.get("same_as_none")] == [("dynamic", L)]
     model, _, _ = subject.variant("dynamic", 2 * L)
     assert torch.equal(model(ids).logits, subject.model(ids).logits)
+
+
+def test_the_plan_and_its_estimate_come_before_any_scoring(ckpt, tmp_path, capsys, monkeypatch):
+    import posenc.extend.evaluate as ev
+    import posenc.extend.passkey as pkmod
+    import posenc.extend.plan as planmod
+    from posenc.extend.passkey import Tokens, min_length
+
+    read = []
+    scores = ev.token_scores
+
+    def counted(kind, model, ids, **k):
+        read.append(len(ids))
+        return scores(kind, model, ids, **k)
+
+    monkeypatch.setattr(ev, "token_scores", counted)
+    monkeypatch.setattr(pkmod, "token_scores", counted)
+    monkeypatch.setattr(planmod, "token_scores", scores)  # (the warm-up is not the run's reading)
+    n = min_length(Tokens()) + 8  # the shortest passkey prompt with some filler
+    out = tmp_path / "plan"
+    assert run(ckpt, "--lengths", f"1x,{n}", "--methods", "none,linear,rerope,sink-window,longrope", "--windows", "2",
+               "--passkey-trials", "1", "--chunk", "64", "--out", out) == 0  # fmt: skip
+    err = [r for r in capsys.readouterr().err.splitlines() if " @ " in r or r.startswith("plan:")]
+    first_work = next(i for i, r in enumerate(err) if not r.startswith("plan:"))
+    assert all(r.startswith("plan:") for r in err[:first_work]) and first_work == 11  # 10 cells, then the total
+    assert "plan: none @ 32: 2 window(s) of 32 tokens, 3 sliding (stride 16) + 2 non-overlapping; 0 passkey " \
+           "prompts; 160 tokens read" in err  # fmt: skip
+    assert f"plan: rerope @ {n}: 2 window(s) of {n} tokens" in "\n".join(err)
+    assert "plan: longrope @ 32: not run (not applicable)" in err
+    p = json.loads((out / "results.json").read_text())["plan"]
+    assert p["tokens_read"] == sum(read)  # the count is what the run then read
+    pk = {(c["method"], c["length"]): c["passkey_prompts"] for c in p["cells"] if c["runs"]}
+    assert pk[("none", n)] == 5 and pk[("none", 32)] == 0  # 5 depths x 1 trial where a prompt fits
+    assert p["warmup"]["tokens"] == 32 and p["warmup"]["seconds"] > 0 and p["estimate_s"] > 0
+    assert "estimate" in err[first_work - 1] and f"{p['tokens_read']} tokens read in all" in err[first_work - 1]
+
+
+def test_sliding_tokens_counts_the_loop():
+    from posenc.extend.plan import sliding_tokens
+
+    for span, length, stride in ((96, 32, 16), (128, 32, 7), (64, 64, 8), (96, 32, 32), (200, 50, 1), (384, 128, 100)):
+        windows, tokens = 0, 0
+        for begin in range(0, span - 1, stride):  # evaluate.perplexity's sliding loop
+            end = min(begin + length, span)
+            windows, tokens = windows + 1, tokens + end - begin
+            if end == span:
+                break
+        assert sliding_tokens(span, length, stride) == (windows, tokens), (span, length, stride)

@@ -147,6 +147,23 @@ def _check_text_early(args, spec) -> None:
                          f"{longest} tokens; give a longer --text or shorter --lengths")  # fmt: skip
 
 
+def _plan(subject, settings, text, done: list[dict], log) -> dict[str, Any]:
+    """What the run will score (the cells not in ``done``) and the time it should take, logged
+    before any scoring (posenc.extend.plan)."""
+    from .passkey import Tokens
+    from .plan import describe_plan, estimate, plan, warm_up
+
+    try:
+        tokens = Tokens(subject.tokenizer, subject.vocab_size) if settings["passkey_trials"] else None
+    except ValueError:
+        tokens = None
+    p = plan(subject, settings, len(text), tokens, {(c["method"], c["length"]) for c in done})
+    p = estimate(p, warm_up(subject, text, settings["chunk"]))
+    for line in describe_plan(p):
+        log(line)
+    return p
+
+
 def _resumed(out: Path, settings: dict[str, Any]) -> list[dict]:
     """The cells of the run in ``out``, which must have been written with ``settings``."""
     old = json.loads((out / "config.json").read_text())
@@ -210,8 +227,9 @@ def run(args: argparse.Namespace) -> int:
             done = _resumed(out, settings) if args.resume else []
             if not args.resume:
                 write_json(out / "config.json", settings)
+            plan = _plan(subject, settings, text, done, log_stderr)
             base = {"tool": "posenc extend", "model": subject.label, "train_len": subject.train_len,
-                    "settings": settings}  # fmt: skip
+                    "settings": settings, "plan": plan}  # fmt: skip
 
             def save(cells):
                 write_json(out / "results.json", {**base, "cells": cells})
