@@ -312,7 +312,7 @@ def test_the_reading_is_computed_from_the_numbers():
     assert "`linear` is above +10 % already at its shortest length." in text
     assert "At L=128: `rerope` 10.500 < `linear` 12.000 < `none` 30.000." in text
     assert "Passkey `none`: 100 % within the window; breaks (below half of that) at L=128." in text
-    assert "Passkey `rerope`: 100 % within the window; does not break up to the longest length." in text
+    assert "Passkey `rerope`: 100 % within the window; does not break up to L=128." in text
     assert "Passkey `linear`: 50 % within the window; breaks (below half of that) at L=128." in text
     results["cells"][0]["passkey"] = {"0": 0.0, "1": 0.25}
     assert "`none` retrieves 12 % within its training window; this model does not do the task" in "\n".join(

@@ -118,7 +118,7 @@ def test_resume_refuses_a_changed_model_or_text(ckpt, tmp_path, capsys):
     """Item 5: on 222d208 a resume after the model's rope_theta and the text changed mixed both in one table."""
     model, text, out = copy(ckpt, tmp_path / "m"), tmp_path / "t.txt", tmp_path / "o"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
-    args = (model, "--lengths", "1x", "--methods", "none,ntk", "--text", text, *FAST, "--out", out)
+    args = (model, "--lengths", "1x", "--methods", "none,rerope", "--text", text, *FAST, "--out", out)
     assert run(*args) == 0
     full = json.loads((out / "results.json").read_text())
     (out / "results.json").write_text(json.dumps({**full, "cells": full["cells"][:1]}))  # as if killed

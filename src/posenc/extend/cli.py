@@ -122,6 +122,48 @@ def _text(args, subject, need: int):
     return ids, digest
 
 
+def _check_text_early(args, spec) -> None:
+    """``--text`` (or the embedded corpus) is refused before the model loads when it cannot
+    hold the longest length: a token is at least one byte (a tokenizer may add one prefix
+    token), so its bytes bound its tokens. The exact count is checked again once tokenized."""
+    from ..data import embedded_corpus, read_text
+    from .model import peek
+    from .run import resolve_lengths
+
+    train_len, tokenizer = peek(args.model)
+    train_len = args.train_len or train_len
+    if train_len is None and any(k == "x" for k, _ in spec):
+        return  # the load decides the training length (or refuses the model)
+    longest = max(resolve_lengths(spec, train_len or 8))
+    if args.text is None:
+        data = embedded_corpus()
+        size = len(data) // 10
+    else:
+        read_text(args.text, max_bytes=1)  # exists, a regular file, readable (DataError otherwise)
+        size = Path(args.text).stat().st_size
+    if size + tokenizer < longest:
+        what = f"{size} bytes (at most {size + tokenizer} tokens)" if tokenizer else f"{size} tokens"
+        raise ValueError(f"--text: {what}, fewer than the longest length {longest}; allowed: a text of at least "
+                         f"{longest} tokens; give a longer --text or shorter --lengths")  # fmt: skip
+
+
+def _plan(subject, settings, text, done: list[dict], log) -> dict[str, Any]:
+    """What the run will score (the cells not in ``done``) and the time it should take, logged
+    before any scoring (posenc.extend.plan)."""
+    from .passkey import Tokens
+    from .plan import describe_plan, estimate, plan, warm_up
+
+    try:
+        tokens = Tokens(subject.tokenizer, subject.vocab_size) if settings["passkey_trials"] else None
+    except ValueError:
+        tokens = None
+    p = plan(subject, settings, len(text), tokens, {(c["method"], c["length"]) for c in done})
+    p = estimate(p, warm_up(subject, text, settings["chunk"]))
+    for line in describe_plan(p):
+        log(line)
+    return p
+
+
 def _resumed(out: Path, settings: dict[str, Any]) -> list[dict]:
     """The cells of the run in ``out``, which must have been written with ``settings``."""
     old = json.loads((out / "config.json").read_text())
@@ -165,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--device: {args.device!r} is not a device (cpu, cuda, cuda:N)") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"--device {args.device}: no CUDA device here")
+        _check_text_early(args, spec)
         subject = load_subject(args.model, encoding=args.encoding, seed=args.seed, train_len=args.train_len,
                                device=device, dtype=getattr(torch, args.dtype))  # fmt: skip
         lengths = resolve_lengths(spec, subject.train_len)
@@ -177,15 +220,16 @@ def run(args: argparse.Namespace) -> int:
         settings = _settings(args, subject, lengths, device, text_fp)
         text = text.to(device)
         if len(text) < max(lengths):
-            raise ValueError(f"--text: {len(text)} tokens, fewer than the longest length {max(lengths)}; "
-                             "give a longer --text or shorter --lengths")  # fmt: skip
+            raise ValueError(f"--text: {len(text)} tokens, fewer than the longest length {max(lengths)}; allowed: a "
+                             f"text of at least {max(lengths)} tokens; give a longer --text or shorter --lengths")  # fmt: skip
         # everything is checked before the folder is claimed: a refused run never touches an --overwrite folder
         with RunDir(out, resume=args.resume, overwrite=args.overwrite, writes=FILES, tool="posenc extend") as rd:
             done = _resumed(out, settings) if args.resume else []
             if not args.resume:
                 write_json(out / "config.json", settings)
+            plan = _plan(subject, settings, text, done, log_stderr)
             base = {"tool": "posenc extend", "model": subject.label, "train_len": subject.train_len,
-                    "settings": settings}  # fmt: skip
+                    "settings": settings, "plan": plan}  # fmt: skip
 
             def save(cells):
                 write_json(out / "results.json", {**base, "cells": cells})

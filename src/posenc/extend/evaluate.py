@@ -129,17 +129,19 @@ def perplexity(kind: str, model, text: Tensor, length: int, *, stride: int, wind
     windows as it has): the sliding one scores each of them once (the first token aside),
     the non-overlapping one ``length - 1`` per window. ``sink-window`` has no window of
     ``length``: its first column is one stream over those tokens (the authors' protocol),
-    each token seeing the sinks and the last ``window`` tokens. Returns
+    each token seeing the sinks and the last ``window`` tokens. With one window the two
+    protocols are the same computation: it runs once (``one_pass``), both values its. Returns
     ``{"ppl", "ppl_windows", "nll", "nll_windows", "tokens", "ms_per_token", "kv_bytes",
     "stride", "windows"}``; a non-finite loss gives ``None`` perplexity and ``nonfinite: True``.
     """
     n_win = max(1, min(windows, len(text) // length))
     span = text[: n_win * length]
     total, count, prev_end = 0.0, 0, 0
-    if sink is not None:  # StreamingLLM: one stream over the text, the cache bounded by its policy
+    once = n_win == 1  # one window: the sliding pass is the non-overlapping one (same tokens, same context)
+    if sink is not None and not once:  # StreamingLLM: one stream over the text, the cache bounded by its policy
         nll, _, _ = token_scores(kind, model, span, chunk=chunk, sink=sink)
         total, count, prev_end = float(nll.sum()), nll.numel(), len(span)
-    for begin in range(0, len(span) - 1 if sink is None else 0, stride):
+    for begin in range(0, len(span) - 1 if sink is None and not once else 0, stride):
         end = min(begin + length, len(span))
         nll, _, _ = token_scores(kind, model, span[begin:end], chunk=chunk, sink=sink)
         new = end - max(prev_end, begin + 1)  # targets this window scores first
@@ -153,9 +155,11 @@ def perplexity(kind: str, model, text: Tensor, length: int, *, stride: int, wind
         nll, _, kv = token_scores(kind, model, span[w * length : (w + 1) * length], chunk=chunk, sink=sink)
         tot_w, cnt_w = tot_w + float(nll.sum()), cnt_w + nll.numel()
     elapsed = time.perf_counter() - t0
+    if once:
+        total, count = tot_w, cnt_w
     out = {"nll": total / max(count, 1), "nll_windows": tot_w / max(cnt_w, 1), "tokens": count,
            "tokens_windows": cnt_w, "ms_per_token": 1000 * elapsed / max(n_win * length, 1), "kv_bytes": kv,
-           "stride": stride, "windows": n_win}  # fmt: skip
+           "stride": stride, "windows": n_win, "one_pass": once}  # fmt: skip
     for k in ("nll", "nll_windows"):
         v = out[k]
         out["ppl" + k[3:]] = math.exp(v) if math.isfinite(v) and v < 700 else None

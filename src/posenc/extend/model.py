@@ -29,7 +29,7 @@ import torch
 from .folder import ModelError, digest, file_digest, first, read_hf
 from .methods import applies, method_classes, method_options, with_options
 
-__all__ = ["Subject", "load_subject", "ModelError"]
+__all__ = ["Subject", "load_subject", "ModelError", "peek"]
 
 
 @dataclass
@@ -70,6 +70,28 @@ class Subject:
             return self._with(method, opts), opts, None
         except ValueError as e:  # e.g. rope_extension on a layer with rope_scaling
             return None, opts, str(e).splitlines()[0]
+
+    def same_as_none(self, method: str, opts: dict, length: int) -> str | None:
+        """Why ``method`` with ``opts`` is the model as trained at ``length`` (its cell would
+        repeat ``none``'s at full cost), or None. Only where it is so by construction: a scaling
+        factor of 1 or dynamic NTK within its original length on layers with no scaling of their
+        own (which the method would replace), NTK's base equal to every rotary layer's."""
+        takes = [dict(s["options"]) for s in self.specs if applies(method, s["encoding"])]
+        if not takes:
+            return None
+        if method == "ntk":
+            base = opts.get("base")
+            same = all(o.get("base") == base for o in takes)
+            return f"base {base:g} is every rotary layer's own: the same model as `none`" if same else None
+        sc = opts.get("rope_scaling") or {}
+        if any(o.get("rope_scaling") for o in takes) or not sc:
+            return None
+        if sc.get("rope_type") in ("linear", "yarn") and sc.get("factor") == 1:
+            return "factor 1 (no length past the training length): the same model as `none`"
+        orig = sc.get("original_max_position_embeddings", 0)
+        if sc.get("rope_type") == "dynamic" and sc.get("factor") == 1 and length <= orig:
+            return f"dynamic NTK scales only past {orig} tokens: the same model as `none` at this length"
+        return None
 
     def _with(self, method: str, opts: dict):
         if self.kind == "run":
@@ -235,6 +257,32 @@ def load_subject(model: str, *, encoding=None, seed=None, train_len=None, device
     if train_len is not None:
         subject.train_len = train_len
     return subject
+
+
+def peek(model: str) -> tuple[int | None, bool]:
+    """``(training length or None, has a tokenizer)`` of ``MODEL`` from its ``config.json`` alone,
+    no weights read: what ``--text``'s length is checked against before the model loads.
+    None where the config does not say (the full load then decides, or refuses)."""
+    path = Path(model)
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None, False
+    if not isinstance(raw, dict):
+        return None, False
+    if "model_type" not in raw:  # a compare run directory: bytes as tokens
+        n = raw.get("train_len")
+        return (n if isinstance(n, int) and not isinstance(n, bool) and n >= 2 else None), False
+    tok = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    for params in (text.get("rope_parameters"), text.get("rope_scaling")):
+        if isinstance(params, dict) and isinstance(params.get("original_max_position_embeddings"), int):
+            return params["original_max_position_embeddings"], tok
+    for name in ("max_position_embeddings", "n_positions"):
+        v = text.get(name)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v, tok
+    return None, tok
 
 
 def _is_hf(path: Path) -> bool:

@@ -64,21 +64,25 @@ def tables(results: dict) -> list[Table]:
             c = at.get((m, n))
             if c is None:
                 row.append(""), pk.append("")
+            elif c.get("same_as_none"):  # an identity setting, not scored again (its "why" says why)
+                row.append("= none"), pk.append("= none")
             elif not c.get("applicable"):
                 row.append("n/a"), pk.append("n/a")
             else:
-                row.append(f"{_ppl(c.get('ppl'))} ({_ppl(c.get('ppl_windows'))})")
+                row.append(_ppl(c.get("ppl")) + ("" if c.get("one_pass") else f" ({_ppl(c.get('ppl_windows'))})"))
                 acc = _mean(c.get("passkey"))
                 pk.append(("-" if acc is None else f"{100 * acc:.0f}%") + f" · {c['ms_per_token']:.2f} ms")
         ppl_rows.append(row), pk_rows.append(pk)
     s = results["settings"]
     stride = f"stride {s['stride']}" if s["stride"] else "stride min(256, L/2)"
+    once = " (one window: the two are the same computation, shown once)" if any(
+        c.get("one_pass") for c in results["cells"]) else ""  # fmt: skip
     t1 = Table([Column("method", code=True), Column("setting"), *(Column(h, "right") for h in heads)], ppl_rows,
-               title=f"perplexity by length: sliding window ({stride}), non-overlapping windows in brackets; "
+               title=f"perplexity by length: sliding window ({stride}), non-overlapping windows in brackets{once}; "
                      f"trained at L={train}")  # fmt: skip
     t2 = Table([Column("method", code=True), *(Column(h, "right") for h in heads)], pk_rows,
                title=f"passkey exact match (mean over depths, {s['passkey_trials']} trials per depth) · "
-                     "prefill time per token")  # fmt: skip
+                     "prefill wall time per token (one pass on a possibly shared machine: not a benchmark)")  # fmt: skip
     return [t1, t2]
 
 
@@ -104,7 +108,7 @@ def reading(results: dict, within: float) -> list[str]:
                 c = at.get((m, n))
                 if c is None or not c.get("applicable"):
                     continue
-                if c.get("ppl") is None or c["ppl"] > limit:
+                if c.get("ppl") is None or round(c["ppl"], 3) > round(limit, 3):  # as printed
                     break
                 best = n
             held[m] = best
@@ -125,8 +129,16 @@ def reading(results: dict, within: float) -> list[str]:
         ranked = sorted((at[(m, last)]["ppl"], m) for m in methods
                          if at.get((m, last), {}).get("ppl") is not None)  # fmt: skip
         if ranked:
-            out.append(f"At L={last}: " + " < ".join(f"`{m}` {v:.3f}" for v, m in ranked) + ".")
+            out.append(f"At L={last}: " + _ranking(ranked) + ".")
     out += _passkey_reading(methods, lengths, at, inside)
+    return out
+
+
+def _ranking(ranked: list[tuple[float, str]]) -> str:
+    """```a` 9.500 < `b` 10.500``: values equal as printed (3 decimals) are joined by ``=``."""
+    out = f"`{ranked[0][1]}` {ranked[0][0]:.3f}"
+    for (u, _), (v, m) in zip(ranked, ranked[1:]):
+        out += f" {'=' if f'{u:.3f}' == f'{v:.3f}' else '<'} `{m}` {v:.3f}"
     return out
 
 
@@ -142,10 +154,11 @@ def _passkey_reading(methods, lengths, at, inside) -> list[str]:
         own = _mean(at.get((m, max(inside)), {}).get("passkey"))
         if own is None:
             continue
-        broke = next((n for n in lengths if n > max(inside) and (_mean(at.get((m, n), {}).get("passkey")) or 0) < own / 2),
-                     None)  # fmt: skip
-        out.append(f"Passkey `{m}`: {100 * own:.0f} % within the window; "
-                   + (f"breaks (below half of that) at L={broke}." if broke else "does not break up to the longest length."))  # fmt: skip
+        past = [n for n in lengths if n > max(inside) and _mean(at.get((m, n), {}).get("passkey")) is not None]
+        broke = next((n for n in past if _mean(at[(m, n)]["passkey"]) < own / 2), None)
+        after = (f"breaks (below half of that) at L={broke}." if broke else
+                 f"does not break up to L={past[-1]}." if past else "nothing past the training window was measured.")  # fmt: skip
+        out.append(f"Passkey `{m}`: {100 * own:.0f} % within the window; " + after)
     return out
 
 
@@ -156,7 +169,9 @@ def _plots(out: Path, results: dict, subtitle: str) -> None:
     plotted = []
     for i, m in enumerate(methods):
         for key, ls in (("ppl", "-"), ("ppl_windows", ":")):
-            pts = [(n, at[(m, n)].get(key)) for n in lengths if at.get((m, n), {}).get(key) is not None]
+            one = key == "ppl_windows"  # (a cell scored in one pass: its single line)
+            pts = [(n, at[(m, n)][key]) for n in lengths if at.get((m, n), {}).get(key) is not None
+                   and not (one and at[(m, n)].get("one_pass"))]  # fmt: skip
             if pts:
                 xs, ys = zip(*pts)
                 plotted += ys

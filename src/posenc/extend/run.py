@@ -86,6 +86,12 @@ def run_cells(subject: Subject, settings: dict[str, Any], text: torch.Tensor, do
                 log(f"{m} @ {n}: not applicable ({why})")
                 save(cells)
                 continue
+            same = subject.same_as_none(m, opts, n) if m != "none" else None
+            if same:  # (an identity setting: not scored again; the table shows "= none")
+                cells.append({**cell, "applicable": False, "same_as_none": True, "why": same})
+                log(f"{m} @ {n}: not run ({same})")
+                save(cells)
+                continue
             sink = opts if m == "sink-window" else None
             if torch.cuda.is_available() and device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)

@@ -77,6 +77,8 @@ def convert(model: nn.Module, encoding=None, *, share: bool | None = None, **opt
     else:
         specs = layer_specs(encoding, options, depth, model.config, family)
     fields = {k: v for k, v in model.config.to_dict().items() if k not in _DROP}
+    if _from_gguf(fields.get("quantization_config")):
+        del fields["quantization_config"]  # the weights taken over are plain tensors: no GGUF file stands behind them
     config = config_cls(**fields, posenc_layers=specs, posenc_share=share)
     params = list(model.parameters())
     device, dtype = params[0].device, params[0].dtype
@@ -107,6 +109,14 @@ def convert(model: nn.Module, encoding=None, *, share: bool | None = None, **opt
     if getattr(model, "generation_config", None) is not None:  # (encoders have none)
         new.generation_config = copy.deepcopy(model.generation_config)
     return new.train(model.training)
+
+
+def _from_gguf(quantization) -> bool:
+    """``quantization_config`` is the one transformers' GGUF loader sets (``from_pretrained(...,
+    gguf_file=...)``: ``quant_method`` ``"gguf"``), which a converted model must not keep: saved,
+    it would name a GGUF file the safetensors do not come from."""
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    return str(getattr(method, "value", method)) == "gguf"
 
 
 def _carry_buffers(old: nn.Module, new: nn.Module, device) -> None:

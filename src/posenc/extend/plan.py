@@ -1,0 +1,122 @@
+"""What ``posenc extend`` will score, counted before any scoring, and a time estimate.
+
+Per (method, length) cell: the windows of each perplexity protocol, the tokens every forward
+call reads (sliding windows overlap: a token is read by up to ``L / stride`` of them), and the
+passkey prompts. The estimate times one short forward of the model as trained (after an
+untimed one, so lazy set-up is not counted) and scales it by the tokens to read: ReRoPE and
+Self-Extend compute two score maps (twice the attention), and attention over a long context
+costs more per token than the short warm-up, so on a long length it is a lower bound.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from .evaluate import token_scores
+from .methods import applies, method_options
+from .passkey import DEPTHS, passkey_ids
+
+__all__ = ["plan", "sliding_tokens", "describe_plan"]
+
+_TWO_MAPS = ("rerope", "leaky-rerope", "self-extend")  # two score maps per layer
+
+
+def sliding_tokens(span: int, length: int, stride: int) -> tuple[int, int]:
+    """``(windows, tokens read)`` of the sliding pass over ``span`` tokens (evaluate.perplexity's loop)."""
+    if span <= length:
+        return 1, span
+    k = math.ceil((span - length) / stride) + 1
+    return k, (k - 1) * length + span - (k - 1) * stride
+
+
+def _applies(subject, method: str, longest: int) -> bool:
+    if method in ("none", "sink-window"):
+        return True
+    if not any(applies(method, s["encoding"]) for s in subject.specs):
+        return False
+    try:
+        method_options(method, train_tokens=subject.train_len, longest_tokens=longest, **subject.rope)
+    except ValueError:
+        return False
+    return True
+
+
+def plan(subject, settings: dict[str, Any], text_len: int, tokens, done: set) -> dict[str, Any]:
+    """The cells still to run, each with its windows, tokens read and passkey prompts."""
+    from .run import default_stride
+
+    lengths, longest, cells = settings["lengths"], max(settings["lengths"]), []
+    for n in lengths:
+        for m in settings["methods"]:
+            if (m, n) in done:
+                continue
+            cell: dict[str, Any] = {"method": m, "length": n}
+            same = None
+            if _applies(subject, m, longest) and m not in ("none", "sink-window"):
+                opts = method_options(m, train_tokens=subject.train_len, longest_tokens=longest, **subject.rope)
+                same = subject.same_as_none(m, opts, n)
+            if not _applies(subject, m, longest) or same:
+                cells.append({**cell, "runs": False, "why": same or "not applicable"})
+                continue
+            n_win = max(1, min(settings["windows"], text_len // n))
+            stride = settings["stride"] or default_stride(n)
+            if n_win == 1:
+                slide = (0, 0)  # the one window is both protocols (scored once)
+            elif m == "sink-window":
+                slide = (1, n_win * n)
+            else:
+                slide = sliding_tokens(n_win * n, n, stride)
+            prompts = 0
+            if tokens is not None and settings["passkey_trials"] and passkey_ids(tokens, n, 0.0, "00000"):
+                prompts = settings["passkey_trials"] * len(DEPTHS)
+            read = slide[1] + n_win * n + prompts * n
+            cells.append({**cell, "runs": True, "windows": n_win, "sliding_windows": slide[0], "stride": stride,
+                          "passkey_prompts": prompts, "tokens_read": read,
+                          "cost": read * (2 if m in _TWO_MAPS else 1)})  # fmt: skip
+    return {"cells": cells, "tokens_read": sum(c.get("tokens_read", 0) for c in cells)}
+
+
+@torch.no_grad()
+def warm_up(subject, text: torch.Tensor, chunk: int) -> dict[str, float]:
+    """Seconds per token of one short forward of the model as trained (``chunk`` tokens at most)."""
+    n = max(2, min(chunk, subject.train_len, len(text)))
+    token_scores(subject.kind, subject.model, text[: min(8, n)], chunk=chunk)  # untimed: lazy set-up
+    t0 = time.perf_counter()
+    token_scores(subject.kind, subject.model, text[:n], chunk=chunk)
+    return {"tokens": n, "seconds": time.perf_counter() - t0}
+
+
+def estimate(p: dict[str, Any], warm: dict[str, float]) -> dict[str, Any]:
+    per = warm["seconds"] / warm["tokens"]
+    return {**p, "warmup": warm, "estimate_s": per * sum(c.get("cost", 0) for c in p["cells"])}
+
+
+def describe_plan(p: dict[str, Any]) -> list[str]:
+    """The lines ``extend`` prints before it starts."""
+    out = []
+    for c in p["cells"]:
+        head = f"{c['method']} @ {c['length']}"
+        if not c["runs"]:
+            out.append(f"plan: {head}: not run ({c['why']})")
+            continue
+        slide = ("the same window for both protocols" if not c["sliding_windows"] else
+                 f"{c['sliding_windows']} sliding (stride {c['stride']}) + {c['windows']} non-overlapping")  # fmt: skip
+        out.append(f"plan: {head}: {c['windows']} window(s) of {c['length']} tokens, {slide}; "
+                   f"{c['passkey_prompts']} passkey prompts; {c['tokens_read']} tokens read")  # fmt: skip
+    w = p["warmup"]
+    out.append(f"plan: {p['tokens_read']} tokens read in all; warm-up {w['tokens']} tokens in "
+               f"{1000 * w['seconds']:.1f} ms ({1000 * w['seconds'] / w['tokens']:.3f} ms/token): estimate "
+               f"{_duration(p['estimate_s'])} (more where long contexts make attention dominate)")  # fmt: skip
+    return out
+
+
+def _duration(s: float) -> str:
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
