@@ -11,28 +11,28 @@ from transformers import AutoModelForCausalLM
 import posenc.hf
 
 torch.set_num_threads(1)
-path = sys.argv[1]
-stock = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-ours = posenc.hf.convert(AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval())
-tok = torch.randint(0, 49152, (1, 512), generator=torch.Generator().manual_seed(0))
+path, label = sys.argv[1], sys.argv[2]
+stock = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+ours = posenc.hf.convert(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
+prompt = torch.randint(0, stock.config.vocab_size, (1, 512), generator=torch.Generator().manual_seed(0))
 
 
-def per_token(m):
+def per_token_ms(model) -> float:
     with torch.no_grad():
-        out = m(tok, use_cache=True)
-        pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        ts = []
+        out = model(prompt, use_cache=True)
+        cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        times = []
         for _ in range(12):
-            t = time.perf_counter()
-            out = m(nxt, past_key_values=pkv, use_cache=True)
-            ts.append(time.perf_counter() - t)
-            pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-    return statistics.median(ts[2:]) * 1000
+            start = time.perf_counter()
+            out = model(nxt, past_key_values=cache, use_cache=True)
+            times.append(time.perf_counter() - start)
+            cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    return statistics.median(times[2:]) * 1000
 
 
-res = {"stock": [], "posenc": []}
-for r in range(3):
-    res["stock"].append(per_token(stock))
-    res["posenc"].append(per_token(ours))
-s, p = statistics.median(res["stock"]), statistics.median(res["posenc"])
-print(sys.argv[2], f"stock {s:.1f} ms/token, posenc {p:.1f} ms/token, ratio {p / s:.2f}", res)
+rounds = {"stock": [], "posenc": []}
+for _ in range(3):  # interleaved
+    rounds["stock"].append(per_token_ms(stock))
+    rounds["posenc"].append(per_token_ms(ours))
+s, p = statistics.median(rounds["stock"]), statistics.median(rounds["posenc"])
+print(label, f"stock {s:.1f} ms/token, posenc {p:.1f} ms/token, posenc/stock {p / s:.2f}")
