@@ -260,16 +260,17 @@ class Attention(nn.Module):
         *,
         key_padding_mask: Tensor | None = None,
         document_ids: Tensor | None = None,
+        memory: bool = False,
     ) -> Call:
-        """The :class:`~posenc.layer.call.Call` of this layer alone on ``x`` ``(B, L, dim)`` (a model builds
-        one for all its layers): positions checked, by default continuing from ``cache``."""
+        """The :class:`~posenc.layer.call.Call` of this layer alone on ``x`` ``(B, L, dim)`` (a model makes one
+        for all its layers), positions continuing from ``cache``; ``memory``: a memory was given too."""
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a Tensor, got {type(x).__name__}")
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
         B, L, _ = x.shape
         given = {"key_padding_mask": key_padding_mask, "document_ids": document_ids}
-        kind = {"cache": isinstance(cache, KVCache), "memory": isinstance(cache, LayerMemory)}
+        kind = {"cache": isinstance(cache, KVCache), "memory": memory or isinstance(cache, LayerMemory)}
         past = 0 if cache is None else cache.length
         return make_call(B, L, encodings=[self.encoding], pos=pos, past=past, device=x.device, **given, **kind)
 
@@ -298,9 +299,7 @@ class Attention(nn.Module):
                 :func:`posenc.layer.call.make_call` refuses.
             TypeError: float positions.
         """
-        if memory is not None:
-            if cache is not None:
-                raise ValueError("memory and cache cannot be used together")
+        if memory is not None and cache is None:  # (both: make_call refuses them)
             B = x.shape[0] if isinstance(x, Tensor) else None
             if (
                 not isinstance(memory, Tensor)
@@ -313,7 +312,9 @@ class Attention(nn.Module):
                 )
             M, axes = memory.shape[1], self.encoding.needs.axes
             cache = LayerMemory.given(memory, as_positions(memory_pos, M, device=memory.device, batch=B, axes=axes))
-        call = self.make_call(x, pos, cache, key_padding_mask=key_padding_mask, document_ids=document_ids)
+        call = self.make_call(
+            x, pos, cache, key_padding_mask=key_padding_mask, document_ids=document_ids, memory=memory is not None
+        )
         if self.runs_input_stage:
             x = self.embed_input(x, call, cache)
         return self.attend(x, call, cache, backend=backend)
