@@ -22,7 +22,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["parse_budget", "fit", "describe_cuts", "Progress", "stride_for"]
+from .run import stride_for
+
+__all__ = ["parse_budget", "fit", "describe_cuts", "Progress"]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 _FORM = "a positive number followed by s, m or h (e.g. 90s, 20m, 1h)"
@@ -38,14 +40,6 @@ def parse_budget(text: str) -> float:
     if not m or float(m.group(1)) <= 0:
         raise ValueError(f"--budget: {text!r} is not a duration; allowed: {_FORM}")
     return float(m.group(1)) * _UNITS[m.group(2)]
-
-
-def stride_for(settings: dict[str, Any], length: int) -> int:
-    """The sliding stride at ``length``: ``--stride`` (or min(256, L/2)), widened by the budget's factor."""
-    from .run import default_stride
-
-    base = settings["stride"] or default_stride(length)
-    return min(length, base * settings.get("stride_factor", 1))
 
 
 def fit(settings: dict[str, Any], cost: Callable[[dict[str, Any]], float], budget_s: float) -> dict[str, Any]:

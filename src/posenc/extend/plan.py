@@ -47,7 +47,7 @@ def _applies(subject, method: str, longest: int) -> bool:
 
 def plan(subject, settings: dict[str, Any], text_len: int, tokens, done: set) -> dict[str, Any]:
     """The cells still to run, each with its windows, tokens read and passkey prompts."""
-    from .budget import stride_for
+    from .run import stride_for
 
     lengths, longest, cells = settings["lengths"], max(settings["lengths"]), []
     for n in lengths:

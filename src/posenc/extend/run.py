@@ -18,7 +18,7 @@ from .methods import describe
 from .model import Subject
 from .passkey import DEPTHS, Tokens, passkey_accuracy
 
-__all__ = ["parse_lengths", "resolve_lengths", "run_cells", "default_stride"]
+__all__ = ["parse_lengths", "resolve_lengths", "run_cells", "default_stride", "stride_for"]
 
 
 def parse_lengths(text: str) -> list[tuple[str, float]]:
@@ -60,12 +60,16 @@ def default_stride(length: int) -> int:
     return max(1, min(256, length // 2))
 
 
+def stride_for(settings: dict[str, Any], length: int) -> int:
+    """The sliding stride at ``length``: ``--stride`` (or min(256, L/2)), widened by ``--budget``'s
+    factor (posenc.extend.budget), at most the window."""
+    return min(length, (settings["stride"] or default_stride(length)) * settings.get("stride_factor", 1))
+
+
 def run_cells(subject: Subject, settings: dict[str, Any], text: torch.Tensor, done: list[dict], save, *,
               device, log=print, progress=None) -> list[dict]:  # fmt: skip
     """Every (method, length) cell of ``settings`` not in ``done``; ``save(cells)`` after each, then
     ``progress(method, length)`` (posenc.extend.budget.Progress: the time left)."""
-    from .budget import stride_for
-
     done_cell = progress or (lambda m, n: None)
     cells = list(done)
     have = {(c["method"], c["length"]) for c in cells}
