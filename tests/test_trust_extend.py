@@ -341,6 +341,7 @@ FLAGS: dict[str, list[str]] = {
     "--chunk": POS,
     "--passkey-trials": [*NONNEG, "10001"],
     "--within": ["", "0", "-1", "nan", "inf", "abc", "1000"],
+    "--budget": ["", "0", "0s", "-1m", "nans", "infs", "abc", "20x", "1 hour", "1e3s"],
     "--train-len": [*POS, "7"],
     "--encoding": ["", "rope"],  # MODEL is an HF checkpoint: refused
     "--seed": [*NONNEG, "0"],  # as --encoding

@@ -58,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens per prefill forward call (default 512)")  # fmt: skip
     parser.add_argument("--passkey-trials", type=Int(0, MAX_TRIALS).parse, default=5,
                         help="trials per length and depth; 0: no passkey")  # fmt: skip
+    parser.add_argument("--budget", metavar="DURATION",
+                        help="time for the run (90s, 20m, 1h): cuts passkey trials, then windows, then widens the "
+                             "stride until the estimate fits; refused before scoring if even the least does not")  # fmt: skip
     parser.add_argument("--within", type=Float(0, 1000, lo_open=True, hi_open=True).parse, default=10.0,
                         help="the reading's tolerance: perplexity within this %% of the in-window value (default 10)")  # fmt: skip
     parser.add_argument("--train-len", type=Int(8, MAX_LENGTH).parse,
@@ -86,7 +89,8 @@ def _settings(args, subject, lengths, device, text_fingerprint: str) -> dict[str
             "tokens_source": tokens, "windows": args.windows, "stride": args.stride, "chunk": args.chunk,
             "passkey_trials": args.passkey_trials, "encoding": args.encoding, "seed": args.seed,
             "device": str(device), "dtype": args.dtype, "model_fingerprint": subject.fingerprint,
-            "text_fingerprint": text_fingerprint}  # fmt: skip
+            "text_fingerprint": text_fingerprint,
+            **({"budget": args.budget} if args.budget is not None else {})}  # fmt: skip
 
 
 def _text(args, subject, need: int):
@@ -147,9 +151,14 @@ def _check_text_early(args, spec) -> None:
                          f"{longest} tokens; give a longer --text or shorter --lengths")  # fmt: skip
 
 
-def _plan(subject, settings, text, done: list[dict], log) -> dict[str, Any]:
+def _plan(subject, settings, text, done: list[dict], log, chosen: dict | None = None):
     """What the run will score (the cells not in ``done``) and the time it should take, logged
-    before any scoring (posenc.extend.plan)."""
+    before any scoring (posenc.extend.plan); with ``--budget``, the settings cut to fit it
+    (posenc.extend.budget; ``chosen``: a resumed run's earlier choice, kept).
+
+    Returns ``(plan, settings to run, budget record or None)``.
+    """
+    from .budget import fit, parse_budget
     from .passkey import Tokens
     from .plan import describe_plan, estimate, plan, warm_up
 
@@ -157,15 +166,38 @@ def _plan(subject, settings, text, done: list[dict], log) -> dict[str, Any]:
         tokens = Tokens(subject.tokenizer, subject.vocab_size) if settings["passkey_trials"] else None
     except ValueError:
         tokens = None
-    p = plan(subject, settings, len(text), tokens, {(c["method"], c["length"]) for c in done})
-    p = estimate(p, warm_up(subject, text, settings["chunk"]))
+    have = {(c["method"], c["length"]) for c in done}
+    warm = warm_up(subject, text, settings["chunk"])
+    record = None
+    if settings.get("budget") is not None:
+        limit = parse_budget(settings["budget"])
+        if chosen is None:
+
+            def cost(s):
+                return estimate(plan(subject, s, len(text), tokens, have), warm)["estimate_s"]
+
+            got = fit(settings, cost, limit)
+            if not got["fits"]:
+                raise ValueError(f"--budget {settings['budget']}: even the least (1 passkey trial per depth, 1 window "
+                                 f"per length, every method and length) is estimated at {got['estimate_s']:.3g} s; "
+                                 "allowed: a longer --budget, or fewer --methods or --lengths")  # fmt: skip
+            chosen = {k: got["settings"][k] for k in ("passkey_trials", "windows", "stride_factor")}
+            record = {"budget": settings["budget"], "budget_s": limit, "chosen": chosen, "cuts": got["cuts"]}
+        else:
+            record = {"budget": settings["budget"], "budget_s": limit, **chosen}
+            chosen = chosen["chosen"]
+        settings = {**settings, **chosen}
+    p = estimate(plan(subject, settings, len(text), tokens, have), warm)
     for line in describe_plan(p):
         log(line)
-    return p
+    for cut in (record or {}).get("cuts", []):
+        log(f"budget: {cut} to fit --budget {record['budget']}")
+    return p, settings, record
 
 
-def _resumed(out: Path, settings: dict[str, Any]) -> list[dict]:
-    """The cells of the run in ``out``, which must have been written with ``settings``."""
+def _resumed(out: Path, settings: dict[str, Any]) -> tuple[list[dict], dict | None]:
+    """The cells of the run in ``out``, which must have been written with ``settings``, and the
+    settings its ``--budget`` chose (kept: a resumed run scores its cells the same way)."""
     old = json.loads((out / "config.json").read_text())
     if old != json.loads(json.dumps(settings)):
         diff = [k for k in settings if old.get(k) != json.loads(json.dumps(settings[k]))]
@@ -173,8 +205,9 @@ def _resumed(out: Path, settings: dict[str, Any]) -> list[dict]:
         raise ValueError(f"--resume: {out / 'config.json'} was written with other settings ({', '.join(diff)}"
                          f"{'; ' + why if why else ''}); rerun with the same ones, or start over with --overwrite")  # fmt: skip
     if (out / "results.json").is_file():
-        return json.loads((out / "results.json").read_text()).get("cells", [])
-    return []
+        old = json.loads((out / "results.json").read_text())
+        return old.get("cells", []), old.get("budget")
+    return [], None
 
 
 def _check_out(out: Path, model: str) -> None:
@@ -191,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data import DataError
     from ..output import write_json
     from ..output.rundir import RunDir, default_out
+    from .budget import Progress, parse_budget
     from .model import load_subject
     from .report import FILES, write_outputs
     from .run import log_stderr, parse_lengths, resolve_lengths, run_cells
@@ -207,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--device: {args.device!r} is not a device (cpu, cuda, cuda:N)") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"--device {args.device}: no CUDA device here")
+        if args.budget is not None:
+            parse_budget(args.budget)  # (refused before the model loads)
         _check_text_early(args, spec)
         subject = load_subject(args.model, encoding=args.encoding, seed=args.seed, train_len=args.train_len,
                                device=device, dtype=getattr(torch, args.dtype))  # fmt: skip
@@ -224,18 +260,20 @@ def run(args: argparse.Namespace) -> int:
                              f"text of at least {max(lengths)} tokens; give a longer --text or shorter --lengths")  # fmt: skip
         # everything is checked before the folder is claimed: a refused run never touches an --overwrite folder
         with RunDir(out, resume=args.resume, overwrite=args.overwrite, writes=FILES, tool="posenc extend") as rd:
-            done = _resumed(out, settings) if args.resume else []
+            done, chosen = _resumed(out, settings) if args.resume else ([], None)
             if not args.resume:
                 write_json(out / "config.json", settings)
-            plan = _plan(subject, settings, text, done, log_stderr)
-            base = {"tool": "posenc extend", "model": subject.label, "train_len": subject.train_len,
-                    "settings": settings, "plan": plan}  # fmt: skip
+            base = {}
 
             def save(cells):
                 write_json(out / "results.json", {**base, "cells": cells})
 
             try:
-                cells = run_cells(subject, settings, text, done, save, device=device, log=log_stderr)
+                plan, settings, budget = _plan(subject, settings, text, done, log_stderr, chosen)
+                base = {"tool": "posenc extend", "model": subject.label, "train_len": subject.train_len,
+                        "settings": settings, "plan": plan, **({"budget": budget} if budget else {})}  # fmt: skip
+                cells = run_cells(subject, settings, text, done, save, device=device, log=log_stderr,
+                                  progress=Progress(plan, log_stderr))  # fmt: skip
             except BaseException:  # nothing worth resuming yet: leave the folder as it was
                 if not args.resume and not (out / "results.json").exists():
                     rd.discard()

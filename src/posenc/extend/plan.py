@@ -47,7 +47,7 @@ def _applies(subject, method: str, longest: int) -> bool:
 
 def plan(subject, settings: dict[str, Any], text_len: int, tokens, done: set) -> dict[str, Any]:
     """The cells still to run, each with its windows, tokens read and passkey prompts."""
-    from .run import default_stride
+    from .run import stride_for
 
     lengths, longest, cells = settings["lengths"], max(settings["lengths"]), []
     for n in lengths:
@@ -63,7 +63,7 @@ def plan(subject, settings: dict[str, Any], text_len: int, tokens, done: set) ->
                 cells.append({**cell, "runs": False, "why": same or "not applicable"})
                 continue
             n_win = max(1, min(settings["windows"], text_len // n))
-            stride = settings["stride"] or default_stride(n)
+            stride = stride_for(settings, n)
             if n_win == 1:
                 slide = (0, 0)  # the one window is both protocols (scored once)
             elif m == "sink-window":

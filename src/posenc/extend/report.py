@@ -75,15 +75,23 @@ def tables(results: dict) -> list[Table]:
         ppl_rows.append(row), pk_rows.append(pk)
     s = results["settings"]
     stride = f"stride {s['stride']}" if s["stride"] else "stride min(256, L/2)"
+    if s.get("stride_factor", 1) > 1:
+        stride += f" x{s['stride_factor']} (at most L)"
     once = " (one window: the two are the same computation, shown once)" if any(
         c.get("one_pass") for c in results["cells"]) else ""  # fmt: skip
     t1 = Table([Column("method", code=True), Column("setting"), *(Column(h, "right") for h in heads)], ppl_rows,
                title=f"perplexity by length: sliding window ({stride}), non-overlapping windows in brackets{once}; "
-                     f"trained at L={train}")  # fmt: skip
+                     f"trained at L={train}{_cut(results)}")  # fmt: skip
     t2 = Table([Column("method", code=True), *(Column(h, "right") for h in heads)], pk_rows,
                title=f"passkey exact match (mean over depths, {s['passkey_trials']} trials per depth) · "
                      "prefill wall time per token (one pass on a possibly shared machine: not a benchmark)")  # fmt: skip
     return [t1, t2]
+
+
+def _cut(results: dict) -> str:
+    """What ``--budget`` cut (posenc.extend.budget), for a title: ``"; windows 4 -> 1 per length to fit --budget 20m"``."""
+    b = results.get("budget")
+    return f"; {', '.join(b['cuts'])} to fit --budget {b['budget']}" if b and b["cuts"] else ""
 
 
 def reading(results: dict, within: float) -> list[str]:
@@ -92,7 +100,7 @@ def reading(results: dict, within: float) -> list[str]:
     train = results["train_len"]
     inside = [n for n in lengths if n <= train]
     ref_cell = at.get(("none", max(inside))) if inside else None
-    out = []
+    out = [f"Cut{_cut(results)[1:]}: fewer samples than asked, so noisier numbers."] if _cut(results) else []
     if ref_cell is None or ref_cell.get("ppl") is None:
         out.append("No in-window perplexity of `none` (no length <= the training length, or it failed): "
                    "no reference to hold the methods to.")  # fmt: skip

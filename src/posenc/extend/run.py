@@ -18,7 +18,7 @@ from .methods import describe
 from .model import Subject
 from .passkey import DEPTHS, Tokens, passkey_accuracy
 
-__all__ = ["parse_lengths", "resolve_lengths", "run_cells", "default_stride"]
+__all__ = ["parse_lengths", "resolve_lengths", "run_cells", "default_stride", "stride_for"]
 
 
 def parse_lengths(text: str) -> list[tuple[str, float]]:
@@ -60,9 +60,17 @@ def default_stride(length: int) -> int:
     return max(1, min(256, length // 2))
 
 
+def stride_for(settings: dict[str, Any], length: int) -> int:
+    """The sliding stride at ``length``: ``--stride`` (or min(256, L/2)), widened by ``--budget``'s
+    factor (posenc.extend.budget), at most the window."""
+    return min(length, (settings["stride"] or default_stride(length)) * settings.get("stride_factor", 1))
+
+
 def run_cells(subject: Subject, settings: dict[str, Any], text: torch.Tensor, done: list[dict], save, *,
-              device, log=print) -> list[dict]:  # fmt: skip
-    """Every (method, length) cell of ``settings`` not in ``done``; ``save(cells)`` after each."""
+              device, log=print, progress=None) -> list[dict]:  # fmt: skip
+    """Every (method, length) cell of ``settings`` not in ``done``; ``save(cells)`` after each, then
+    ``progress(method, length)`` (posenc.extend.budget.Progress: the time left)."""
+    done_cell = progress or (lambda m, n: None)
     cells = list(done)
     have = {(c["method"], c["length"]) for c in cells}
     lengths, longest = settings["lengths"], max(settings["lengths"])
@@ -85,17 +93,19 @@ def run_cells(subject: Subject, settings: dict[str, Any], text: torch.Tensor, do
                 cells.append({**cell, "setting": "n/a", "applicable": False, "why": why})
                 log(f"{m} @ {n}: not applicable ({why})")
                 save(cells)
+                done_cell(m, n)
                 continue
             same = subject.same_as_none(m, opts, n) if m != "none" else None
             if same:  # (an identity setting: not scored again; the table shows "= none")
                 cells.append({**cell, "applicable": False, "same_as_none": True, "why": same})
                 log(f"{m} @ {n}: not run ({same})")
                 save(cells)
+                done_cell(m, n)
                 continue
             sink = opts if m == "sink-window" else None
             if torch.cuda.is_available() and device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            stride = settings["stride"] or default_stride(n)
+            stride = stride_for(settings, n)
             ppl = perplexity(subject.kind, model, text, n, stride=stride, windows=settings["windows"],
                              chunk=settings["chunk"], sink=sink)  # fmt: skip
             pk = None
@@ -109,6 +119,7 @@ def run_cells(subject: Subject, settings: dict[str, Any], text: torch.Tensor, do
             shown = "NaN/inf" if cell.get("ppl") is None else f"{cell['ppl']:.3f}"
             log(f"{m} @ {n}: ppl {shown} (sliding, stride {stride}), {cell['ms_per_token']:.2f} ms/token")
             save(cells)
+            done_cell(m, n)
             del model
     return cells
 
