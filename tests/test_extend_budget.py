@@ -11,8 +11,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from posenc.cli import main  # noqa: E402
-from test_extend_defects import llama  # noqa: E402
+from tests.test_extend import llama, run  # noqa: E402 (the tiny checkpoint and the CLI runner)
 
 
 @pytest.fixture(scope="module")
@@ -20,13 +19,6 @@ def ckpt(tmp_path_factory):
     path = tmp_path_factory.mktemp("ckpt") / "tiny-llama"
     llama().save_pretrained(path)
     return path
-
-
-def run(*args) -> int:
-    try:
-        return main(["extend", *map(str, args)])
-    except SystemExit as e:
-        return e.code
 
 
 def _n():

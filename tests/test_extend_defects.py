@@ -9,20 +9,11 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+# the tiny checkpoint, its training length and the CLI runner of the extend tests
+from tests.test_extend import FAST, L, llama, run  # noqa: E402
 
 import posenc.hf as ph  # noqa: E402
-from posenc.cli import main  # noqa: E402
-
-L = 32  # training length of the tiny checkpoint
-
-
-def llama(**kw) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=L, bos_token_id=None, eos_token_id=None,
-               pad_token_id=None)  # fmt: skip
-    return LlamaForCausalLM(LlamaConfig(**(cfg | kw))).eval()
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +21,6 @@ def ckpt(tmp_path_factory):
     path = tmp_path_factory.mktemp("ckpt") / "tiny-llama"
     llama().save_pretrained(path)
     return path
-
-
-FAST = ("--windows", "1", "--passkey-trials", "1", "--chunk", "16")
-
-
-def run(*args) -> int:
-    try:
-        return main(["extend", *map(str, args)])
-    except SystemExit as e:
-        return e.code
 
 
 def test_a_gguf_loaded_model_converts_and_saves_without_its_quantization_config(tmp_path):

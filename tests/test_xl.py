@@ -235,3 +235,20 @@ def test_bad_options_and_memory_misuse():
 
 def test_scale_is_inverse_sqrt_head_dim():
     assert posenc.build("xl", heads=2, head_dim=16).scale == pytest.approx(1 / math.sqrt(16))
+
+
+def test_memory_misuse_is_refused_by_the_one_call_check():
+    """Every refusal of a memory goes through posenc.layer.call.make_call (or the memory itself)."""
+    attn = posenc.Attention(16, 2, "xl")
+    x = torch.randn(1, 3, 16)
+    with pytest.raises(ValueError, match="memory and cache cannot be used together"):
+        attn(x, cache=attn.init_cache(1, 8), memory=torch.randn(1, 2, 16))
+    with pytest.raises(ValueError, match="key_padding_mask is not supported together with memory"):
+        attn(x, memory=torch.randn(1, 2, 16), key_padding_mask=torch.ones(1, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="memory must have shape"):
+        attn(x, memory=torch.randn(2, 2, 16))
+    lm = posenc.TransformerLM(10, 16, 1, 2, "xl", memory_len=4)
+    mem = lm.init_memory()
+    lm(torch.zeros(2, 3, dtype=torch.long), memory=mem)
+    with pytest.raises(ValueError, match="memory holds batch size 2, got a batch of 1"):
+        lm(torch.zeros(1, 3, dtype=torch.long), memory=mem)
