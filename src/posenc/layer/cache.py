@@ -31,6 +31,7 @@ from ..base import PositionEncoding, Stage
 from ..validate import check_args, check_memory
 
 __all__ = [
+    "CachePolicy",
     "layer_cache",
     "KVCache",
     "InputHistory",
@@ -106,7 +107,31 @@ def _per_document(enc: PositionEncoding, x: Tensor, pos: Tensor, documents: Tens
     return torch.cat(rows, dim=0)  # (B, L, D)
 
 
-class KVCache(nn.Module):
+class CachePolicy:
+    """What every layer cache answers, so the layer has one path for all of them (defaults: a
+    cache of every key, written by ``update``; :class:`KVCache`, :class:`WindowKVCache`,
+    :class:`posenc.layer.memory.LayerMemory`)."""
+
+    reassigns_positions = False  # positions of cached keys are those they were written with
+    room: int | None = None  # tokens one call may add and still equal token-by-token decoding (None: any)
+    stores_keys = True  # keys and values are written by update() (a memory keeps rows instead)
+    selects_keys = False  # keys a per-token mask covers are all kept (select_keys is the identity)
+
+    def key_rows(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """The layer input rows the keys of this call are projected from, and their positions:
+        those of the new tokens (``x`` ``(B, L, D)``, ``pos``); the cached keys come from ``update``."""
+        return x, pos
+
+    def mask_fields(self, k_len: int) -> dict:
+        """:class:`~posenc.AttentionMask` fields of a call that attends to ``k_len`` keys of this cache."""
+        return {}
+
+    def select_keys(self, t: Tensor) -> Tensor:
+        """The columns of a per-token ``(B, length)`` tensor (a key padding mask) this cache still holds."""
+        return t
+
+
+class KVCache(CachePolicy, nn.Module):
     """Keys, values and key positions of past tokens for one attention layer.
 
     Shapes: ``k, v``: ``(B, H, Lmax, Dh)``; ``pos``: ``(B, Lmax)``, or ``(B, Lmax, A)`` for an
@@ -175,24 +200,6 @@ class KVCache(nn.Module):
         self.pos[:, start:end] = pos.expand(B, *pos.shape[1:])
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end], self.pos[:, :end]
-
-    reassigns_positions = False  # positions of cached keys are those they were written with
-    room: int | None = None  # tokens one call may add and still equal token-by-token decoding (None: any)
-    stores_keys = True  # keys and values are written by update() (a memory keeps rows instead)
-    selects_keys = False  # keys a per-token mask covers are all kept (select_keys is the identity)
-
-    def key_rows(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """The layer input rows the keys of this call are projected from, and their positions:
-        those of the new tokens (``x`` ``(B, L, D)``, ``pos``); the cached keys come from :meth:`update`."""
-        return x, pos
-
-    def mask_fields(self, k_len: int) -> dict:
-        """:class:`~posenc.AttentionMask` fields of a call that attends to ``k_len`` keys of this cache."""
-        return {}
-
-    def select_keys(self, t: Tensor) -> Tensor:
-        """The columns of a per-token ``(B, length)`` tensor (a key padding mask) this cache still holds."""
-        return t
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .cache import InputHistory, cat_positions
+from .cache import CachePolicy, InputHistory, cat_positions
 
 __all__ = ["LayerMemory", "SegmentMemory"]
 
 
-class LayerMemory:
+class LayerMemory(CachePolicy):
     """One layer's Transformer-XL memory, a cache policy: the keys of a call are the memory's
     rows followed by the new ones.
 
@@ -26,13 +26,10 @@ class LayerMemory:
     the paper's stop-gradient ``SG(h)``) and their positions; :meth:`key_rows` returns them
     followed by the new rows, and keeps the last ``memory_len`` of both for the next segment.
     Keys and values are projected from all of them at every call (so ``W_K``/``W_V`` learn
-    from the memory's tokens too); nothing is written by :meth:`update`.
+    from the memory's tokens too); nothing is written (``stores_keys`` False).
     """
 
-    stores_keys = False
-    selects_keys = False
-    reassigns_positions = False
-    room = None
+    stores_keys = False  # (so the layer never calls an update: the keys are projected from the rows)
 
     def __init__(self, memory_len: int, rows: Tensor | None = None, pos: Tensor | None = None, seen: int | None = None):
         self.memory_len = memory_len
@@ -57,18 +54,6 @@ class LayerMemory:
         self.rows, self.pos = rows[:, -self.memory_len :].detach(), rows_pos[:, -self.memory_len :]
         self.length += x.shape[1]
         return rows, rows_pos
-
-    def update(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return k, v, pos
-
-    def update_state(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
-        return state
-
-    def mask_fields(self, k_len: int) -> dict:
-        return {}
-
-    def select_keys(self, t: Tensor) -> Tensor:
-        return t
 
     def reset(self) -> None:
         self.rows = self.pos = None
