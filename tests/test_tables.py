@@ -186,8 +186,8 @@ def test_hf_adapter_makes_rope_tables_once_per_forward():
     ref, _ = forward(model, tokens, memo=False)
     assert torch.equal(out.logits, ref.logits)
     assert sum(len(t._memo) for t in log["tables"]) == 1 and sum(t.hits for t in log["tables"]) == 2
-    with torch.no_grad():  # one decoding step: the query's and the re-rotated keys' tables, once each
-        first = model(tokens, use_cache=True)
+    with torch.no_grad():  # one decoding step: one table for the query and the new key (the cache
+        first = model(tokens, use_cache=True)  # holds rotated keys: posenc.hf.keys), made once
         with tables_log(True) as step:
             model(TOKENS[:, 12:13], past_key_values=first.past_key_values)
-    assert sum(len(t._memo) for t in step["tables"]) == 2 and sum(t.hits for t in step["tables"]) == 4
+    assert sum(len(t._memo) for t in step["tables"]) == 1 and sum(t.hits for t in step["tables"]) == 2

@@ -68,6 +68,10 @@ class AttentionMask:
         query_documents: ``(B|1, ≥Lq)`` int64, the documents of the queries when they are
             not keys of this mask (a block cut by :meth:`narrow`); None = read them from
             ``documents`` at ``offset``.
+        checked_keys: key slots ``0 .. checked_keys - 1`` were checked for NaN and infinities
+            when a cache wrote them, and the caller adds what that check found to the output
+            (:mod:`posenc.hf.keys`); the backends' non-finite rule
+            (:func:`posenc.kernels.flash.propagate_nonfinite`) reads only the later ones. 0: all.
 
     A query row that sees no key at all (a fully padded row) gets a zero output on every
     backend; :attr:`may_hide_rows` says when that can happen.
@@ -82,6 +86,7 @@ class AttentionMask:
     key_start: int = 0
     documents: Tensor | None = None
     query_documents: Tensor | None = None
+    checked_keys: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.offset, int) or self.offset < 0:
@@ -90,7 +95,7 @@ class AttentionMask:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"{name} must be a positive int or None, got {v!r}")
-        for name in ("sink_tokens", "key_start"):
+        for name in ("sink_tokens", "key_start", "checked_keys"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {v!r}")
@@ -219,6 +224,7 @@ class AttentionMask:
             key_start=self.key_start + k_start,
             documents=None if doc is None else doc[:, k_start:k_end],
             query_documents=None if doc is None else self._query_docs()[:, q_start:],
+            checked_keys=max(0, min(self.checked_keys, k_end) - k_start),
         )
 
     def dense(self, q_len: int, k_len: int, device=None) -> Tensor | None:

@@ -182,7 +182,9 @@ def sdpa(
         return _sdpa(q, k, v, **kw, **gqa)
 
     c = (options or BlockOptions()).dense_chunk if mask.limited else q.shape[2]
-    return propagate_nonfinite(_in_query_blocks(block, c, False, q, k, v, q_pos, k_pos, mask), q, k, v)
+    return propagate_nonfinite(
+        _in_query_blocks(block, c, False, q, k, v, q_pos, k_pos, mask), q, k, v, mask.checked_keys
+    )
 
 
 def dense(
@@ -212,7 +214,7 @@ def dense(
     learned_bias = _needs_grad(q, k, v) and any(p.requires_grad for p in enc.parameters())
     recompute = learned_bias and saved_score_bytes(q, k, mask) > o.checkpoint_bytes
     out = _in_query_blocks(block, min(o.chunk_size, o.dense_chunk), recompute, q, k, v, q_pos, k_pos, mask, ctx=ctx)
-    return propagate_nonfinite(out, q, k, v)
+    return propagate_nonfinite(out, q, k, v, mask.checked_keys)
 
 
 # ``chunked`` blocks: at most CHUNKED_ROWS query rows and CHUNKED_SCORES scores per head
@@ -247,7 +249,7 @@ def chunked(
 
     rows = min(o.chunk_size, CHUNKED_ROWS)
     out = _in_query_blocks(block, rows, recompute, q, k, v, q_pos, k_pos, mask, scores=CHUNKED_SCORES, ctx=ctx)
-    return propagate_nonfinite(out, q, k, v)
+    return propagate_nonfinite(out, q, k, v, mask.checked_keys)
 
 
 def eager(
@@ -255,7 +257,7 @@ def eager(
 ) -> Tensor:
     """The oracle: every term materialised at once, float32 throughout."""
     out = materialized(enc, q.float(), k.float(), v.float(), q_pos, k_pos, mask, qk_proj, sinks, ctx, dropout=dropout)
-    return propagate_nonfinite(out, q, k, v).to(q.dtype)
+    return propagate_nonfinite(out, q, k, v, mask.checked_keys).to(q.dtype)
 
 
 def blockwise(
@@ -285,7 +287,7 @@ def blockwise(
             keep_bytes=o.checkpoint_bytes,
         )
         if out is not None:
-            return propagate_nonfinite(out, q, k, v)  # the fused calls would hide a NaN row
+            return propagate_nonfinite(out, q, k, v, mask.checked_keys)  # the fused calls would hide a NaN row
     general = dense if "dense" in supported_backends(enc) else chunked
     kw = {"ctx": ctx, "qk_proj": qk_proj, "options": options, "sinks": sinks, "dropout": dropout}
     return general(enc, q, k, v, q_pos, k_pos, mask, **kw)

@@ -225,8 +225,11 @@ class Rotary(PositionEncoding):
         built, now = getattr(self, "_built", ()), tuple(self._buffers.values())
         if fields is None or len(built) != len(now) or any(a is not b for a, b in zip(built, now)):
             return self, self.name
-        values = repr(tuple(getattr(self, f) for f in fields))
-        return type(self), f"{self.name}:{self.inv_freq.device}:{values}"
+        values = (self.inv_freq.device, *(getattr(self, f) for f in fields))
+        memo = self.__dict__.get("_table_key_memo")
+        if memo is None or memo[0] != values:  # (the repr once per change of the options, not per call)
+            memo = self.__dict__["_table_key_memo"] = (values, f"{self.name}:{values[0]}:{repr(values[1:])}")
+        return type(self), memo[1]
 
     def _tables(self, ctx, pos: Tensor, length: int, seq_len: int) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """``(positions with axes, (cos, sin))`` of ``pos`` for a tensor of ``length`` tokens, once

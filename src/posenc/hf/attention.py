@@ -33,14 +33,18 @@ What the attention interface does not carry, and how it is rebuilt here:
   (``masking_utils.find_packed_sequence_indices``), whenever no token is cached and
   nothing is padded. Each document then attends only within itself (posenc's
   ``AttentionMask.documents``, honoured by every backend).
-* **Rotated keys in the cache.** The model's cache stores keys before posenc's rotation,
-  so each decoding step rotates all cached keys at their positions again (as posenc's own
-  ``cache_raw_keys`` encodings do): ``O(L·Dh)`` more per layer and step, exact.
+* **Rotated keys in the cache.** HF's cache update runs before the attention function, on
+  keys the model did not rotate. An encoding whose key rotation depends on the key's position
+  only rotates the new keys and writes them into the cache's own tensor
+  (:mod:`posenc.hf.keys`), so the cache holds rotated keys as a stock model's does and a
+  decoding step costs what a stock one does. Other encodings and caches keep raw keys, which
+  each call rotates again at their positions (as posenc's own ``needs.raw_keys`` encodings do):
+  ``O(L·Dh)`` more per layer and step, exact.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import Tensor, nn
 from transformers import AttentionInterface
@@ -52,6 +56,7 @@ from ..base import PositionEncoding
 from ..context import Context
 from ..layer.attention import encode
 from ..mask import AttentionMask
+from .keys import rotated_rows
 from .masks import PosencMask, mask_interface
 
 __all__ = ["NAME", "LayerRecord", "PosencMask", "attention_forward", "mask_interface", "register", "layer_encoding"]
@@ -68,7 +73,8 @@ class LayerRecord:
     (joined with HF's); ``sinks``: posenc's learned sink logits ``(H,)`` (None: HF's own or none);
     ``rotary``: the model's rotary stand-in (multimodal positions); ``hidden``: where the
     encodings that read the hidden state keep their per-cache state; ``qk_proj``: the layer's
-    ``(W_Q, W_K)``; ``scores``: HF's ``(scaling, softcap)`` at conversion, which calls must keep.
+    ``(W_Q, W_K)``; ``scores``: HF's ``(scaling, softcap)`` at conversion, which calls must keep;
+    ``keeps_rotated``: HF's dynamic caches hold this layer's keys rotated (:mod:`posenc.hf.keys`).
     """
 
     encoding: PositionEncoding
@@ -79,6 +85,7 @@ class LayerRecord:
     hidden: object = None
     qk_proj: tuple | None = None
     scores: tuple = (None, None)
+    keeps_rotated: bool = False
 
 
 def layer_record(module: nn.Module) -> LayerRecord:
@@ -157,9 +164,16 @@ def attention_forward(
         ctx = Context(q_pos, k_pos, qk_proj=qk_proj, tables=mask.tables)
     if enc.needs.per_head_keys:  # key-side stages with per-head parameters see every query head's keys
         key, value = expand_kv(key, value, H)
-    # the q/k side, written once for posenc's layer and this one (HF's cache holds raw keys:
-    # every key comes in and is rotated here); grouped heads stay grouped: attend expands them
-    query, key, value, q_pos, k_pos, ctx = encode(enc, query, key, value, ctx)
+    # the q/k side, written once for posenc's layer and this one; grouped heads stay grouped:
+    # attend expands them. HF's cache holds rotated keys (rows: only the new ones are rotated,
+    # into the cache's tensor) or raw ones (every key is rotated here)
+    rows = rotated_rows(module, enc, key, value, k_pos, mask) if rec.keeps_rotated else None
+    if rows is not None:  # the new keys sit at the queries' positions
+        c = rows.cached
+        ctx = replace(ctx, k_pos=q_pos)
+        query, key, value, q_pos, k_pos, ctx = encode(enc, query, key[:, :, c:], value[:, :, c:], ctx, cache=rows)
+    else:
+        query, key, value, q_pos, k_pos, ctx = encode(enc, query, key, value, ctx)
     windows = [w for w in (mask.window, rec.window) if w is not None]
     sinks = kwargs.get("s_aux")
     if sinks is None:
@@ -173,9 +187,13 @@ def attention_forward(
         window=min(windows) if windows else None,
         chunk=rec.chunk,
         key_start=mask.kv_offset,
+        checked_keys=0 if rows is None else rows.checked_keys,  # (their check is on the cache)
     )
     # the layer's own attend step; HF passes the attention dropout in training and 0 otherwise
     out = attend(enc, query, key, value, q_pos, k_pos, amask, ctx=ctx, sinks=sinks, dropout=dropout)
+    found = None if rows is None else rows.nonfinite(H)
+    if found is not None:  # NaN in the heads whose cached rows held a NaN or an inf
+        out = out + found.to(out.dtype)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -36,6 +36,7 @@ from ..layer.setup import build_for_layer, layer_encodings
 from .attention import RECORD, LayerRecord
 from .hidden import HiddenReads, capture
 from .history import PositionHistory
+from .keys import capture_cache, keeps_rotated
 from .masks import PosencMask
 
 __all__ = ["PosencStack", "RotaryOff", "PositionsOff", "Dims"]
@@ -227,6 +228,7 @@ class PosencStack(nn.Module):
         self.unwire()
         before: dict[int, list[int]] = {}  # block -> indices of the encodings whose input stage runs there
         scores: dict[int, tuple] = {}  # encoding index -> (scale, softcap) given to it
+        shares_keys = any(getattr(a, "is_kv_shared_layer", False) for a in attentions)
         for i, attn in enumerate(attentions):
             enc = self.encoding(i)
             spec = self.specs[i]
@@ -243,6 +245,9 @@ class PosencStack(nn.Module):
                 hidden = self.hidden
                 self._handles.append(attn.register_forward_pre_hook(capture, with_kwargs=True))
             hf_scores = self._set_scores(i, attn, enc, scores)
+            rotated = keeps_rotated(enc, shares_keys)
+            if rotated:  # the attention function writes rotated keys into HF's cache (posenc.hf.keys)
+                self._handles.append(attn.register_forward_pre_hook(capture_cache, with_kwargs=True))
             if enc.stages & Stage.INPUT:
                 if enc.needs.input_at == "layer":
                     hook = functools.partial(self._input_hook, [self.layer_index[i]], i)
@@ -269,6 +274,7 @@ class PosencStack(nn.Module):
                 hidden=hidden,
                 qk_proj=qk_projections(attn, qk, self.layer_dims[i]),
                 scores=hf_scores,
+                keeps_rotated=rotated,
             )
         for at, which in before.items():
             hook = functools.partial(self._input_hook, which, at)

@@ -146,7 +146,7 @@ def merge_into(
     lse[:, heads, rows] = new
 
 
-def propagate_nonfinite(out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def propagate_nonfinite(out: Tensor, q: Tensor, k: Tensor, v: Tensor, checked: int = 0) -> Tensor:
     """``out`` ``(B, H, Lq, Dh)`` with NaN in every (batch row, head) whose ``q``, ``k`` or ``v`` holds a
     NaN or an infinity (``k``/``v`` may have ``H/g`` heads: grouped, query head ``h`` reads key
     head ``h // g``), unchanged elsewhere (bit for bit: ``x + 0``): every backend's rule
@@ -156,7 +156,15 @@ def propagate_nonfinite(out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     all NaN like a row that sees no key and returns zeros where ``eager`` returns NaN, and
     which rows a NaN key or value reaches depends on each kernel's masking and block
     skipping. The cost: three reductions over ``q``, ``k``, ``v`` and one add, no host sync.
+    ``checked``: key rows a cache checked when it wrote them (``AttentionMask.checked_keys``),
+    left out of the reductions (a decoding step then reads only its new keys).
     """
+    if checked:
+        k, v = k[:, :, checked:], v[:, :, checked:]
+        if not k.shape[2]:  # (every key checked: the query alone)
+            with torch.no_grad():
+                flag = q.sum((-2, -1), keepdim=True, dtype=torch.float32).mul_(0.0)
+            return out + flag.to(out.dtype)
     with torch.no_grad():  # a constant: 0 or NaN per (b, h), summed in float32 (no overflow to inf)
         flag = q.sum((-2, -1), keepdim=True, dtype=torch.float32)
         for t in (k, v):  # grouped k/v (fewer heads): each key head stands for its group of query heads
