@@ -30,6 +30,7 @@ from ..fields import Choice, Float, Int, ListOf
 from ..output import OutputFolder, check_creatable, write_text
 from ..registry import available
 from .compile import graph_breaks
+from .hf_model import HF_METHODS, HFModelConfig, run_hf_model
 from .kv_cache import KVCacheConfig, run_kv_cache
 from .markdown import markdown_report
 from .measure import machine_record
@@ -51,6 +52,7 @@ NAMES = {
     "--masks": ListOf(Choice(MASKS, what="mask"), dedupe=True),
     "--modes": ListOf(Choice(MODES, what="mode"), dedupe=True),
     "--backends": ListOf(Choice(backend_names, what="backend"), dedupe=True),
+    "--hf-methods": ListOf(Choice(HF_METHODS, what="method"), dedupe=True),
 }
 BATCH = Int(1, 4096)  # sequences per batch
 
@@ -145,6 +147,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--kv-tokens", type=Int(1, MAX_L).parse, default=256, help="tokens decoded by --kv-cache")
     p.add_argument("--kv-heads", type=Int(1, 1024).parse, default=None, help="k/v heads of --kv-cache (default H/4)")
+    p.add_argument(
+        "--hf-model",
+        type=nonempty_path,
+        default=None,
+        help="also a local HF checkpoint (config.json + safetensors): prefill and per-token decode of "
+        "posenc.hf.convert against stock HF, per --hf-methods and --hf-lengths",
+    )
+    p.add_argument("--hf-methods", type=NAMES["--hf-methods"].convert, default=["rope", "yarn"],
+                   help=f"methods of --hf-model ({', '.join(HF_METHODS)}; default rope,yarn)")  # fmt: skip
+    p.add_argument("--hf-lengths", type=LENGTHS.parse, default=[2048, 8192], help="prompt tokens of --hf-model")
+    p.add_argument("--hf-steps", type=Int(1, 10_000).parse, default=8, help="tokens decoded per --hf-model round")
+    p.add_argument("--hf-rounds", type=Int(1, 1000).parse, default=2, help="interleaved rounds of --hf-model")
     p.add_argument("--out", type=nonempty_path, default=Path("bench-results"), help="output folder")
     p.add_argument(
         "--markdown", type=nonempty_path, default=None, help="also write a Markdown report (RESULTS.md) here"
@@ -157,7 +171,7 @@ def _check(args: argparse.Namespace) -> str:
     """Names a flag does not know, flags that are fine alone but not together, or that this
     machine cannot serve: one sentence naming them (ValueError). Returns the device."""
     for flag, decl in NAMES.items():
-        unknown = decl.unknown(getattr(args, flag[2:]) or [])
+        unknown = decl.unknown(getattr(args, flag[2:].replace("-", "_")) or [])
         if unknown is not None:
             raise ValueError(f"{flag}: {unknown}")
     timed = not args.memory_only
@@ -188,6 +202,14 @@ def _check(args: argparse.Namespace) -> str:
     heads = args.train_dim // TRAIN_HEAD_DIM
     if args.kv_cache and args.kv_heads is not None and heads % args.kv_heads:
         raise ValueError(f"--kv-heads {args.kv_heads} must divide the {heads} heads of the model (train_dim // 64)")
+    hf_flags = args.hf_methods != ["rope", "yarn"] or args.hf_lengths != [2048, 8192]
+    if (hf_flags or args.hf_steps != 8 or args.hf_rounds != 2) and args.hf_model is None:
+        raise ValueError("--hf-methods/--hf-lengths/--hf-steps/--hf-rounds set the --hf-model run; add --hf-model DIR")
+    if args.hf_model is not None:
+        if not (args.hf_model / "config.json").is_file():
+            raise ValueError(f"--hf-model {str(args.hf_model)!r}: no config.json there (a local HF checkpoint folder)")
+        if importlib.util.find_spec("transformers") is None:
+            raise ValueError("--hf-model needs the 'transformers' package (pip install 'posenc[hf]')")
     if args.profile and not timed:
         raise ValueError("--profile profiles the timed lengths, which --memory-only skips")
     if args.markdown is not None:
@@ -267,16 +289,31 @@ def _run(args: argparse.Namespace, encodings: list[str], device: str) -> int:
                              tokens=args.kv_tokens, device=device, dtype=args.dtype)  # fmt: skip
         krows = run_kv_cache(kcfg, progress=say)
         config["kv_cache"] = asdict(kcfg)
-    paths = write_outputs(args.out, rows, trows, machine, config, breaks, krows)
+    hrows = []
+    if args.hf_model is not None:
+        hcfg = HFModelConfig(path=str(args.hf_model), methods=tuple(args.hf_methods), lengths=tuple(args.hf_lengths),
+                             steps=args.hf_steps, rounds=args.hf_rounds, device=device, dtype=args.dtype)  # fmt: skip
+        hrows = run_hf_model(hcfg, progress=say)
+        config["hf_model"] = asdict(hcfg)
+    paths = write_outputs(args.out, rows, trows, machine, config, breaks, krows, hrows)
     if not args.quiet:
-        print_tables(rows, trows, breaks=breaks, krows=krows)
+        print_tables(rows, trows, breaks=breaks, krows=krows, hrows=hrows)
         print(f"wrote {', '.join(str(p) for p in paths)}")
     if args.markdown:
         command = "posenc bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else ""
         plot_src = args.out / "time_vs_length.png"
         plot_rel = os.path.relpath(plot_src, args.markdown.parent) if plot_src.exists() else None
         text = markdown_report(
-            rows, trows, machine, command, config, notes=args.notes, plot_path=plot_rel, breaks=breaks, krows=krows
+            rows,
+            trows,
+            machine,
+            command,
+            config,
+            notes=args.notes,
+            plot_path=plot_rel,
+            breaks=breaks,
+            krows=krows,
+            hrows=hrows,
         )
         write_text(args.markdown, text)
         if not args.quiet:
@@ -285,6 +322,9 @@ def _run(args: argparse.Namespace, encodings: list[str], device: str) -> int:
     errors += [f"train {r['impl']}:{r['encoding']}: {r['status']}" for r in trows if r["status"].startswith("error")]
     errors += [f"graph breaks {b['encoding']}: {b['error']}" for b in breaks if b.get("error")]
     errors += [f"kv cache kv_heads={r['kv_heads']}: {r['status']}" for r in krows if r["status"] != "ok"]
+    errors += [
+        f"hf model {r['method']} {r['tokens']} {r['phase']}: {r['status']}" for r in hrows if r["status"] != "ok"
+    ]
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
     return 1 if errors else 0

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from .hf_model import hf_model_table
 from .kv_cache import kv_cache_table
 from .report import (
     _md,
@@ -41,6 +42,7 @@ def markdown_report(
     plot_path: str | None = None,
     breaks: list[dict] | None = None,
     krows: list[dict] | None = None,
+    hrows: list[dict] | None = None,
 ) -> str:
     m = machine
     parts = [
@@ -154,6 +156,19 @@ def markdown_report(
             'Both measured; "full / this" is the full-heads figure over this row\'s.',
             "",
             _md(*kv_cache_table(krows)),
+            "",
+        ]
+    if hrows:
+        parts += [
+            "## A real checkpoint: posenc.hf.convert against stock HF",
+            "",
+            "The checkpoint loaded twice per method in one process: stock HF with the method's own "
+            "`rope_parameters`, and the same weights converted by `posenc.hf.convert`. Prefill: one forward "
+            "over the prompt with a cache; decode: the median step of the greedy tokens after it. CPU time of "
+            "the calling thread (`time.thread_time`; CUDA: synchronised wall time), interleaved rounds; the "
+            "ratio is the median of the rounds' posenc / stock.",
+            "",
+            _md(*hf_model_table(hrows)),
             "",
         ]
     if plot_path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..output import Table, length_axis, make_console, pyplot, readable_log_axis, save_figure, write_csv, write_json
+from .hf_model import hf_model_table
 from .kv_cache import kv_cache_table
 
 __all__ = [
@@ -188,7 +189,9 @@ def _md(head, body) -> str:
     return Table(head, body).markdown().rstrip("\n")
 
 
-def print_tables(rows, trows, console=None, breaks: list[dict] | None = None, krows: list[dict] | None = None) -> None:
+def print_tables(
+    rows, trows, console=None, breaks: list[dict] | None = None, krows: list[dict] | None = None, hrows=None
+) -> None:
     console = console or make_console()
 
     def show(title, head, body):
@@ -214,6 +217,8 @@ def print_tables(rows, trows, console=None, breaks: list[dict] | None = None, kr
         show("torch.compile graph breaks", *breaks_table(breaks))
     if krows:
         show("KV cache after decoding: grouped k/v against full heads (measured)", *kv_cache_table(krows))
+    if hrows:
+        show("HF checkpoint: posenc.hf.convert against stock HF (thread CPU ms, same process)", *hf_model_table(hrows))
 
 
 def plot(rows: list[dict], path: Path, subtitle: str | None = None) -> None:
@@ -265,9 +270,14 @@ def write_outputs(
     config: dict,
     breaks: list[dict] | None = None,
     krows: list[dict] | None = None,
+    hrows: list[dict] | None = None,
 ) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
+    if hrows:
+        write_json(out / "hf_model.json", {"machine": machine, "rows": hrows})
+        write_csv(out / "hf_model.csv", hrows)
+        paths += [out / "hf_model.json", out / "hf_model.csv"]
     if krows:
         write_json(out / "kv_cache.json", {"machine": machine, "rows": krows})
         write_csv(out / "kv_cache.csv", krows)

@@ -1,0 +1,164 @@
+"""A real checkpoint through posenc's HF adapter against stock HF, in the same process.
+
+``posenc bench --hf-model DIR`` loads a local HF causal LM twice per method: stock, with the
+method's own ``rope_parameters`` (what transformers runs without posenc), and the same weights
+converted by :func:`posenc.hf.convert` (the method then runs through posenc's attention). For
+each length ``n`` it times, interleaved over ``rounds``:
+
+* ``prefill``: one forward over ``n`` tokens with a cache (what the first token costs);
+* ``decode``: the median per-token step of ``steps`` greedy tokens after that prefill (``n``
+  cached tokens), the cache growing as ``generate`` grows it.
+
+Times are the CPU time of the calling thread (``time.thread_time``) on CPU, so a machine shared
+with other work still compares like with like (wall time on CUDA, synchronised); ``ratio`` is
+posenc over stock, the median of the rounds' ratios. Nothing is asserted: the table is the result.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+__all__ = ["HF_METHODS", "HFModelConfig", "hf_model_table", "rope_parameters", "run_hf_model"]
+
+HF_METHODS = ("rope", "yarn", "linear", "ntk", "dynamic")
+
+
+@dataclass(frozen=True)
+class HFModelConfig:
+    """The run: checkpoint ``path``, ``methods`` (:data:`HF_METHODS`) at ``factor`` times the trained
+    length, ``lengths`` (prompt tokens), ``steps`` decoded tokens, ``rounds`` interleaved rounds."""
+
+    path: str
+    methods: tuple[str, ...] = ("rope", "yarn")
+    lengths: tuple[int, ...] = (2048, 8192)
+    steps: int = 8
+    rounds: int = 2
+    factor: float = 2.0
+    device: str = "cpu"
+    dtype: str = "float32"
+
+
+def rope_parameters(config, method: str, factor: float) -> dict | None:
+    """The stock ``rope_parameters`` of ``method`` on ``config`` (None: the checkpoint's own).
+
+    ``ntk`` is NTK-aware scaling as a new θ (``θ · s^(d/(d-2))``, bloc97 2023), which a stock
+    config expresses with ``rope_theta``; the others are HF's own ``rope_type``s.
+    """
+    if method == "rope":
+        return None
+    own = dict(config.rope_parameters or {})
+    theta = own.get("rope_theta")
+    if theta is None:
+        raise ValueError(f"{config.model_type}: rope_parameters has no rope_theta")
+    trained = int(getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings)
+    if method == "ntk":
+        d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return {"rope_type": "default", "rope_theta": theta * factor ** (d / (d - 2))}
+    out = {"rope_type": method, "rope_theta": theta, "factor": factor}
+    if method == "yarn":
+        out["original_max_position_embeddings"] = trained
+    return out
+
+
+def _load(cfg: HFModelConfig, method: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import posenc.hf
+
+    dtype = getattr(torch, cfg.dtype)
+    config = AutoConfig.from_pretrained(cfg.path, local_files_only=True, trust_remote_code=False)
+    params = rope_parameters(config, method, cfg.factor)
+    if params is not None:
+        config.rope_parameters = params
+    config.max_position_embeddings = max(config.max_position_embeddings, max(cfg.lengths) + cfg.steps)
+
+    def model():
+        m = AutoModelForCausalLM.from_pretrained(
+            cfg.path, config=config, dtype=dtype, local_files_only=True, trust_remote_code=False
+        )
+        return m.to(cfg.device).eval()
+
+    return model(), posenc.hf.convert(model())
+
+
+def _clock(device: torch.device) -> Callable[[], float]:
+    if device.type == "cuda":
+
+        def wall() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+
+        return wall
+    return time.thread_time
+
+
+def _time(model, tokens: torch.Tensor, steps: int, clock) -> tuple[float, float]:
+    """``(prefill seconds, median seconds per decoded token)`` of one round."""
+    with torch.no_grad():
+        start = clock()
+        out = model(tokens, use_cache=True)
+        prefill = clock() - start
+        cache, nxt, times = out.past_key_values, out.logits[:, -1:].argmax(-1), []
+        for _ in range(steps):
+            start = clock()
+            out = model(nxt, cache=cache, use_cache=True)
+            times.append(clock() - start)
+            nxt = out.logits[:, -1:].argmax(-1)
+    return prefill, statistics.median(times)
+
+
+def run_hf_model(cfg: HFModelConfig, progress: Callable[[str], None] | None = None) -> list[dict]:
+    """One row per method × length × phase (``prefill``, ``decode``): stock and posenc ms, the ratio."""
+    device, rows = torch.device(cfg.device), []
+    clock = _clock(device)
+    for method in cfg.methods:
+        try:
+            stock, ours = _load(cfg, method)
+        except (OSError, ValueError, RuntimeError) as e:
+            status = f"error: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+            rows += [_row(cfg, method, n, phase, status=status) for n in cfg.lengths for phase in ("prefill", "decode")]
+            continue
+        vocab = stock.config.vocab_size
+        for n in cfg.lengths:
+            if progress:
+                progress(f"hf model: {method} at {n} tokens ({cfg.rounds} rounds)")
+            tokens = torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(n)).to(device)
+            got = {"stock": [], "posenc": []}
+            for _ in range(cfg.rounds):  # interleaved, so a change of load hits both
+                got["stock"].append(_time(stock, tokens, cfg.steps, clock))
+                got["posenc"].append(_time(ours, tokens, cfg.steps, clock))
+            for i, phase in enumerate(("prefill", "decode")):
+                s = [r[i] for r in got["stock"]]
+                p = [r[i] for r in got["posenc"]]
+                ratio = statistics.median(b / a for a, b in zip(s, p) if a > 0)
+                rows.append(_row(cfg, method, n, phase, statistics.median(s), statistics.median(p), ratio))
+        del stock, ours
+    return rows
+
+
+def _row(cfg, method, n, phase, stock=None, ours=None, ratio=None, status="ok") -> dict:
+    def ms(t):
+        return None if t is None else round(t * 1000, 3)
+
+    keep = {k: v for k, v in asdict(cfg).items() if k not in ("methods", "lengths")}
+    return {**keep, "method": method, "tokens": n, "phase": phase, "stock_ms": ms(stock), "posenc_ms": ms(ours),
+            "ratio": None if ratio is None or math.isnan(ratio) else round(ratio, 3), "status": status}  # fmt: skip
+
+
+def hf_model_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the report's table."""
+    head = ["method", "phase", "tokens", "stock ms", "posenc ms", "posenc / stock", "status"]
+
+    def ms(x):
+        return "—" if x is None else f"{x:.1f}"
+
+    body = [[f"`{r['method']}`", r["phase"] + (" (per token)" if r["phase"] == "decode" else ""), str(r["tokens"]),
+             ms(r["stock_ms"]), ms(r["posenc_ms"]), "—" if r["ratio"] is None else f"{r['ratio']:.3f}×", r["status"]]
+            for r in rows]  # fmt: skip
+    return head, body

@@ -1,0 +1,67 @@
+"""``posenc bench --hf-model``: a local HF checkpoint through posenc.hf against stock HF, same process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posenc.cli import main
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=32,
+    )  # fmt: skip
+    path = tmp_path / "tiny"
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def test_bench_hf_model_rows(tmp_path, checkpoint, one_thread):
+    """Each method × length × phase has stock and posenc times and their ratio; the report shows them."""
+    out, md = tmp_path / "out", tmp_path / "R.md"
+    argv = ["bench", "--encodings", "rope", "--lengths", "16", "--warmup", "0", "--repeats", "1", "--no-throughput"]
+    argv += ["--no-references", "--no-memory", "--hf-model", str(checkpoint), "--hf-methods", "rope,yarn,ntk"]
+    argv += ["--hf-lengths", "24,40", "--hf-steps", "3", "--hf-rounds", "1", "--device", "cpu"]
+    argv += ["--out", str(out), "--markdown", str(md), "--quiet"]
+    assert main(argv) == 0
+    rows = json.loads((out / "hf_model.json").read_text())["rows"]
+    got = [(r["method"], r["tokens"], r["phase"]) for r in rows]
+    assert got == [(m, n, p) for m in ("rope", "yarn", "ntk") for n in (24, 40) for p in ("prefill", "decode")]
+    for r in rows:
+        assert r["status"] == "ok" and r["stock_ms"] > 0 and r["posenc_ms"] > 0 and r["ratio"] > 0
+    assert "A real checkpoint: posenc.hf.convert against stock HF" in md.read_text()
+
+
+def test_stock_rope_parameters_of_each_method():
+    """The stock configs the rows compare against: HF's own rope types, NTK as a new θ (bloc97 2023)."""
+    from transformers import LlamaConfig
+
+    from posenc.bench.hf_model import rope_parameters
+
+    cfg = LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=128)
+    theta = cfg.rope_parameters["rope_theta"]
+    assert rope_parameters(cfg, "rope", 2.0) is None
+    assert rope_parameters(cfg, "yarn", 4.0) == {
+        "rope_type": "yarn", "rope_theta": theta, "factor": 4.0, "original_max_position_embeddings": 128,
+    }  # fmt: skip
+    assert rope_parameters(cfg, "ntk", 2.0) == {"rope_type": "default", "rope_theta": theta * 2.0 ** (16 / 14)}
+
+
+def test_bench_hf_model_flags(tmp_path, capsys, checkpoint):
+    base = ["bench", "--out", str(tmp_path / "o"), "--quiet"]
+    assert main([*base, "--hf-lengths", "64"]) == 2
+    assert "set the --hf-model run; add --hf-model DIR" in capsys.readouterr().err
+    assert main([*base, "--hf-model", str(tmp_path)]) == 2
+    assert "no config.json there" in capsys.readouterr().err
+    assert main([*base, "--hf-model", str(checkpoint), "--hf-methods", "rope,nosuch"]) == 2
+    assert "--hf-methods" in (err := capsys.readouterr().err) and "nosuch" in err
