@@ -30,6 +30,8 @@ def test_method_options_follow_the_papers_rules():
     W, G = se["window"], se["group_size"]
     # Jin et al. 2024: (L - W)·G + W >= L_max, with the smallest such G
     assert (64 - W) * G + W >= 512 > (64 - W) * (G - 1) + W
+    # ChunkLlama's replace_with_chunkllama: chunk_size = 3/4 of the pretraining length, local window 1/16
+    assert o["dca"]["rope_extension"] == {"type": "dca", "chunk_size": 48, "local_size": 4}
     lk = o["leaky-rerope"]["rope_extension"]
     assert lk["window"] + (512 - lk["window"]) / lk["factor"] <= 64  # the longest distance maps inside L
     # not past the training length: no scaling, the smallest groups
@@ -68,7 +70,7 @@ def test_with_options_keeps_the_weights():
 
 def test_extend_run(tmp_path):
     out = tmp_path / "run"
-    methods = "none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend"
+    methods = ",".join(EXTEND_METHODS)
     assert run_cli(*TINY, "--steps", "3", "--encodings", "rope,xpos,alibi", "--extend", methods, "--out", str(out)) == 0
     res = json.loads((out / "results.json").read_text())
     got = [(e["encoding"], e["method"]) for e in res["extend"]]

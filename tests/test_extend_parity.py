@@ -4,7 +4,7 @@
   on a converted stock Llama, equal stock ``LlamaForCausalLM`` with HF's own
   ``rope_parameters`` set to that method (HF computes its frequencies itself);
 * within the window, the methods that should not change the model do not;
-* ReRoPE / Leaky ReRoPE / Self-Extend with chunked prefill on HF's cache equal their
+* ReRoPE / Leaky ReRoPE / Self-Extend / DCA with chunked prefill on HF's cache equal their
   full forward, past the training length;
 * sink-window (HF, block eviction) equals the full forward while nothing is evicted, and
   differs once something is.
@@ -98,7 +98,7 @@ def test_methods_leave_the_model_unchanged_within_their_window(method):
     assert not torch.allclose(logits(model, longer), logits(sub.model, longer), atol=1e-3)
 
 
-@pytest.mark.parametrize("method", ["rerope", "leaky-rerope", "self-extend", "none", "yarn"])
+@pytest.mark.parametrize("method", ["rerope", "leaky-rerope", "self-extend", "dca", "none", "yarn"])
 def test_chunked_prefill_equals_full_forward(method):
     torch.manual_seed(2)
     stock = LlamaForCausalLM(config()).eval()

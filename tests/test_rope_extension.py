@@ -184,13 +184,14 @@ def test_declarations():
         ({"type": "rerope", "window": 4, "scale_base": None}, True),
         ({"type": "leaky-rerope", "window": 4, "factor": 2, "scale_base": None}, True),
         ({"type": "self-extend", "window": 4, "group_size": 2}, False),  # floor(i/G) is absolute
+        ({"type": "dca", "chunk_size": 4, "local_size": 1}, False),  # so are its chunks floor(i/n)
     ):
         enc = posenc.build("rope-extension", heads=HEADS, head_dim=HEAD_DIM, max_len=TRAIN, rope_extension=ext)
         assert enc.stages == Stage.SCORES and enc.relative is relative, ext
         assert posenc.supported_backends(enc) == ["chunked", "eager"]
         assert posenc.select_backend(enc, "cuda") == "chunked"
-        assert enc.rope_extension["scale_base"] == ext.get(
-            "scale_base", TRAIN if ext["type"] != "self-extend" else None
+        assert enc.rope_extension.get("scale_base") == ext.get(
+            "scale_base", TRAIN if ext["type"] in ("rerope", "leaky-rerope") else None
         )
     # a class of its own: rope takes no rope_extension, and says which class does
     assert "rope_extension" in posenc.registry.options_of(posenc.get_class("rope-extension"))
@@ -207,6 +208,7 @@ CONTRACT = [
     {"type": "rerope", "window": 3, "scale_base": None},
     {"type": "leaky-rerope", "window": 3, "factor": 2},
     {"type": "self-extend", "window": 3, "group_size": 2},
+    {"type": "dca", "chunk_size": 3, "local_size": 1},  # chunks of 2 tokens: all three maps in use
 ]
 CL = 8  # L of the contract checks; max_len 4: positions past it, both maps in use
 N_C = attention_n(dim=DIM, head_dim=HEAD_DIM, length=CL)

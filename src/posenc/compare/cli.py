@@ -8,7 +8,7 @@ Examples::
     posenc compare --task copy --train-len 16 --eval-lens 8,16,32,64
     posenc compare --task grid --train-len 8 --eval-lens 8,12,16 --encodings rope,mrope,sinusoidal \\
         --encoding-options sinusoidal.axes=2        # rope over flattened tokens; rope.axes=2: axial
-    posenc compare --encodings rope --extend none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend
+    posenc compare --encodings rope --extend none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend,dca
     posenc compare --encodings "rope,nope,irope,local=rope(window=16)*3,rope"   # NAME=PATTERN: local
     posenc compare --resume --out runs/2026-01-01T00-00-00-a1b2c3
     posenc compare --overwrite --out runs/x      # start a finished run over
@@ -100,7 +100,7 @@ _HELP = {
     "stride": "sliding stride (default: half the window)",
     "position_buckets": "buckets of the per-position loss curve",
     "extend": "after training, evaluate the rotary models once per inference-time extension method: "
-    "none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend (table extend.md, plot extend.png)",
+    "none,linear,ntk,dynamic,yarn,rerope,leaky-rerope,self-extend,dca (table extend.md, plot extend.png)",
     "checkpoint_every": "write a checkpoint every N steps (and after each encoding)",
     "shard": "i/n: run encodings i, i+n, ... of the list (join the shards with --merge)",
     "data_dir": "a local directory holding WikiText-103's wiki.{train,valid,test}.tokens (word level; "

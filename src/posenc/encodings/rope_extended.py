@@ -1,8 +1,9 @@
-"""``rope-extension``: RoPE whose ``q·k`` term is ReRoPE's, Leaky ReRoPE's or Self-Extend's
-(Su, "ReRoPE: Rectified Rotary Position Embeddings", 2023; Jin et al., "LLM Maybe LongLM:
-Self-Extend LLM Context Window Without Tuning", ICML 2024).
+"""``rope-extension``: RoPE whose ``q·k`` term is ReRoPE's, Leaky ReRoPE's, Self-Extend's or
+Dual Chunk Attention's (Su, "ReRoPE: Rectified Rotary Position Embeddings", 2023; Jin et al.,
+"LLM Maybe LongLM: Self-Extend LLM Context Window Without Tuning", ICML 2024; An et al.,
+"Training-Free Long-Context Scaling of Large Language Models", ICML 2024).
 
-The methods themselves (the two score maps merged by distance, the references they are
+The methods themselves (the score maps merged by distance or by chunk, the references they are
 checked against) are in :mod:`.rope_extension`. They change what the encoding *is*: there
 is no q/k stage (the KV cache holds raw keys) and the whole ``q·k`` term comes from
 :meth:`RoPEExtension.qk_scores`, the ``SCORES`` stage, which only the backends that
@@ -32,7 +33,8 @@ class RoPEExtension(Rotary):
             ``{"type": "leaky-rerope", "window": w, "factor": k}``, Self-Extend
             ``{"type": "self-extend", "window": W, "group_size": G}``, each with an optional
             ``"scale_base"`` (log-n query scaling; ReRoPE's default is ``max_len``, as in
-            bojone/rerope; ``None`` turns it off). Default: ReRoPE with a window of
+            bojone/rerope; ``None`` turns it off); Dual Chunk Attention ``{"type": "dca",
+            "chunk_size": c, "local_size": l}`` (vLLM's names). Default: ReRoPE with a window of
             ``max_len // 4`` (512 without ``max_len``).
         base, layout, partial_rotary_factor: RoPE's. Plain 1-D RoPE only: the extensions are
             defined without ``axes`` or ``rope_scaling`` (nor ``rope-value``'s rotated values).
@@ -70,9 +72,10 @@ class RoPEExtension(Rotary):
 
     @property
     def relative(self) -> bool:
-        # Self-Extend's groups floor(i/G) and the log-n scaling read absolute positions
+        # Self-Extend's groups floor(i/G), DCA's chunks floor(i/n) and the log-n scaling read
+        # absolute positions
         ext = self.rope_extension
-        return ext["type"] != "self-extend" and ext["scale_base"] is None
+        return ext["type"] in ("rerope", "leaky-rerope") and ext["scale_base"] is None
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", rope_extension={self.rope_extension}"

@@ -96,8 +96,8 @@ class Rotary(PositionEncoding):
             uses ``base=10`` (mixed) and ``base=100`` (axial) on 14×14 ViT grids.
 
     Variants with other stages are classes of their own: ``rope-value`` (RoFormer's rotary
-    values, :class:`RoPEValue`) and ``rope-extension`` (ReRoPE, Leaky ReRoPE, Self-Extend:
-    :class:`~posenc.encodings.rope_extended.RoPEExtension`, stage ``SCORES``).
+    values, :class:`RoPEValue`) and ``rope-extension`` (ReRoPE, Leaky ReRoPE, Self-Extend, Dual
+    Chunk Attention: :class:`~posenc.encodings.rope_extended.RoPEExtension`, stage ``SCORES``).
     """
 
     paper = "Su et al., RoFormer: Enhanced Transformer with Rotary Position Embedding"

@@ -20,6 +20,8 @@ leaky-rerope  window ``w``, factor ``k = ⌈(L_max - w)/(L - w)⌉``  bojone/rer
 self-extend   window ``W = w``, group ``G = ⌈(L_max - W)/(L - W)⌉`` Jin et al. 2024: the largest
                                                                   distance ``W + (L_max - W)/G``
                                                                   stays within ``L``
+dca           chunk ``c = ⌊3L/4⌋``, local window ``⌊L/16⌋``        An et al. 2024 (ChunkLlama's
+                                                                  ``replace_with_chunkllama``)
 sink-window   4 sink tokens and a window of ``L - 4``: a cache     Xiao et al. 2024
               policy, positions counted inside the cache           (StreamingLLM)
 ============  ==================================================  ============================
@@ -28,7 +30,7 @@ sink-window   4 sink tokens and a window of ``L - 4``: a cache     Xiao et al. 2
 encoding's class (:func:`applies`): every method but ``sink-window`` is defined on rotary
 embeddings (:class:`~posenc.encodings.rotary.Rotary` and its subclasses); HF's scalings on the
 classes that compute RoPE's frequencies as HF does (RoPE, M-RoPE: not xPos, whose decay is
-its own); ReRoPE and Self-Extend on ``rope``, whose layers they make ``rope-extension``, a
+its own); ReRoPE, Self-Extend and DCA on ``rope``, whose layers they make ``rope-extension``, a
 class of its own (:func:`method_classes`), and on ``rope-extension`` itself.
 ``posenc compare --extend`` runs :data:`EXTEND_METHODS`, ``posenc extend`` all of :data:`METHODS`.
 """
@@ -56,13 +58,13 @@ __all__ = [
 ]
 
 # the methods posenc compare --extend may list (its trained models, through its own evaluation)
-EXTEND_METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "rerope", "leaky-rerope", "self-extend")
+EXTEND_METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "rerope", "leaky-rerope", "self-extend", "dca")
 # every method posenc extend runs: compare's, plus LongRoPE (where the model has its searched
 # factors) and StreamingLLM's sink + window cache (a cache policy, not an option)
 METHODS = (*EXTEND_METHODS, "longrope", "sink-window")
 SINKS = 4  # StreamingLLM's attention sinks (Xiao et al. 2024, §3.2: four initial tokens)
 _SCALINGS = ("linear", "dynamic", "yarn", "longrope")  # HF's rope_scaling types
-_EXTENSIONS = ("rerope", "leaky-rerope", "self-extend")  # posenc's rope_extension (the rope-extension class)
+_EXTENSIONS = ("rerope", "leaky-rerope", "self-extend", "dca")  # posenc's rope_extension (the rope-extension class)
 
 
 def method_options(
@@ -112,6 +114,8 @@ def method_options(
         "rerope": {"rope_extension": {"type": "rerope", "window": w, "scale_base": L}},
         "leaky-rerope": {"rope_extension": {"type": "leaky-rerope", "window": w, "factor": far, "scale_base": L}},
         "self-extend": {"rope_extension": {"type": "self-extend", "window": w, "group_size": far}},
+        # ChunkLlama: chunk_size = pretraining_length * 3 // 4, local_window = pretraining_length // 16
+        "dca": {"rope_extension": {"type": "dca", "chunk_size": L * 3 // 4, "local_size": L // 16}},
     }[method]
 
 
@@ -136,7 +140,7 @@ def applies(method: str, encoding: str) -> bool:
 
 def method_classes(method: str) -> dict[str, str]:
     """The registered encodings ``method`` turns a layer's encoding into, ``{old: new}``: ReRoPE,
-    Leaky ReRoPE and Self-Extend make ``rope`` layers ``rope-extension`` (their ``q·k`` term
+    Leaky ReRoPE, Self-Extend and DCA make ``rope`` layers ``rope-extension`` (their ``q·k`` term
     replaces the rotation: a class of its own); the other methods keep every class."""
     if method not in METHODS:
         raise ValueError(f"extension method must be one of {METHODS}, got {method!r}")

@@ -4,8 +4,9 @@ Per (method, length) cell: the windows of each perplexity protocol, the tokens e
 call reads (sliding windows overlap: a token is read by up to ``L / stride`` of them), and the
 passkey prompts. The estimate times one short forward of the model as trained (after an
 untimed one, so lazy set-up is not counted) and scales it by the tokens to read: ReRoPE and
-Self-Extend compute two score maps (twice the attention), and attention over a long context
-costs more per token than the short warm-up, so on a long length it is a lower bound.
+Self-Extend compute two score maps (twice the attention), DCA three, and attention over a
+long context costs more per token than the short warm-up, so on a long length it is a lower
+bound.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .passkey import DEPTHS, passkey_ids
 
 __all__ = ["plan", "sliding_tokens", "describe_plan"]
 
-_TWO_MAPS = ("rerope", "leaky-rerope", "self-extend")  # two score maps per layer
+_SCORE_MAPS = {"rerope": 2, "leaky-rerope": 2, "self-extend": 2, "dca": 3}  # q·k maps per layer (else 1)
 
 
 def sliding_tokens(span: int, length: int, stride: int) -> tuple[int, int]:
@@ -76,7 +77,7 @@ def plan(subject, settings: dict[str, Any], text_len: int, tokens, done: set) ->
             read = slide[1] + n_win * n + prompts * n
             cells.append({**cell, "runs": True, "windows": n_win, "sliding_windows": slide[0], "stride": stride,
                           "passkey_prompts": prompts, "tokens_read": read,
-                          "cost": read * (2 if m in _TWO_MAPS else 1)})  # fmt: skip
+                          "cost": read * _SCORE_MAPS.get(m, 1)})  # fmt: skip
     return {"cells": cells, "tokens_read": sum(c.get("tokens_read", 0) for c in cells)}
 
 
