@@ -13,6 +13,7 @@ Examples::
     posenc extend ./my-llama --methods none,yarn,self-extend --lengths 4096,16384 --device cuda --dtype bfloat16
     posenc extend runs/quick --encoding rope --lengths 1x,4x          # a compare run directory
     posenc extend ./my-llama --out runs/extend-llama --resume          # continue an interrupted run
+    posenc extend ./my-llama --save out/llama-yarn-4x --method yarn --length 4x   # an HF checkpoint
 """
 
 from __future__ import annotations
@@ -72,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="output folder (default: runs/<timestamp>-<random>)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out")
     parser.add_argument("--overwrite", action="store_true", help="start over in --out (removes only what a run listed)")
+    parser.add_argument("--save", metavar="DIR", help="write the model under --method set for --length as an HF "
+                        "checkpoint (stock rope_parameters where HF has the method, else posenc's remote code); "
+                        "no evaluation")  # fmt: skip
+    parser.add_argument("--method", help="with --save: the one method to save")
+    parser.add_argument("--length", help="with --save: the length it is set for (N tokens or Nx)")
 
 
 # a resumed run must be the same run: the settings, and these fingerprints of what they name
@@ -219,6 +225,10 @@ def _check_out(out: Path, model: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if any(getattr(args, k, None) is not None for k in ("save", "method", "length")):
+        from .save import run_save
+
+        return run_save(args)  # (posenc.extend.save: no evaluation)
     import torch
 
     from ..data import DataError
