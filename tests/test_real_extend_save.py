@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 import torch
 from tests.test_real_smollm2 import SHORT, checkpoint, ids, logits, real  # noqa: F401 (fixtures)
 
@@ -45,7 +44,12 @@ def test_yarn_2x_saves_as_a_stock_checkpoint_that_matches(checkpoint, ids, tmp_p
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     got = torch.load(tmp_path / "got.pt", weights_only=True)
-    assert got["rope"] == {"rope_type": "yarn", "rope_theta": 1e5, "factor": 2.0, "original_max_position_embeddings": 8192}
+    assert got["rope"] == {
+        "rope_type": "yarn",
+        "rope_theta": 1e5,
+        "factor": 2.0,
+        "original_max_position_embeddings": 8192,
+    }
     assert got["max"] == 16384
     subject = load_subject(str(checkpoint), device=torch.device("cpu"), dtype=torch.float32)
     model, _, why = subject.variant("yarn", 16384)

@@ -40,6 +40,7 @@ LENGTHS = ListOf(Str(what="length"), note="each N >= 8 tokens, or Nx: N times th
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .evaluate import PROTOCOLS
     from .methods import METHODS
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -52,7 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", help="UTF-8 text file for perplexity (default: the held-out tenth of posenc's "
                         "embedded corpus, Python's documentation)")  # fmt: skip
     parser.add_argument("--windows", type=Int(1, MAX_WINDOWS).parse, default=4,
-                        help="windows of each length the perplexity covers (default 4)")  # fmt: skip
+                        help="windows of each length the perplexity covers, and documents of the truncated "
+                             "protocol (default 4)")  # fmt: skip
+    parser.add_argument("--protocol", type=ListOf(Choice(tuple(PROTOCOLS), what="protocol"), dedupe=True).parse,
+                        default="sliding,windows", help="perplexity protocols, a column each: sliding (YaRN paper), "
+                        "windows (non-overlapping), truncated (the first L tokens of each document, YaRN's "
+                        "eval/perplexity.py) (default sliding,windows)")  # fmt: skip
     parser.add_argument("--stride", type=Int(1, MAX_LENGTH).parse,
                         help="sliding-window stride in tokens (default: min(256, L/2))")  # fmt: skip
     parser.add_argument("--chunk", type=Int(1, MAX_LENGTH).parse, default=512,
@@ -87,16 +93,18 @@ _CHANGED = {"model_fingerprint": "the model's config, weights or tokenizer chang
 
 def _settings(args, subject, lengths, device, text_fingerprint: str) -> dict[str, Any]:
     from .passkey import Tokens
+    from .record import run_record
 
     tokens = subject.tokenizer is not None and Tokens(subject.tokenizer).name or "bytes (UTF-8, ids 0-255)"
     return {"model": str(Path(args.model).resolve()), "methods": args.methods, "lengths": lengths,
             "train_len": subject.train_len,
             "text": "embedded corpus (held-out last 10 %)" if args.text is None else args.text,
-            "tokens_source": tokens, "windows": args.windows, "stride": args.stride, "chunk": args.chunk,
+            "tokens_source": tokens, "protocols": args.protocol, "windows": args.windows, "stride": args.stride, "chunk": args.chunk,
             "passkey_trials": args.passkey_trials, "encoding": args.encoding, "seed": args.seed,
             "device": str(device), "dtype": args.dtype, "model_fingerprint": subject.fingerprint,
             "text_fingerprint": text_fingerprint,
-            **({"budget": args.budget} if args.budget is not None else {})}  # fmt: skip
+            **({"budget": args.budget} if args.budget is not None else {}),
+            "ran_with": run_record(subject, args.methods, max(lengths), dtype=args.dtype, device=str(device))}  # fmt: skip
 
 
 def _text(args, subject, need: int):
@@ -205,6 +213,7 @@ def _resumed(out: Path, settings: dict[str, Any]) -> tuple[list[dict], dict | No
     """The cells of the run in ``out``, which must have been written with ``settings``, and the
     settings its ``--budget`` chose (kept: a resumed run scores its cells the same way)."""
     old = json.loads((out / "config.json").read_text())
+    old.pop("versions", None)  # (recorded, not compared: a resumed run may run under a newer posenc)
     if old != json.loads(json.dumps(settings)):
         diff = [k for k in settings if old.get(k) != json.loads(json.dumps(settings[k]))]
         why = "; ".join(f"{k}: {_CHANGED[k]}" for k in diff if k in _CHANGED)
@@ -235,8 +244,10 @@ def run(args: argparse.Namespace) -> int:
     from ..output import write_json
     from ..output.rundir import RunDir, default_out
     from .budget import Progress, parse_budget
+    from .documents import run_documents
     from .model import load_subject
-    from .report import FILES, write_outputs
+    from .record import versions
+    from .report import FILES, protocol_keys, write_outputs
     from .run import log_stderr, parse_lengths, resolve_lengths, run_cells
 
     try:
@@ -264,7 +275,11 @@ def run(args: argparse.Namespace) -> int:
                              f"allowed: 1..{min(lengths)}")  # fmt: skip
         text, text_fp = _text(args, subject, args.windows * max(lengths))
         settings = _settings(args, subject, lengths, device, text_fp)
-        text = text.to(device)
+        text, documents = text.to(device), None
+        if "truncated" in args.protocol:  # (posenc.extend.documents: what a document is)
+            documents, settings["documents"] = run_documents(args.text, subject, longest=max(lengths),
+                                                             count=args.windows)  # fmt: skip
+            documents = [d.to(device) for d in documents]
         if len(text) < max(lengths):
             raise ValueError(f"--text: {len(text)} tokens, fewer than the longest length {max(lengths)}; allowed: a "
                              f"text of at least {max(lengths)} tokens; give a longer --text or shorter --lengths")  # fmt: skip
@@ -272,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
         with RunDir(out, resume=args.resume, overwrite=args.overwrite, writes=FILES, tool="posenc extend") as rd:
             done, chosen = _resumed(out, settings) if args.resume else ([], None)
             if not args.resume:
-                write_json(out / "config.json", settings)
+                write_json(out / "config.json", {**settings, "versions": versions()})
             base = {}
 
             def save(cells):
@@ -281,9 +296,9 @@ def run(args: argparse.Namespace) -> int:
             try:
                 plan, settings, budget = _plan(subject, settings, text, done, log_stderr, chosen)
                 base = {"tool": "posenc extend", "model": subject.label, "train_len": subject.train_len,
-                        "settings": settings, "plan": plan, **({"budget": budget} if budget else {})}  # fmt: skip
+                        "versions": versions(), "settings": settings, "protocols": protocol_keys(settings), "plan": plan, **({"budget": budget} if budget else {})}  # fmt: skip
                 cells = run_cells(subject, settings, text, done, save, device=device, log=log_stderr,
-                                  progress=Progress(plan, log_stderr))  # fmt: skip
+                                  progress=Progress(plan, log_stderr), documents=documents)  # fmt: skip
             except BaseException:  # nothing worth resuming yet: leave the folder as it was
                 if not args.resume and not (out / "results.json").exists():
                     rd.discard()

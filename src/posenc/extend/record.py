@@ -57,7 +57,7 @@ def method_record(subject, method: str, longest: int, *, dtype: str, device: str
     if method == "sink-window":
         opts = method_options(method, train_tokens=subject.train_len, longest_tokens=longest)
         own = _own(subject, "none")
-        return {"rope_type": _type(own.get("rope_scaling")), "rope_theta": own.get("base", subject.rope.get("base")),
+        return {"rope_theta": own.get("base", subject.rope.get("base")), "rope_type": _type(own.get("rope_scaling")),
                 "sinks": opts["sinks"], "window": opts["window"], **rec}  # fmt: skip
     if method != "none" and not any(applies(method, s["encoding"]) for s in subject.specs):
         return {"applicable": False, "why": "no layer's encoding takes it", **rec}
@@ -72,9 +72,10 @@ def method_record(subject, method: str, longest: int, *, dtype: str, device: str
     theta = float(opts.get("base", own.get("base", subject.rope.get("base", 10000.0))))
     ext = opts.get("rope_extension")
     scaling = None if ext else opts.get("rope_scaling", own.get("rope_scaling"))
-    out: dict[str, Any] = {"rope_theta": theta, "rope_type": ext["type"] if ext else _type(scaling)}
+    # (ReRoPE / Self-Extend keep RoPE's default frequencies: the extension is what changes)
+    out: dict[str, Any] = {"rope_theta": theta, "rope_type": _type(scaling)}
     if ext:
-        out.update({k: v for k, v in ext.items() if k != "type"})
+        out.update({"extension": ext["type"], **{k: v for k, v in ext.items() if k != "type"}})
     if scaling:
         out["factor"] = scaling.get("factor")
         out["original_max_position_embeddings"] = scaling.get("original_max_position_embeddings", subject.train_len)
@@ -99,7 +100,7 @@ def run_record(subject, methods, longest: int, *, dtype: str, device: str) -> di
 
 
 def describe_record(rec: dict[str, Any]) -> str:
-    """One line: ``rope_type yarn, θ 10000, factor 4, original 32, attention factor 1.139``."""
+    """One line: ``θ 10000, rope_type yarn, factor 4, original 32, attention factor 1.13863``."""
     if rec.get("applicable") is False:
         return f"n/a ({rec.get('why')})"
     names = {"rope_theta": "θ", "original_max_position_embeddings": "original", "attention_factor":
@@ -108,6 +109,6 @@ def describe_record(rec: dict[str, Any]) -> str:
     for k, v in rec.items():
         if k in ("dtype", "device", "note") or v is None:
             continue
-        v = f"{v:.4g}" if isinstance(v, float) else v
-        parts.append(f"{names.get(k, k.replace('_', ' '))} {v}")
+        v = f"{v:.6g}" if isinstance(v, float) else v
+        parts.append(f"{names.get(k, k)} {v}")
     return ", ".join(parts)
