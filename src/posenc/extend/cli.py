@@ -279,6 +279,10 @@ def run(args: argparse.Namespace) -> int:
         if "truncated" in args.protocol:  # (posenc.extend.documents: what a document is)
             documents, settings["documents"] = run_documents(args.text, subject, longest=max(lengths),
                                                              count=args.windows)  # fmt: skip
+            if not documents:
+                raise ValueError(f"--protocol truncated: no document of the text has {max(lengths)} tokens (the "
+                                 "longest length); allowed: a text with such documents (see docs/extend.md) or "
+                                 "shorter --lengths")  # fmt: skip
             documents = [d.to(device) for d in documents]
         if len(text) < max(lengths):
             raise ValueError(f"--text: {len(text)} tokens, fewer than the longest length {max(lengths)}; allowed: a "

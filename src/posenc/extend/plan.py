@@ -77,7 +77,8 @@ def plan(subject, settings: dict[str, Any], text_len: int, tokens, done: set) ->
                 prompts = settings["passkey_trials"] * len(DEPTHS)
             read = slide[1] + n_win * n + docs * n + prompts * n
             cells.append({**cell, "runs": True, "windows": n_win, "sliding_windows": slide[0], "stride": stride,
-                          "documents": docs, "passkey_prompts": prompts, "tokens_read": read,
+                          "sliding": "sliding" in protocols, "documents": docs, "passkey_prompts": prompts,
+                          "tokens_read": read,
                           "cost": read * (2 if m in _TWO_MAPS else 1)})  # fmt: skip
     return {"cells": cells, "tokens_read": sum(c.get("tokens_read", 0) for c in cells)}
 
@@ -105,7 +106,8 @@ def describe_plan(p: dict[str, Any]) -> list[str]:
         if not c["runs"]:
             out.append(f"plan: {head}: not run ({c['why']})")
             continue
-        slide = ("the same window for both protocols" if not c["sliding_windows"] else
+        slide = (f"{c['windows']} non-overlapping (no sliding pass)" if not c.get("sliding", True) else
+                 "the same window for both protocols" if not c["sliding_windows"] else
                  f"{c['sliding_windows']} sliding (stride {c['stride']}) + {c['windows']} non-overlapping")  # fmt: skip
         if c.get("documents"):
             slide += f" + {c['documents']} document(s) truncated"
