@@ -1,11 +1,13 @@
 """``posenc extend MODEL``: how far a trained checkpoint goes past its training length, per training-free method.
 
 For each method of ``--methods`` at each length of ``--lengths``: perplexity on ``--text``
-(sliding window, YaRN protocol; non-overlapping windows too), passkey retrieval by length
-and depth, time per token and memory. Writes ``config.json``, ``results.json``,
-``results.csv``, ``table.md``, ``ppl.png``, ``passkey.png`` and ``report.md`` to ``--out``,
-with the guarantees of ``posenc compare``'s run folders (resumable, atomic writes, removes
-only what a run listed in its manifest). See docs/extend.md.
+under the protocols of ``--protocol`` (sliding window, the YaRN paper's; non-overlapping
+windows; truncated per document, the YaRN repository's), passkey retrieval by length and
+depth, time per token and memory, and what each method ran with (posenc.extend.record).
+Writes ``config.json``, ``results.json``, ``results.csv``, ``table.md``, ``ppl.png``,
+``passkey.png`` and ``report.md`` to ``--out``, with the guarantees of ``posenc compare``'s run folders (resumable, atomic writes, removes
+only what a run listed in its manifest). ``--save DIR --method M --length L`` writes the model
+under one method as an HF checkpoint instead (posenc.extend.save). See docs/extend.md.
 
 Examples::
 
