@@ -5,9 +5,10 @@ under the protocols of ``--protocol`` (sliding window, the YaRN paper's; non-ove
 windows; truncated per document, the YaRN repository's), passkey retrieval by length and
 depth, time per token and memory, and what each method ran with (posenc.extend.record).
 Writes ``config.json``, ``results.json``, ``results.csv``, ``table.md``, ``ppl.png``,
-``passkey.png`` and ``report.md`` to ``--out``, with the guarantees of ``posenc compare``'s run folders (resumable, atomic writes, removes
-only what a run listed in its manifest). ``--save DIR --method M --length L`` writes the model
-under one method as an HF checkpoint instead (posenc.extend.save). See docs/extend.md.
+``passkey.png`` and ``report.md`` to ``--out``, with the guarantees of ``posenc compare``'s
+run folders (resumable, atomic writes, removes only what a run listed in its manifest).
+``--save DIR --method M --length L`` writes the model under one method as an HF checkpoint
+instead (posenc.extend.save). See docs/extend.md.
 
 Examples::
 
@@ -101,12 +102,14 @@ def _settings(args, subject, lengths, device, text_fingerprint: str) -> dict[str
     return {"model": str(Path(args.model).resolve()), "methods": args.methods, "lengths": lengths,
             "train_len": subject.train_len,
             "text": "embedded corpus (held-out last 10 %)" if args.text is None else args.text,
-            "tokens_source": tokens, "protocols": args.protocol, "windows": args.windows, "stride": args.stride, "chunk": args.chunk,
+            "tokens_source": tokens, "protocols": args.protocol, "windows": args.windows, "stride": args.stride,
+            "chunk": args.chunk,
             "passkey_trials": args.passkey_trials, "encoding": args.encoding, "seed": args.seed,
             "device": str(device), "dtype": args.dtype, "model_fingerprint": subject.fingerprint,
             "text_fingerprint": text_fingerprint,
             **({"budget": args.budget} if args.budget is not None else {}),
-            "ran_with": run_record(subject, args.methods, max(lengths), dtype=args.dtype, device=str(device))}  # fmt: skip
+            "ran_with": run_record(subject, args.methods, max(lengths), dtype=args.dtype,
+                                   device=str(device))}  # fmt: skip
 
 
 def _text(args, subject, need: int):
@@ -302,7 +305,8 @@ def run(args: argparse.Namespace) -> int:
             try:
                 plan, settings, budget = _plan(subject, settings, text, done, log_stderr, chosen)
                 base = {"tool": "posenc extend", "model": subject.label, "train_len": subject.train_len,
-                        "versions": versions(), "settings": settings, "protocols": protocol_keys(settings), "plan": plan, **({"budget": budget} if budget else {})}  # fmt: skip
+                        "versions": versions(), "settings": settings, "protocols": protocol_keys(settings),
+                        "plan": plan, **({"budget": budget} if budget else {})}  # fmt: skip
                 cells = run_cells(subject, settings, text, done, save, device=device, log=log_stderr,
                                   progress=Progress(plan, log_stderr), documents=documents)  # fmt: skip
             except BaseException:  # nothing worth resuming yet: leave the folder as it was

@@ -1,11 +1,12 @@
 """What ``posenc extend`` will score, counted before any scoring, and a time estimate.
 
 Per (method, length) cell: the windows of each perplexity protocol (the documents of the
-truncated one), the tokens every forward call reads (sliding windows overlap: a token is read by
-up to ``L / stride`` of them), and the passkey prompts. The estimate times one short forward of the model as trained (after an
-untimed one, so lazy set-up is not counted) and scales it by the tokens to read: ReRoPE and
-Self-Extend compute two score maps (twice the attention), and attention over a long context
-costs more per token than the short warm-up, so on a long length it is a lower bound.
+truncated one), the tokens every forward call reads (sliding windows overlap: a token is read
+by up to ``L / stride`` of them), and the passkey prompts. The estimate times one short
+forward of the model as trained (after an untimed one, so lazy set-up is not counted) and
+scales it by the tokens to read: ReRoPE and Self-Extend compute two score maps (twice the
+attention), and attention over a long context costs more per token than the short warm-up, so
+on a long length it is a lower bound.
 """
 
 from __future__ import annotations

@@ -126,10 +126,11 @@ def tables(results: dict) -> list[Table]:
                          f"{(s.get('documents') or {}).get('count', 0)} documents"}  # fmt: skip
     once = "; one window: the two are the same computation, shown once" if any(
         "one window" in label for _, _, label in cols) else ""  # fmt: skip
+    how = "; ".join(said[p] for p, _, _ in protocols(results))
     t1 = Table([Column("method", code=True), Column("setting"),
                 *(Column(f"L={n}{' (train)' if n == train else ''} {label}", "right") for n, _, label in cols)],
-               ppl_rows, title=f"perplexity by length and protocol "
-               f"({'; '.join(said[p] for p, _, _ in protocols(results))}{once}); trained at L={train}{_cut(results)}")  # fmt: skip
+               ppl_rows, title=f"perplexity by length and protocol ({how}{once}); "
+                               f"trained at L={train}{_cut(results)}")  # fmt: skip
     t2 = Table([Column("method", code=True), *(Column(h, "right") for h in heads)], pk_rows,
                title=f"passkey exact match (mean over depths, {s['passkey_trials']} trials per depth) · "
                      "prefill wall time per token (one pass on a possibly shared machine: not a benchmark)")  # fmt: skip
@@ -287,8 +288,9 @@ def write_outputs(out: Path, results: dict, *, within: float, command: str) -> l
     """``table.md``, ``results.csv``, ``ppl.png``, ``passkey.png``, ``report.md``."""
     tabs = tables(results)
     write_text(out / "table.md", "\n\n".join(t.markdown() for t in tabs) + "\n")
-    cols = ("method", "setting", "length", "applicable", "why", "ppl", "ppl_windows", "ppl_truncated", "nll", "nll_windows", "nll_truncated", "documents", "tokens",
-            "stride", "windows", "passkey_mean", "ms_per_token", "kv_bytes", "cuda_peak_bytes", "rss_peak_bytes")  # fmt: skip
+    cols = ("method", "setting", "length", "applicable", "why", "ppl", "ppl_windows", "ppl_truncated", "nll",
+            "nll_windows", "nll_truncated", "documents", "tokens", "stride", "windows", "passkey_mean",
+            "ms_per_token", "kv_bytes", "cuda_peak_bytes", "rss_peak_bytes")  # fmt: skip
     rows = [{**c, "passkey_mean": _mean(c.get("passkey"))} for c in results["cells"]]
     rows += [{"method": c["method"], "length": c["length"], "setting": f"passkey depth {d}", "passkey_mean": v}
              for c in results["cells"] for d, v in (c.get("passkey") or {}).items()]  # fmt: skip

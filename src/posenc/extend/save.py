@@ -187,7 +187,8 @@ def save_extended(subject, method: str, length: int, out: str | Path, *, record:
                     shutil.copyfile(Path(subject.label) / name, staging / name)
             info = {"tool": TOOL, "method": method, "length": length, "kind": kind, "options": opts,
                     "loads_with": "transformers alone" if kind == "stock" else "trust_remote_code=True (posenc "
-                    "installed)", **saved, **({"ran_with": record} if record else {}), "versions": versions()}  # fmt: skip
+                    "installed)", **saved, **({"ran_with": record} if record else {}),
+                    "versions": versions()}  # fmt: skip
             write_text(staging / RECORD, json.dumps(info, indent=1, default=str) + "\n")
             for f in sorted(staging.iterdir()):
                 manifest.record(root / f.name)
