@@ -147,6 +147,21 @@ def test_save_dir_is_new_empty_or_its_own(ckpt, tmp_path, capsys):
     assert (own / "extra.bin").read_bytes() == b"x"
 
 
+def test_a_learned_table_saves_stock_within_it_and_is_refused_past_it(tmp_path, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(vocab_size=256, n_embd=32, n_layer=1, n_head=4, n_positions=L,
+                               bos_token_id=None, eos_token_id=None)).save_pretrained(tmp_path / "gpt2")  # fmt: skip
+    assert run(tmp_path / "gpt2", "--save", tmp_path / "far", "--method", "none", "--length", "2x") == 2
+    assert (
+        "--length 64: past what the model's positions hold (learned supports positions < 32" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "far").exists()
+    assert run(tmp_path / "gpt2", "--save", tmp_path / "in", "--method", "none", "--length", "1x") == 0
+    cfg = json.loads((tmp_path / "in" / "config.json").read_text())
+    assert cfg["model_type"] == "gpt2" and cfg["n_positions"] == L and "auto_map" not in cfg
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -9,14 +9,16 @@ Two kinds of folder, chosen by what the method is:
   weights as they are. transformers, lm-eval, vLLM and every client load it with no posenc.
   NTK-aware scaling is a change of ``rope_theta`` alone, so it is stock too. HF's ``dynamic``
   reads the training length from ``max_position_embeddings``: that one stays the training
-  length (give clients the context length yourself: lm-eval's ``max_length``).
+  length (give clients the context length yourself: lm-eval's ``max_length``). ``none`` on a
+  model without RoPE (GPT-2's learned table) is its config as it is.
 * **remote code** — ReRoPE, Leaky ReRoPE, Self-Extend (posenc's ``rope-extension``), and
   every method on a model that is already a posenc model or has ``rope_parameters`` per
   layer type: the converted model saved by :mod:`posenc.hf` (``auto_map`` to its
   ``posenc_remote.py``), loaded with ``trust_remote_code=True`` where posenc is installed.
 
 ``sink-window`` is a cache policy of the evaluation, not a model: nothing to save. A compare
-run directory holds a posenc ``TransformerLM``, not an HF model: refused.
+run directory holds a posenc ``TransformerLM``, not an HF model: refused; so is a length past
+what a learned position table holds.
 
 Nothing is written outside ``DIR``: the files go to a staging folder inside it, each listed
 in ``DIR``'s manifest (``.posenc-manifest.json``) before it is moved into place. ``DIR`` must
@@ -34,6 +36,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from ..functional import position_limit_reason
 from ..output.files import write_text
 from ..output.folder import OutputFolder, OutputFolderError
 from ..output.manifest import MANIFEST, Manifest
@@ -77,7 +80,8 @@ def _kind(subject, method: str, raw: dict) -> str:
 
     config = AutoConfig.from_pretrained(subject.label, local_files_only=True, trust_remote_code=False)
     one = _text_config(config) is config  # (a multimodal config nests its text model's: not written here)
-    return "stock" if one and _flat(getattr(config, "rope_parameters", None)) else "remote"
+    rope = getattr(config, "rope_parameters", None)
+    return "stock" if one and (_flat(rope) or (method == "none" and not rope)) else "remote"
 
 
 def _text_config(config):
@@ -129,10 +133,12 @@ def _write_stock(subject, method: str, opts: dict, length: int, staging: Path) -
 
     path = Path(subject.label)
     config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    params = stock_parameters(dict(config.rope_parameters), opts)
-    if params["rope_type"] == "dynamic":  # (HF's dynamic reads its original length from max_position_embeddings)
-        params.pop("original_max_position_embeddings", None)
-    config.rope_parameters = params
+    params = None  # (none on a model without RoPE, GPT-2's learned table: its config as it is)
+    if getattr(config, "rope_parameters", None):
+        params = stock_parameters(dict(config.rope_parameters), opts)
+        if params["rope_type"] == "dynamic":  # (HF's dynamic reads its original length from max_position_embeddings)
+            params.pop("original_max_position_embeddings", None)
+        config.rope_parameters = params
     own = int(config.max_position_embeddings)
     # HF's dynamic NTK reads the training length from max_position_embeddings: it stays that length
     config.max_position_embeddings = subject.train_len if method == "dynamic" else max(own, length)
@@ -170,6 +176,9 @@ def save_extended(subject, method: str, length: int, out: str | Path, *, record:
     model, opts, why = subject.variant(method, length)
     if model is None:
         raise ValueError(f"--method {method}: not applicable to this model ({why})")
+    limit = position_limit_reason(subject.encodings, length)  # (a learned table ends where it was trained)
+    if limit:
+        raise ValueError(f"--length {length}: past what the model's positions hold ({limit}); allowed: up to its table")
     raw = raw_json(Path(subject.label), "config.json") or {}
     kind = _kind(subject, method, raw)
     root = Path(out)
