@@ -1,4 +1,4 @@
-"""``posenc extend --protocol`` and what each method ran with (issue 65, parts 4 and 6).
+"""``posenc extend --protocol``, what each method ran with, and resumed progress (issue 65, parts 4, 6, 7).
 
 * the truncated per-document protocol equals a transcription of the YaRN repository's
   ``eval/perplexity.py`` (``--truncate``, ``--dataset-min-tokens``, ``--samples``) run on the
@@ -6,7 +6,8 @@
 * every perplexity column is labelled by its protocol in the table, ``results.json`` and
   ``report.md``; a protocol left out is not run;
 * ``config.json``, ``results.json`` and the head of ``report.md`` carry θ, rope_type, factors,
-  attention factor (YaRN's ``0.1 ln s + 1``), window/group sizes, dtype, device and versions.
+  attention factor (YaRN's ``0.1 ln s + 1``), window/group sizes, dtype, device and versions;
+* a resumed run's progress lines count and time only the cells left.
 """
 
 from __future__ import annotations
@@ -151,3 +152,16 @@ def test_every_run_records_what_each_method_ran_with(ckpt, tmp_path):
     config["versions"]["posenc"] = "0.0.0-older"
     (out / "config.json").write_text(json.dumps(config))
     assert run(ckpt, *args, "--resume") == 0
+
+
+def test_a_resumed_run_counts_and_times_only_the_cells_left(ckpt, tmp_path, capsys):
+    out = tmp_path / "res"
+    args = ("--lengths", "1x", "--methods", "none,ntk,yarn", *FAST, "--out", out)
+    assert run(ckpt, *args) == 0
+    first = json.loads((out / "results.json").read_text())
+    (out / "results.json").write_text(json.dumps({**first, "cells": first["cells"][:1]}))  # stopped after `none`
+    capsys.readouterr()
+    assert run(ckpt, *args, "--resume") == 0
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[")]
+    assert [ln.split(":")[0] for ln in lines] == ["[1/2] ntk @ 32", "[2/2] yarn @ 32"]
+    assert all(ln.endswith(" left") and ", about " in ln for ln in lines)
