@@ -1,11 +1,14 @@
 """``posenc extend MODEL``: how far a trained checkpoint goes past its training length, per training-free method.
 
 For each method of ``--methods`` at each length of ``--lengths``: perplexity on ``--text``
-(sliding window, YaRN protocol; non-overlapping windows too), passkey retrieval by length
-and depth, time per token and memory. Writes ``config.json``, ``results.json``,
-``results.csv``, ``table.md``, ``ppl.png``, ``passkey.png`` and ``report.md`` to ``--out``,
-with the guarantees of ``posenc compare``'s run folders (resumable, atomic writes, removes
-only what a run listed in its manifest). See docs/extend.md.
+under the protocols of ``--protocol`` (sliding window, the YaRN paper's; non-overlapping
+windows; truncated per document, the YaRN repository's), passkey retrieval by length and
+depth, time per token and memory, and what each method ran with (posenc.extend.record).
+Writes ``config.json``, ``results.json``, ``results.csv``, ``table.md``, ``ppl.png``,
+``passkey.png`` and ``report.md`` to ``--out``, with the guarantees of ``posenc compare``'s
+run folders (resumable, atomic writes, removes only what a run listed in its manifest).
+``--save DIR --method M --length L`` writes the model under one method as an HF checkpoint
+instead (posenc.extend.save). See docs/extend.md.
 
 Examples::
 
@@ -13,6 +16,7 @@ Examples::
     posenc extend ./my-llama --methods none,yarn,self-extend --lengths 4096,16384 --device cuda --dtype bfloat16
     posenc extend runs/quick --encoding rope --lengths 1x,4x          # a compare run directory
     posenc extend ./my-llama --out runs/extend-llama --resume          # continue an interrupted run
+    posenc extend ./my-llama --save out/llama-yarn-4x --method yarn --length 4x   # an HF checkpoint
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ LENGTHS = ListOf(Str(what="length"), note="each N >= 8 tokens, or Nx: N times th
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .evaluate import PROTOCOLS
     from .methods import METHODS
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -51,7 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", help="UTF-8 text file for perplexity (default: the held-out tenth of posenc's "
                         "embedded corpus, Python's documentation)")  # fmt: skip
     parser.add_argument("--windows", type=Int(1, MAX_WINDOWS).parse, default=4,
-                        help="windows of each length the perplexity covers (default 4)")  # fmt: skip
+                        help="windows of each length the perplexity covers, and documents of the truncated "
+                             "protocol (default 4)")  # fmt: skip
+    parser.add_argument("--protocol", type=ListOf(Choice(tuple(PROTOCOLS), what="protocol"), dedupe=True).parse,
+                        default="sliding,windows", help="perplexity protocols, a column each: sliding (YaRN paper), "
+                        "windows (non-overlapping), truncated (the first L tokens of each document, YaRN's "
+                        "eval/perplexity.py) (default sliding,windows)")  # fmt: skip
     parser.add_argument("--stride", type=Int(1, MAX_LENGTH).parse,
                         help="sliding-window stride in tokens (default: min(256, L/2))")  # fmt: skip
     parser.add_argument("--chunk", type=Int(1, MAX_LENGTH).parse, default=512,
@@ -72,6 +82,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="output folder (default: runs/<timestamp>-<random>)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out")
     parser.add_argument("--overwrite", action="store_true", help="start over in --out (removes only what a run listed)")
+    parser.add_argument("--save", metavar="DIR", help="write the model under --method set for --length as an HF "
+                        "checkpoint (stock rope_parameters where HF has the method, else posenc's remote code); "
+                        "no evaluation")  # fmt: skip
+    parser.add_argument("--method", help="with --save: the one method to save")
+    parser.add_argument("--length", help="with --save: the length it is set for (N tokens or Nx)")
 
 
 # a resumed run must be the same run: the settings, and these fingerprints of what they name
@@ -81,16 +96,20 @@ _CHANGED = {"model_fingerprint": "the model's config, weights or tokenizer chang
 
 def _settings(args, subject, lengths, device, text_fingerprint: str) -> dict[str, Any]:
     from .passkey import Tokens
+    from .record import run_record
 
     tokens = subject.tokenizer is not None and Tokens(subject.tokenizer).name or "bytes (UTF-8, ids 0-255)"
     return {"model": str(Path(args.model).resolve()), "methods": args.methods, "lengths": lengths,
             "train_len": subject.train_len,
             "text": "embedded corpus (held-out last 10 %)" if args.text is None else args.text,
-            "tokens_source": tokens, "windows": args.windows, "stride": args.stride, "chunk": args.chunk,
+            "tokens_source": tokens, "protocols": args.protocol, "windows": args.windows, "stride": args.stride,
+            "chunk": args.chunk,
             "passkey_trials": args.passkey_trials, "encoding": args.encoding, "seed": args.seed,
             "device": str(device), "dtype": args.dtype, "model_fingerprint": subject.fingerprint,
             "text_fingerprint": text_fingerprint,
-            **({"budget": args.budget} if args.budget is not None else {})}  # fmt: skip
+            **({"budget": args.budget} if args.budget is not None else {}),
+            "ran_with": run_record(subject, args.methods, max(lengths), dtype=args.dtype,
+                                   device=str(device))}  # fmt: skip
 
 
 def _text(args, subject, need: int):
@@ -199,6 +218,7 @@ def _resumed(out: Path, settings: dict[str, Any]) -> tuple[list[dict], dict | No
     """The cells of the run in ``out``, which must have been written with ``settings``, and the
     settings its ``--budget`` chose (kept: a resumed run scores its cells the same way)."""
     old = json.loads((out / "config.json").read_text())
+    old.pop("versions", None)  # (recorded, not compared: a resumed run may run under a newer posenc)
     if old != json.loads(json.dumps(settings)):
         diff = [k for k in settings if old.get(k) != json.loads(json.dumps(settings[k]))]
         why = "; ".join(f"{k}: {_CHANGED[k]}" for k in diff if k in _CHANGED)
@@ -219,14 +239,20 @@ def _check_out(out: Path, model: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if any(getattr(args, k, None) is not None for k in ("save", "method", "length")):
+        from .save import run_save
+
+        return run_save(args)  # (posenc.extend.save: no evaluation)
     import torch
 
     from ..data import DataError
     from ..output import write_json
     from ..output.rundir import RunDir, default_out
     from .budget import Progress, parse_budget
+    from .documents import run_documents
     from .model import load_subject
-    from .report import FILES, write_outputs
+    from .record import versions
+    from .report import FILES, protocol_keys, write_outputs
     from .run import log_stderr, parse_lengths, resolve_lengths, run_cells
 
     try:
@@ -254,7 +280,15 @@ def run(args: argparse.Namespace) -> int:
                              f"allowed: 1..{min(lengths)}")  # fmt: skip
         text, text_fp = _text(args, subject, args.windows * max(lengths))
         settings = _settings(args, subject, lengths, device, text_fp)
-        text = text.to(device)
+        text, documents = text.to(device), None
+        if "truncated" in args.protocol:  # (posenc.extend.documents: what a document is)
+            documents, settings["documents"] = run_documents(args.text, subject, longest=max(lengths),
+                                                             count=args.windows)  # fmt: skip
+            if not documents:
+                raise ValueError(f"--protocol truncated: no document of the text has {max(lengths)} tokens (the "
+                                 "longest length); allowed: a text with such documents (see docs/extend.md) or "
+                                 "shorter --lengths")  # fmt: skip
+            documents = [d.to(device) for d in documents]
         if len(text) < max(lengths):
             raise ValueError(f"--text: {len(text)} tokens, fewer than the longest length {max(lengths)}; allowed: a "
                              f"text of at least {max(lengths)} tokens; give a longer --text or shorter --lengths")  # fmt: skip
@@ -262,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
         with RunDir(out, resume=args.resume, overwrite=args.overwrite, writes=FILES, tool="posenc extend") as rd:
             done, chosen = _resumed(out, settings) if args.resume else ([], None)
             if not args.resume:
-                write_json(out / "config.json", settings)
+                write_json(out / "config.json", {**settings, "versions": versions()})
             base = {}
 
             def save(cells):
@@ -271,9 +305,10 @@ def run(args: argparse.Namespace) -> int:
             try:
                 plan, settings, budget = _plan(subject, settings, text, done, log_stderr, chosen)
                 base = {"tool": "posenc extend", "model": subject.label, "train_len": subject.train_len,
-                        "settings": settings, "plan": plan, **({"budget": budget} if budget else {})}  # fmt: skip
+                        "versions": versions(), "settings": settings, "protocols": protocol_keys(settings),
+                        "plan": plan, **({"budget": budget} if budget else {})}  # fmt: skip
                 cells = run_cells(subject, settings, text, done, save, device=device, log=log_stderr,
-                                  progress=Progress(plan, log_stderr))  # fmt: skip
+                                  progress=Progress(plan, log_stderr), documents=documents)  # fmt: skip
             except BaseException:  # nothing worth resuming yet: leave the folder as it was
                 if not args.resume and not (out / "results.json").exists():
                     rd.discard()

@@ -6,6 +6,10 @@
   with up to ``L`` tokens of context.
 * **Perplexity, non-overlapping windows**: the text cut into windows of ``L``, every token
   scored (context 0 .. L-1); the second column.
+* **Perplexity, truncated per document** (``--protocol truncated``; the YaRN repository's
+  ``eval/perplexity.py``): the first ``L`` tokens of each of the same documents, every token
+  scored, ``exp`` of the mean of the documents' mean losses (:mod:`posenc.extend.documents`
+  says what a document is).
 * **Time per token**: the wall time of the non-overlapping pass over its tokens (prefill).
 * **Memory**: the bytes the KV cache holds at the end of a window of ``L`` (measured on the
   cache's tensors), CUDA's peak allocation on a GPU, and the process's peak resident set so
@@ -33,7 +37,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["token_scores", "perplexity", "cache_bytes", "peak_rss_bytes", "sink_block"]
+__all__ = ["PROTOCOLS", "token_scores", "perplexity", "truncated", "cache_bytes", "peak_rss_bytes", "sink_block"]
+
+# --protocol's names -> (the cell's perplexity key, the label every output gives its column)
+PROTOCOLS = {"sliding": ("ppl", "sliding"), "windows": ("ppl_windows", "non-overlapping"),
+             "truncated": ("ppl_truncated", "truncated per document")}  # fmt: skip
 
 
 def peak_rss_bytes() -> int:
@@ -122,7 +130,7 @@ def token_scores(kind: str, model, ids: Tensor, *, chunk: int, sink: dict | None
 
 
 def perplexity(kind: str, model, text: Tensor, length: int, *, stride: int, windows: int, chunk: int,
-               sink: dict | None = None) -> dict[str, Any]:  # fmt: skip
+               sink: dict | None = None, sliding: bool = True) -> dict[str, Any]:  # fmt: skip
     """Sliding-window and non-overlapping perplexity of ``text`` ``(N,)`` at ``length``.
 
     Both passes cover the first ``windows · length`` tokens of the text (as many whole
@@ -133,15 +141,19 @@ def perplexity(kind: str, model, text: Tensor, length: int, *, stride: int, wind
     protocols are the same computation: it runs once (``one_pass``), both values its. Returns
     ``{"ppl", "ppl_windows", "nll", "nll_windows", "tokens", "ms_per_token", "kv_bytes",
     "stride", "windows"}``; a non-finite loss gives ``None`` perplexity and ``nonfinite: True``.
+    ``sliding=False``: no sliding pass (no ``ppl``/``nll``; the non-overlapping one always runs:
+    it times the prefill).
     """
     n_win = max(1, min(windows, len(text) // length))
     span = text[: n_win * length]
     total, count, prev_end = 0.0, 0, 0
     once = n_win == 1  # one window: the sliding pass is the non-overlapping one (same tokens, same context)
-    if sink is not None and not once:  # StreamingLLM: one stream over the text, the cache bounded by its policy
+    if (
+        sink is not None and not once and sliding
+    ):  # StreamingLLM: one stream over the text, the cache bounded by its policy
         nll, _, _ = token_scores(kind, model, span, chunk=chunk, sink=sink)
         total, count, prev_end = float(nll.sum()), nll.numel(), len(span)
-    for begin in range(0, len(span) - 1 if sink is None and not once else 0, stride):
+    for begin in range(0, len(span) - 1 if sink is None and not once and sliding else 0, stride):
         end = min(begin + length, len(span))
         nll, _, _ = token_scores(kind, model, span[begin:end], chunk=chunk, sink=sink)
         new = end - max(prev_end, begin + 1)  # targets this window scores first
@@ -160,9 +172,29 @@ def perplexity(kind: str, model, text: Tensor, length: int, *, stride: int, wind
     out = {"nll": total / max(count, 1), "nll_windows": tot_w / max(cnt_w, 1), "tokens": count,
            "tokens_windows": cnt_w, "ms_per_token": 1000 * elapsed / max(n_win * length, 1), "kv_bytes": kv,
            "stride": stride, "windows": n_win, "one_pass": once}  # fmt: skip
-    for k in ("nll", "nll_windows"):
+    if not sliding:
+        del out["nll"], out["tokens"], out["stride"]
+    return _with_ppl(out)
+
+
+def _with_ppl(out: dict[str, Any]) -> dict[str, Any]:
+    for k in [k for k in out if k.startswith("nll")]:
         v = out[k]
         out["ppl" + k[3:]] = math.exp(v) if math.isfinite(v) and v < 700 else None
         if not math.isfinite(v):
             out["nonfinite"] = True
     return out
+
+
+def truncated(kind: str, model, documents: list[Tensor], *, length: int, chunk: int,
+              sink: dict | None = None) -> dict[str, Any]:  # fmt: skip
+    """The truncated per-document protocol at ``length``: the first ``length`` tokens of each
+    document (every one has at least the longest length, posenc.extend.documents), all scored;
+    ``{"nll_truncated", "ppl_truncated", "documents"}`` (no document: ``ppl_truncated`` None)."""
+    if not documents:
+        return {"ppl_truncated": None, "documents": 0}
+    per_doc = []
+    for d in documents:
+        nll, _, _ = token_scores(kind, model, d[:length], chunk=chunk, sink=sink)
+        per_doc.append(float(nll.mean()))
+    return _with_ppl({"nll_truncated": sum(per_doc) / len(per_doc), "documents": len(per_doc)})

@@ -1,12 +1,12 @@
 """What ``posenc extend`` will score, counted before any scoring, and a time estimate.
 
-Per (method, length) cell: the windows of each perplexity protocol, the tokens every forward
-call reads (sliding windows overlap: a token is read by up to ``L / stride`` of them), and the
-passkey prompts. The estimate times one short forward of the model as trained (after an
-untimed one, so lazy set-up is not counted) and scales it by the tokens to read: ReRoPE and
-Self-Extend compute two score maps (twice the attention), DCA three, and attention over a
-long context costs more per token than the short warm-up, so on a long length it is a lower
-bound.
+Per (method, length) cell: the windows of each perplexity protocol (the documents of the
+truncated one), the tokens every forward call reads (sliding windows overlap: a token is read
+by up to ``L / stride`` of them), and the passkey prompts. The estimate times one short
+forward of the model as trained (after an untimed one, so lazy set-up is not counted) and
+scales it by the tokens to read: ReRoPE and Self-Extend compute two score maps (twice the
+attention), DCA three, and attention over a long context costs more per token than the short
+warm-up, so on a long length it is a lower bound.
 """
 
 from __future__ import annotations
@@ -65,8 +65,10 @@ def plan(subject, settings: dict[str, Any], text_len: int, tokens, done: set) ->
                 continue
             n_win = max(1, min(settings["windows"], text_len // n))
             stride = stride_for(settings, n)
-            if n_win == 1:
-                slide = (0, 0)  # the one window is both protocols (scored once)
+            protocols = settings.get("protocols", ("sliding", "windows"))
+            docs = (settings.get("documents") or {}).get("count", 0) if "truncated" in protocols else 0
+            if n_win == 1 or "sliding" not in protocols:
+                slide = (0, 0)  # the one window is both protocols (scored once), or no sliding pass
             elif m == "sink-window":
                 slide = (1, n_win * n)
             else:
@@ -74,9 +76,10 @@ def plan(subject, settings: dict[str, Any], text_len: int, tokens, done: set) ->
             prompts = 0
             if tokens is not None and settings["passkey_trials"] and passkey_ids(tokens, n, 0.0, "00000"):
                 prompts = settings["passkey_trials"] * len(DEPTHS)
-            read = slide[1] + n_win * n + prompts * n
+            read = slide[1] + n_win * n + docs * n + prompts * n
             cells.append({**cell, "runs": True, "windows": n_win, "sliding_windows": slide[0], "stride": stride,
-                          "passkey_prompts": prompts, "tokens_read": read,
+                          "sliding": "sliding" in protocols, "documents": docs, "passkey_prompts": prompts,
+                          "tokens_read": read,
                           "cost": read * _SCORE_MAPS.get(m, 1)})  # fmt: skip
     return {"cells": cells, "tokens_read": sum(c.get("tokens_read", 0) for c in cells)}
 
@@ -104,8 +107,11 @@ def describe_plan(p: dict[str, Any]) -> list[str]:
         if not c["runs"]:
             out.append(f"plan: {head}: not run ({c['why']})")
             continue
-        slide = ("the same window for both protocols" if not c["sliding_windows"] else
+        slide = (f"{c['windows']} non-overlapping (no sliding pass)" if not c.get("sliding", True) else
+                 "the same window for both protocols" if not c["sliding_windows"] else
                  f"{c['sliding_windows']} sliding (stride {c['stride']}) + {c['windows']} non-overlapping")  # fmt: skip
+        if c.get("documents"):
+            slide += f" + {c['documents']} document(s) truncated"
         out.append(f"plan: {head}: {c['windows']} window(s) of {c['length']} tokens, {slide}; "
                    f"{c['passkey_prompts']} passkey prompts; {c['tokens_read']} tokens read")  # fmt: skip
     w = p["warmup"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..output import Column, Table, length_axis, pyplot, readable_log_axis, save_figure, write_csv, write_text
 
-__all__ = ["tables", "write_outputs", "reading", "shown", "FILES"]
+__all__ = ["tables", "write_outputs", "reading", "shown", "protocols", "protocol_keys", "FILES"]
 
 FILES = ("config.json", "results.json", "results.csv", "table.md", "report.md", "ppl.png", "passkey.png")
 
@@ -51,25 +51,69 @@ def _grid(results: dict) -> tuple[list[str], list[int], dict]:
     return methods, lengths, {(c["method"], c["length"]): c for c in cells}
 
 
+def protocols(results: dict) -> list[tuple[str, str, str]]:
+    """``[(protocol, cell key, label)]`` of the run's perplexity columns, in ``--protocol``'s order
+    (a run of posenc before ``--protocol``: sliding and non-overlapping)."""
+    from .evaluate import PROTOCOLS
+
+    chosen = results["settings"].get("protocols") or ["sliding", "windows"]
+    return [(p, *PROTOCOLS[p]) for p in chosen]
+
+
+def protocol_keys(settings: dict) -> dict[str, dict[str, str]]:
+    """results.json's label of every perplexity column: ``{protocol: {"key": cell key, "label": ...}}``."""
+    return {p: {"key": key, "label": label} for p, key, label in protocols({"settings": settings})}
+
+
+def _primary(results: dict) -> tuple[str, str]:
+    """``(cell key, label)`` of the protocol the reading holds the methods to: the first chosen."""
+    _, key, label = protocols(results)[0]
+    return key, label
+
+
+def _columns(results: dict, at: dict, lengths: list[int]) -> list[tuple[int, list[str], str]]:
+    """``[(length, cell keys, label)]``: a column per length and protocol. Where a length was scored
+    in one window (``one_pass``), sliding and non-overlapping are one computation: one column."""
+    protos = protocols(results)
+    out = []
+    for n in lengths:
+        once = any(c.get("one_pass") for (_, k), c in at.items() if k == n)
+        keys = {p for p, _, _ in protos}
+        for p, key, label in protos:
+            if once and {"sliding", "windows"} <= keys and p in ("sliding", "windows"):
+                if p == "sliding":
+                    out.append((n, [key], "sliding = non-overlapping (one window)"))
+                continue
+            out.append((n, [key], label))
+    return out
+
+
 def tables(results: dict) -> list[Table]:
-    """Perplexity (sliding, non-overlapping in brackets) and passkey/time/memory, one row per method."""
+    """Perplexity (a column per length and protocol, each labelled by its protocol) and
+    passkey/time/memory, one row per method."""
     methods, lengths, at = _grid(results)
     train = results["train_len"]
+    cols = _columns(results, at, lengths)
     heads = [f"L={n}" + (" (train)" if n == train else "") for n in lengths]
     ppl_rows, pk_rows = [], []
     for m in methods:
         setting = next((c["setting"] for c in results["cells"] if c["method"] == m), "")
         row, pk = [m, setting], [m]
+        for n, keys, _ in cols:
+            c = at.get((m, n))
+            mark = (
+                "" if c is None else "= none" if c.get("same_as_none") else "n/a" if not c.get("applicable") else None
+            )
+            row.append(mark if mark is not None else _ppl(c.get(keys[0])) if keys[0] in c else "-")
         for n in lengths:
             c = at.get((m, n))
             if c is None:
-                row.append(""), pk.append("")
+                pk.append("")
             elif c.get("same_as_none"):  # an identity setting, not scored again (its "why" says why)
-                row.append("= none"), pk.append("= none")
+                pk.append("= none")
             elif not c.get("applicable"):
-                row.append("n/a"), pk.append("n/a")
+                pk.append("n/a")
             else:
-                row.append(_ppl(c.get("ppl")) + ("" if c.get("one_pass") else f" ({_ppl(c.get('ppl_windows'))})"))
                 acc = _mean(c.get("passkey"))
                 pk.append(("-" if acc is None else f"{100 * acc:.0f}%") + f" · {c['ms_per_token']:.2f} ms")
         ppl_rows.append(row), pk_rows.append(pk)
@@ -77,11 +121,16 @@ def tables(results: dict) -> list[Table]:
     stride = f"stride {s['stride']}" if s["stride"] else "stride min(256, L/2)"
     if s.get("stride_factor", 1) > 1:
         stride += f" x{s['stride_factor']} (at most L)"
-    once = " (one window: the two are the same computation, shown once)" if any(
-        c.get("one_pass") for c in results["cells"]) else ""  # fmt: skip
-    t1 = Table([Column("method", code=True), Column("setting"), *(Column(h, "right") for h in heads)], ppl_rows,
-               title=f"perplexity by length: sliding window ({stride}), non-overlapping windows in brackets{once}; "
-                     f"trained at L={train}{_cut(results)}")  # fmt: skip
+    said = {"sliding": f"sliding: sliding window, {stride}", "windows": "non-overlapping: windows of L",
+            "truncated": "truncated per document: the first L tokens of each of "
+                         f"{(s.get('documents') or {}).get('count', 0)} documents"}  # fmt: skip
+    once = "; one window: the two are the same computation, shown once" if any(
+        "one window" in label for _, _, label in cols) else ""  # fmt: skip
+    how = "; ".join(said[p] for p, _, _ in protocols(results))
+    t1 = Table([Column("method", code=True), Column("setting"),
+                *(Column(f"L={n}{' (train)' if n == train else ''} {label}", "right") for n, _, label in cols)],
+               ppl_rows, title=f"perplexity by length and protocol ({how}{once}); "
+                               f"trained at L={train}{_cut(results)}")  # fmt: skip
     t2 = Table([Column("method", code=True), *(Column(h, "right") for h in heads)], pk_rows,
                title=f"passkey exact match (mean over depths, {s['passkey_trials']} trials per depth) · "
                      "prefill wall time per token (one pass on a possibly shared machine: not a benchmark)")  # fmt: skip
@@ -98,17 +147,19 @@ def reading(results: dict, within: float) -> list[str]:
     """Sentences computed from the cells (see the module docstring)."""
     methods, lengths, at = _grid(results)
     train = results["train_len"]
+    key, label = _primary(results)
     inside = [n for n in lengths if n <= train]
     ref_cell = at.get(("none", max(inside))) if inside else None
     out = [f"Cut{_cut(results)[1:]}: fewer samples than asked, so noisier numbers."] if _cut(results) else []
-    if ref_cell is None or ref_cell.get("ppl") is None:
+    if ref_cell is None or ref_cell.get(key) is None:
         out.append("No in-window perplexity of `none` (no length <= the training length, or it failed): "
                    "no reference to hold the methods to.")  # fmt: skip
     else:
-        ref = ref_cell["ppl"]
+        ref = ref_cell[key]
         limit = ref * (1 + within / 100)
         out.append(f"In-window reference: `none` at L={ref_cell['length']}, perplexity {ref:.3f}; "
-                   f"a method holds while its perplexity stays <= {limit:.3f} (+{within:g} %).")  # fmt: skip
+                   f"a method holds while its perplexity stays <= {limit:.3f} (+{within:g} %); read in the {label} "
+                   "column.")  # fmt: skip
         held = {}
         for m in methods:
             best = None
@@ -116,7 +167,7 @@ def reading(results: dict, within: float) -> list[str]:
                 c = at.get((m, n))
                 if c is None or not c.get("applicable"):
                     continue
-                if c.get("ppl") is None or round(c["ppl"], 3) > round(limit, 3):  # as printed
+                if c.get(key) is None or round(c[key], 3) > round(limit, 3):  # as printed
                     break
                 best = n
             held[m] = best
@@ -134,8 +185,8 @@ def reading(results: dict, within: float) -> list[str]:
             if held.get(m) is None and any(at.get((m, n), {}).get("applicable") for n in lengths):
                 out.append(f"`{m}` is above +{within:g} % already at its shortest length.")
         last = lengths[-1]
-        ranked = sorted((at[(m, last)]["ppl"], m) for m in methods
-                         if at.get((m, last), {}).get("ppl") is not None)  # fmt: skip
+        ranked = sorted((at[(m, last)][key], m) for m in methods
+                         if at.get((m, last), {}).get(key) is not None)  # fmt: skip
         if ranked:
             out.append(f"At L={last}: " + _ranking(ranked) + ".")
     out += _passkey_reading(methods, lengths, at, inside)
@@ -176,19 +227,20 @@ def _plots(out: Path, results: dict, subtitle: str) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 5))
     plotted = []
     for i, m in enumerate(methods):
-        for key, ls in (("ppl", "-"), ("ppl_windows", ":")):
-            one = key == "ppl_windows"  # (a cell scored in one pass: its single line)
+        for (_, key, _), ls in zip(protocols(results), ("-", ":", "--")):
+            one = key == "ppl_windows" and "ppl" in {k for _, k, _ in protocols(results)}  # (one pass: one line)
             pts = [(n, at[(m, n)][key]) for n in lengths if at.get((m, n), {}).get(key) is not None
                    and not (one and at[(m, n)].get("one_pass"))]  # fmt: skip
             if pts:
                 xs, ys = zip(*pts)
                 plotted += ys
-                ax.plot(xs, ys, ls=ls, marker="o", color=f"C{i}", label=m if key == "ppl" else None)
+                ax.plot(xs, ys, ls=ls, marker="o", color=f"C{i}", label=m if ls == "-" else None)
     ax.axvline(results["train_len"], color="gray", ls="--", lw=1, label="training length")
     length_axis(ax, lengths)
     readable_log_axis(ax, plotted)
     ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("perplexity (solid: sliding window; dotted: non-overlapping)")
+    lines = ", ".join(f"{ls}: {label}" for (_, _, label), ls in zip(protocols(results), ("solid", "dotted", "dashed")))
+    ax.set_ylabel(f"perplexity ({lines})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     save_figure(fig, out / "ppl.png", title="Perplexity past the training length", subtitle=subtitle)
@@ -217,12 +269,28 @@ def _plots(out: Path, results: dict, subtitle: str) -> None:
     save_figure(fig, out / "passkey.png", title="Passkey retrieval by length and depth", subtitle=subtitle)
 
 
+def _ran_with(results: dict) -> list[str]:
+    """The head's record of what each method ran with (posenc.extend.record), and the versions."""
+    from .record import describe_record
+
+    s, v = results["settings"], results.get("versions") or {}
+    rec = s.get("ran_with") or {}
+    if not rec and not v:
+        return []
+    out = ["## What each method ran with", ""]
+    if v:
+        out += [f"{s['dtype']} on {s['device']}; " + ", ".join(f"{k} {x}" for k, x in v.items() if x) + ".", ""]
+    out += [f"- `{m}`: {describe_record(r)}" for m, r in rec.items()]
+    return [*out, ""]
+
+
 def write_outputs(out: Path, results: dict, *, within: float, command: str) -> list[Table]:
     """``table.md``, ``results.csv``, ``ppl.png``, ``passkey.png``, ``report.md``."""
     tabs = tables(results)
     write_text(out / "table.md", "\n\n".join(t.markdown() for t in tabs) + "\n")
-    cols = ("method", "setting", "length", "applicable", "why", "ppl", "ppl_windows", "nll", "nll_windows", "tokens",
-            "stride", "windows", "passkey_mean", "ms_per_token", "kv_bytes", "cuda_peak_bytes", "rss_peak_bytes")  # fmt: skip
+    cols = ("method", "setting", "length", "applicable", "why", "ppl", "ppl_windows", "ppl_truncated", "nll",
+            "nll_windows", "nll_truncated", "documents", "tokens", "stride", "windows", "passkey_mean",
+            "ms_per_token", "kv_bytes", "cuda_peak_bytes", "rss_peak_bytes")  # fmt: skip
     rows = [{**c, "passkey_mean": _mean(c.get("passkey"))} for c in results["cells"]]
     rows += [{"method": c["method"], "length": c["length"], "setting": f"passkey depth {d}", "passkey_mean": v}
              for c in results["cells"] for d, v in (c.get("passkey") or {}).items()]  # fmt: skip
@@ -233,7 +301,7 @@ def write_outputs(out: Path, results: dict, *, within: float, command: str) -> l
     lines = [f"# posenc extend: {shown(results['model'], out)}", "", f"Command: `{command}`", "",
              f"Trained at {results['train_len']} tokens; text: {s['text']} ({s['tokens_source']}); "
              f"{s['windows']} windows per length; chunked prefill of {s['chunk']} tokens; device {s['device']}.", "",
-             "## Reading", "", *(f"- {r}" for r in reading(results, within)), "",
+             *_ran_with(results), "## Reading", "", *(f"- {r}" for r in reading(results, within)), "",
              "## Tables", "", *(t.markdown() + "\n" for t in tabs),
              "![perplexity](ppl.png)", "", "![passkey](passkey.png)", ""]  # fmt: skip
     write_text(out / "report.md", "\n".join(lines))

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..functional import position_limit_reason
-from .evaluate import peak_rss_bytes, perplexity
+from .evaluate import PROTOCOLS, peak_rss_bytes, perplexity, truncated
 from .methods import describe
 from .model import Subject
 from .passkey import DEPTHS, Tokens, passkey_accuracy
@@ -67,9 +67,11 @@ def stride_for(settings: dict[str, Any], length: int) -> int:
 
 
 def run_cells(subject: Subject, settings: dict[str, Any], text: torch.Tensor, done: list[dict], save, *,
-              device, log=print, progress=None) -> list[dict]:  # fmt: skip
+              device, log=print, progress=None, documents=None) -> list[dict]:  # fmt: skip
     """Every (method, length) cell of ``settings`` not in ``done``; ``save(cells)`` after each, then
-    ``progress(method, length)`` (posenc.extend.budget.Progress: the time left)."""
+    ``progress(method, length)`` (posenc.extend.budget.Progress: the time left). ``documents``: those
+    of the truncated protocol (posenc.extend.documents), when ``settings["protocols"]`` has it."""
+    protocols = settings.get("protocols", ("sliding", "windows"))
     done_cell = progress or (lambda m, n: None)
     cells = list(done)
     have = {(c["method"], c["length"]) for c in cells}
@@ -107,7 +109,11 @@ def run_cells(subject: Subject, settings: dict[str, Any], text: torch.Tensor, do
                 torch.cuda.reset_peak_memory_stats(device)
             stride = stride_for(settings, n)
             ppl = perplexity(subject.kind, model, text, n, stride=stride, windows=settings["windows"],
-                             chunk=settings["chunk"], sink=sink)  # fmt: skip
+                             chunk=settings["chunk"], sink=sink, sliding="sliding" in protocols)  # fmt: skip
+            if "truncated" in protocols:
+                ppl.update(
+                    truncated(subject.kind, model, documents or [], length=n, chunk=settings["chunk"], sink=sink)
+                )
             pk = None
             if tokens is not None:
                 pk = passkey_accuracy(subject.kind, model, tokens, n, trials=settings["passkey_trials"],
@@ -116,8 +122,10 @@ def run_cells(subject: Subject, settings: dict[str, Any], text: torch.Tensor, do
             if device.type == "cuda":
                 cell["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device)
             cells.append(cell)
-            shown = "NaN/inf" if cell.get("ppl") is None else f"{cell['ppl']:.3f}"
-            log(f"{m} @ {n}: ppl {shown} (sliding, stride {stride}), {cell['ms_per_token']:.2f} ms/token")
+            shown = ", ".join(f"{'NaN/inf' if cell.get(k) is None else format(cell[k], '.3f')} ({label}"
+                              + (f", stride {stride})" if p == "sliding" else ")")
+                              for p, (k, label) in PROTOCOLS.items() if p in protocols)  # fmt: skip
+            log(f"{m} @ {n}: ppl {shown}, {cell['ms_per_token']:.2f} ms/token")
             save(cells)
             done_cell(m, n)
             del model
