@@ -27,7 +27,7 @@ from posenc.extend.model import load_subject  # noqa: E402
 from posenc.output.manifest import MANIFEST  # noqa: E402
 
 STOCK = ("none", "linear", "ntk", "dynamic", "yarn")
-REMOTE = ("self-extend", "rerope", "leaky-rerope")
+REMOTE = ("self-extend", "rerope", "leaky-rerope", "dca")
 LONGEST = 4 * L
 SRC = Path(__file__).resolve().parents[1] / "src"
 
