@@ -133,8 +133,10 @@ ROPE_LAYERS = {
     # Cohere 2 (modeling_cohere2.py: rotates where the layer's sliding_window is set)
     "sliding": _sliding,
     # Cohere 2 MoE (modeling_cohere2_moe.py: sliding, or a dense layer under prefix_dense_sliding_window_pattern 1)
-    "sliding_or_dense_prefix": lambda config, i: _sliding(config, i)
-    or (config.mlp_layer_types[i] == "dense" and config.prefix_dense_sliding_window_pattern == 1),
+    "sliding_or_dense_prefix": lambda config, i: (
+        _sliding(config, i)
+        or (config.mlp_layer_types[i] == "dense" and config.prefix_dense_sliding_window_pattern == 1)
+    ),
     # EXAONE 4, EXAONE MoE, Kolibri 1 (modeling_exaone4.py: sliding_window None or is_sliding)
     "sliding_or_all": lambda config, i: config.sliding_window is None or _sliding(config, i),
 }
