@@ -175,7 +175,7 @@ def tiny_config(model_type: str):
     fields = set(text.to_dict()) | set(getattr(text, "attribute_map", {}))
     small = {k: v for k, v in SMALL.items() if k in fields}
     for name in ("layer_types", "mlp_layer_types", "no_rope_layers", "layers_block_type", "hybrid_override_pattern"):
-        if name in fields:
+        if name in fields and not isinstance(getattr(type(text), name, None), property):
             small[name] = None  # rebuilt for num_hidden_layers where the class derives it
     small |= OVERRIDES.get(model_type, {})
     types = set(getattr(text, "layer_types", None) or ())
@@ -190,7 +190,7 @@ def tiny_config(model_type: str):
 def _build(cls, small: dict):
     try:
         return cls(**small)
-    except (TypeError, ValueError):  # a derived field it wants given: keep the class's own
+    except Exception:  # noqa: BLE001 - a field it wants given (or not None): keep the class's own
         return cls(**{k: v for k, v in small.items() if v is not None})
 
 
@@ -352,9 +352,18 @@ MISSED = {
 }
 
 
+# types whose plain row passes parity but fails another check, found by running it (no row for them)
+BLOCKED = {
+    "falcon_h1": "a plain row reaches stock parity, but from_pretrained of the converted model leaves Mamba's "
+    "non-persistent `mup_vector` uninitialised (NaN logits): no row until that is fixed",
+}
+
+
 def no_row_reason(stock, head: str) -> str:
     """Why a model type has no family row: what a plain row ``Family(model_type, class)`` (Llama's
     layout) does not find in the model, or, where it finds it all, how that row fails."""
+    if stock.config.model_type in BLOCKED:
+        return BLOCKED[stock.config.model_type]
     base = getattr(stock, "model", None)
     if base is None or not isinstance(getattr(base, "layers", None), torch.nn.ModuleList):
         return "no decoder layers at `model.layers` (another layout: no row)"

@@ -197,6 +197,7 @@ FAMILIES: dict[str, Family] = {
                 ("arcee", "ArceeForCausalLM"),
                 ("aria_text", "AriaTextForCausalLM"),
                 ("bitnet", "BitNetForCausalLM"),
+                ("cwm", "CwmForCausalLM"),
                 ("diffllama", "DiffLlamaForCausalLM"),
                 ("flex_olmo", "FlexOlmoForCausalLM"),
                 ("gemma", "GemmaForCausalLM"),
