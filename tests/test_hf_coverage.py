@@ -2,7 +2,8 @@
 computes: every ✓/✗ and every reason (the printed differences may move within their bound on
 another CPU). By default a few model types, one per mechanism a row names (interleaved pairs,
 NoPE layers by rule, partial cos/sin, a Llama-like row, a type no row covers); the whole walk
-under ``-m slow``, with the issue's floor of 60 converting families.
+under ``-m slow``, with the issue's floor of 60 converting families. The ``command-a`` and
+``smollm3`` presets, as the encoding of a converted tiny Cohere 2 / SmolLM3, equal the stock model.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import pathlib
 import sys
 
 import pytest
+import torch
+from tests.conftest import assert_close
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
+import posenc.hf as ph  # noqa: E402
 
 _PATH = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "hf_coverage.py"
 _spec = importlib.util.spec_from_file_location("hf_coverage", _PATH)
@@ -78,3 +82,32 @@ def test_documented_table_equals_the_whole_walk(documented):
     found = _measure(None)
     assert {r.model_type: r.verdicts() for r in found} == documented
     assert sum(r.ok for r in found) >= 60
+
+
+@pytest.mark.parametrize(
+    "preset,make",
+    [
+        (  # Cohere 2 / Command A: RoPE (interleaved, θ = 50k) on three sliding layers, the global one NoPE
+            "command-a",
+            lambda t: t.Cohere2ForCausalLM(
+                t.Cohere2Config(**cov.SMALL | {"num_hidden_layers": 4}, rope_parameters={"rope_theta": 50000.0})
+            ),
+        ),
+        (  # SmolLM3: NoPE every 4th layer, θ = 5M
+            "smollm3",
+            lambda t: t.SmolLM3ForCausalLM(
+                t.SmolLM3Config(**cov.SMALL | {"num_hidden_layers": 4}, rope_parameters={"rope_theta": 5e6})
+            ),
+        ),
+    ],
+)
+def test_presets_reproduce_their_stock_family(preset, make):
+    """The preset as the encoding of a converted tiny model of its family equals the stock model
+    (what the model's own scheme gives too): the presets name the families' real layer rules."""
+    torch.manual_seed(0)
+    stock = make(transformers).eval()
+    ids = torch.randint(1, cov.V, (2, 20))
+    with torch.no_grad():
+        want = stock(ids).logits
+        got = ph.convert(stock, encoding=preset).eval()(ids).logits
+    assert_close(got, want, n=cov.reduction_n(stock.config, 20))
