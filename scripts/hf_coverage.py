@@ -154,7 +154,10 @@ def model_types() -> list[tuple[str, str, str]]:
 # where the class's defaults would leave a family's mechanism idle in a 2-layer model
 OVERRIDES = {
     "smollm3": dict(no_rope_layer_interval=2),  # layer 1 without RoPE
-    "gemma": dict(head_dim=8),
+    "modernbert-decoder": dict(pad_token_id=0),  # (the class's pad id lies past a vocabulary of 96)
+    "mllama": dict(pad_token_id=0, cross_attention_layers=[1]),  # a cross-attention layer, as its checkpoints have
+    "dots1": dict(n_shared_experts=1),  # (the class leaves it None and multiplies by it)
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"]),  # (not derived from num_hidden_layers)
 }
 MIXED = dict(layer_types=["sliding_attention", "full_attention"], sliding_window=6)
 
@@ -371,7 +374,7 @@ def no_row_reason(stock, head: str) -> str:
     if not any(isinstance(a, torch.nn.Module) for a in attn):
         return "no `self_attn` in its layers (another attention layout: no row)"
     if not all(isinstance(a, torch.nn.Module) for a in attn):
-        return "attention in some layers only (hybrid with recurrent/convolutional layers: no row)"
+        return "`self_attn` in some layers only (recurrent, convolutional or cross-attention layers between: no row)"
     if not all(hasattr(a, "q_proj") and hasattr(a, "k_proj") for a in attn):
         return "no `q_proj`/`k_proj` (fused or latent projections: no row)"
     if not isinstance(getattr(base, "rotary_emb", None), torch.nn.Module):

@@ -199,6 +199,7 @@ FAMILIES: dict[str, Family] = {
                 ("bitnet", "BitNetForCausalLM"),
                 ("cwm", "CwmForCausalLM"),
                 ("diffllama", "DiffLlamaForCausalLM"),
+                ("dots1", "Dots1ForCausalLM"),
                 ("flex_olmo", "FlexOlmoForCausalLM"),
                 ("gemma", "GemmaForCausalLM"),
                 ("granite", "GraniteForCausalLM"),
