@@ -144,3 +144,30 @@ def test_encoding_list_and_posenc_list_presets(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in posenc.PRESETS) and "layer presets" in out
+
+
+def test_new_presets_follow_the_hf_configs_layer_rules():
+    """command-a, mistral-large4 and lfm3 against the layer decisions of HF's own config classes."""
+    t = pytest.importorskip("transformers")
+    cohere = t.Cohere2Config(num_hidden_layers=8)
+    specs = layers("command-a", depth=8)
+    rotates = [s.encoding == "rope" for s in specs]
+    assert rotates == [lt == "sliding_attention" for lt in cohere.layer_types]  # RoPE only on sliding layers
+    assert all(s.window == cohere.sliding_window for s, r in zip(specs, rotates) if r)
+    assert all(s.options["layout"] == "interleaved" for s in specs if s.encoding == "rope")
+    from transformers.models.mistral_large4.configuration_mistral_large4 import MistralLarge4TextConfig
+
+    large4 = MistralLarge4TextConfig(num_hidden_layers=8)
+    specs = layers("mistral-large4", depth=8)
+    assert [s.encoding == "rope" for s in specs] == [bool(r) for r in large4.no_rope_layers]
+    yarn = {k: v for k, v in large4.rope_parameters.items() if k not in ("rope_theta", "type")}
+    assert specs[0].options["rope_scaling"] == yarn and specs[0].options["base"] == large4.rope_parameters["rope_theta"]
+    lfm = t.Lfm3Config(num_hidden_layers=12)
+    attention = [lt for lt in lfm.layer_types if lt != "conv"]
+    specs = layers("lfm3", depth=len(attention))
+    for spec, lt in zip(specs, attention):
+        params = lfm.rope_parameters[lt]
+        assert spec.options["base"] == params["rope_theta"]
+        assert spec.options.get("rope_scaling", {"rope_type": "default"})["rope_type"] == params["rope_type"]
+        assert spec.options.get("partial_rotary_factor", 1.0) == params.get("partial_rotary_factor", 1.0)
+        assert spec.window == (lfm.sliding_window if lt == "sliding_attention" else None)

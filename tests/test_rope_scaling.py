@@ -73,7 +73,10 @@ def _ours(head_dim, max_pos, p):
     return posenc.build("rope", heads=HEADS, head_dim=head_dim, max_len=max_pos, rope_scaling=p)
 
 
-@pytest.mark.parametrize("kind", [t for t in ROPE_TYPES if t != "default"])
+LLAMA_TYPES = [t for t in ROPE_TYPES if t != "ntk_alpha"]  # (ntk_alpha is HunYuan's own: test_ntk_alpha_equals_hunyuan)
+
+
+@pytest.mark.parametrize("kind", [t for t in LLAMA_TYPES if t != "default"])
 def test_inv_freq_and_attention_factor_equal_hf(kind):
     n = 0
     for head_dim, prf, base, max_pos, p in _grid(kind):
@@ -111,7 +114,7 @@ def _hf_rotate(cfg, q, k, pos, rotary_dim):
     return torch.cat((qr, q[..., r:]), -1), torch.cat((kr, k[..., r:]), -1)
 
 
-@pytest.mark.parametrize("kind", ROPE_TYPES)
+@pytest.mark.parametrize("kind", LLAMA_TYPES)
 def test_applied_rotation_equals_hf_llama(kind):
     torch.manual_seed(0)
     for head_dim, _prf, base, max_pos, p in itertools.islice(_grid(kind if kind != "default" else "linear"), 0, 24, 5):
@@ -191,3 +194,26 @@ def test_rope_scaling_validation():
         build(rope_scaling="linear")
     # HF's legacy key "type" is accepted
     assert build(rope_scaling={"type": "linear", "factor": 2.0}).rope_type == "linear"
+
+
+@pytest.mark.parametrize("head_dim,base,alpha", [(16, 10000.0, 1000.0), (128, 10000.0, 1000.0), (64, 5e5, 2.0)])
+def test_ntk_alpha_equals_hunyuan(head_dim, base, alpha):
+    """HunYuan's fixed-alpha NTK (HF labels it "dynamic" with an ``alpha``), against its rotary module's
+    own ``compute_ntk_alpha_rope_parameters``; through HF's rope_parameters as posenc.hf reads them too."""
+    from transformers import HunYuanDenseV1Config
+    from transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense import HunYuanDenseV1RotaryEmbedding
+
+    from posenc.hf.rope_config import rope_options
+
+    params = {"rope_type": "dynamic", "rope_theta": base, "alpha": alpha, "factor": 1.0}
+    cfg = HunYuanDenseV1Config(
+        hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim, rope_parameters=params
+    )
+    ref, factor = HunYuanDenseV1RotaryEmbedding.compute_ntk_alpha_rope_parameters(cfg)
+    options = rope_options(cfg)[None]
+    assert options["rope_scaling"] == {"rope_type": "ntk_alpha", "alpha": alpha, "factor": 1.0}
+    enc = posenc.build("rope", heads=4, head_dim=head_dim, base=options["base"], rope_scaling=options["rope_scaling"])
+    assert torch.equal(enc.inv_freq, ref) and enc.attention_factor == factor
+    assert torch.equal(enc.frequencies(10 * head_dim), ref)  # fixed: not length dependent
+    with pytest.raises(ValueError, match="alpha"):
+        posenc.build("rope", heads=4, head_dim=head_dim, rope_scaling={"rope_type": "ntk_alpha"})

@@ -89,6 +89,33 @@ PRESETS: dict[str, Preset] = {
             2025,
             "HF transformers models/gpt_oss/modeling_gpt_oss.py",
         ),
+        Preset(
+            "command-a",
+            "rope(layout=interleaved,base=50000,window=4096)*3,nope",
+            "Cohere Command A / Command R7B (Cohere 2): three sliding layers (window 4096) with interleaved RoPE, "
+            "then one global layer without position encoding",
+            2025,
+            "HF transformers models/cohere2/modeling_cohere2.py (RoPE only where sliding_window is set), "
+            "configuration_cohere2.py (sliding_window 4096, pattern 4); rope_theta 50000 of the released configs",
+        ),
+        Preset(
+            "mistral-large4",
+            'rope(base=10000,rope_scaling={"rope_type":"yarn","factor":2048.0,"original_max_position_embeddings":512,'
+            '"beta_fast":32.0,"beta_slow":1.0,"attention_factor":1.0})*3,nope',
+            "Mistral Large 4: YaRN (factor 2048 over a 512-token window, attention factor 1) on three layers, "
+            "NoPE every 4th (the RoPE part of its MLA heads; LeRoPE's learned scale starts at 1)",
+            2026,
+            "HF transformers models/mistral_large4/configuration_mistral_large4.py (rope_parameters, no_rope_layers)",
+        ),
+        Preset(
+            "lfm3",
+            'rope(base=1000000,partial_rotary_factor=0.5,rope_scaling={"rope_type":"proportional"}),'
+            "rope(base=10000,window=256)",
+            "LFM3's attention layers: proportional RoPE (θ = 1M, half the pairs) on full layers, alternating with "
+            "sliding layers (window 256, θ = 10k); its convolution layers between them are not attention",
+            2026,
+            "HF transformers models/lfm3/configuration_lfm3.py (rope_parameters per layer type, layer_types)",
+        ),
     )
 }
 

@@ -129,6 +129,13 @@ def _proportional(s, *, dim, base, partial, **_) -> tuple[Tensor, float]:
     return inv_freq, 1.0
 
 
+def _ntk_alpha(s, *, dim, base, **_) -> tuple[Tensor, float]:
+    """HunYuan's fixed-alpha NTK (``modeling_hunyuan_v1_dense.py``
+    ``compute_ntk_alpha_rope_parameters``): the base stretched to ``θ·α^(Dr/(Dr-2))`` whatever
+    the length. HF's checkpoints label it ``"dynamic"`` with an ``alpha``; ``factor`` is not read."""
+    return PF.sinusoidal_inv_freq(dim, base * s["alpha"] ** (dim / (dim - 2))), 1.0
+
+
 _ORIG = "original_max_position_embeddings"
 ROPE_REGISTRY: dict[str, RopeType] = {
     "default": RopeType(_default),
@@ -153,6 +160,7 @@ ROPE_REGISTRY: dict[str, RopeType] = {
         ("factor", "low_freq_factor", "high_freq_factor"),
     ),
     "proportional": RopeType(_proportional, frozenset({"factor"}), full_width=True),
+    "ntk_alpha": RopeType(_ntk_alpha, frozenset({"alpha", "factor", _ORIG}), ("alpha",)),
 }
 ROPE_TYPES = tuple(ROPE_REGISTRY)
 # types whose frequencies need original_max_position_embeddings (or max_len)

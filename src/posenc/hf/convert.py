@@ -44,9 +44,9 @@ def convert(model: nn.Module, encoding=None, *, share: bool | None = None, **opt
     """``model`` with its attention and position handling replaced by posenc encodings.
 
     Args:
-        model: a model of a family in :data:`posenc.hf.families.FAMILIES` (Llama, GPT-2, Qwen2,
-            Qwen3, Mistral, Phi-3, Gemma 2, Gemma 3, gpt-oss, ModernBERT; a subclass too, e.g.
-            an already converted model).
+        model: a model of a family in :data:`posenc.hf.families.FAMILIES` (Llama, GPT-2, Qwen2/3,
+            Mistral, Phi-3, Gemma 2-4, gpt-oss, ModernBERT, OLMo, SmolLM3, Cohere 2, GLM 4, ...: the
+            model types docs/hf.md measures; a subclass too, e.g. an already converted model).
         encoding: a registered name for every layer, a posenc.layers pattern or preset, or one entry per layer (see
             :func:`layer_specs`). None: the model's own scheme (``rope``; ``mrope`` for Qwen2-VL/Qwen3-VL;
             GPT-2's ``learned`` on layer 0 then ``nope``), which reproduces the stock model.

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import transformers
 
+from .rope_config import rope_options_for
 from .stack import Dims
 
-__all__ = ["Family", "FAMILIES", "family_of", "family_by_type"]
+__all__ = ["Family", "FAMILIES", "ROPE_LAYERS", "family_of", "family_by_type"]
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,16 @@ class Family:
         partial_rotary: HF's default RoPE rotates only ``partial_rotary_factor`` of each head
             (Phi-3); False: the whole head whatever the factor says (Llama).
         rotary_width: the width of the model's ``cos``/``sin`` as a fraction of the head
-            (gpt-oss: 0.5, one entry per rotated pair).
+            (gpt-oss: 0.5, one entry per rotated pair); None: the config's ``partial_rotary_factor``
+            (Phi, StableLM: ``cos``/``sin`` only as wide as the rotated part).
         sub: the sub-config of the language model in a composite config (``"text_config"``:
             Qwen2-VL, Qwen3-VL; the vision tower keeps its own attention), or None.
         default: the encoding that reproduces the stock model (``posenc_layers`` when a
             config names none): ``"rope"``, or ``"gpt2"`` (learned on layer 0, then nope).
+        layout: how the model pairs the rotated dimensions: ``"half"`` (``rotate_half``, Llama) or
+            ``"interleaved"`` (``rotate_every_two``: Cohere, GLM), posenc ``rope``'s ``layout``.
+        rope_layers: which layers rotate, by a rule of :data:`ROPE_LAYERS` (None: every layer);
+            the others run ``nope`` in the stock scheme (SmolLM3, Cohere 2, EXAONE 4).
     """
 
     model_type: str
@@ -58,9 +64,18 @@ class Family:
     qk: tuple[str, str] = ("q_proj", "k_proj")
     causal: bool = True
     partial_rotary: bool = False
-    rotary_width: float = 1.0
+    rotary_width: float | None = 1.0
     sub: str | None = None
     default: str = "rope"
+    layout: str = "half"
+    rope_layers: str | None = None
+
+    def rotates(self, config, depth: int) -> list[bool]:
+        """Whether each layer applies the model's RoPE (its NoPE layers: False)."""
+        if self.rope_layers is None:
+            return [True] * depth
+        config = self.text_config(config)
+        return [bool(ROPE_LAYERS[self.rope_layers](config, i)) for i in range(depth)]
 
     @property
     def name(self) -> str:  # the older spelling (posenc 0.x: Family.name)
@@ -84,6 +99,9 @@ class Family:
     def rotary_widths(self, config, depth: int) -> int | dict:
         """The width of the model's ``cos``/``sin``: one, or one per layer type (Gemma 4)."""
         dims = self.layer_dims(config, depth)
+        if self.rotary_width is None:
+            fraction = rope_options_for(self.text_config(config)).get("partial_rotary_factor", 1.0)
+            return int(dims.head_dim * fraction)
         if isinstance(dims, Dims):
             return int(dims.head_dim * self.rotary_width)
         types = getattr(self.text_config(config), "layer_types", None) or [None] * depth
@@ -102,6 +120,26 @@ class Family:
         kv = getattr(own, "num_key_value_heads", None) or H
         max_len = getattr(config, "max_position_embeddings", None)
         return Dims(H, kv, head_dim, config.hidden_size, max_len)
+
+
+def _sliding(config, i: int) -> bool:
+    return config.layer_types[i] == "sliding_attention"
+
+
+# which layers apply RoPE, as each modeling file decides it (a rule per model, not per checkpoint)
+ROPE_LAYERS = {
+    # SmolLM3 (modeling_smollm3.py: use_rope = config.no_rope_layers[layer_idx]), 1 = rotates
+    "no_rope_layers": lambda config, i: config.no_rope_layers[i],
+    # Cohere 2 (modeling_cohere2.py: rotates where the layer's sliding_window is set)
+    "sliding": _sliding,
+    # Cohere 2 MoE (modeling_cohere2_moe.py: sliding, or a dense layer under prefix_dense_sliding_window_pattern 1)
+    "sliding_or_dense_prefix": lambda config, i: (
+        _sliding(config, i)
+        or (config.mlp_layer_types[i] == "dense" and config.prefix_dense_sliding_window_pattern == 1)
+    ),
+    # EXAONE 4, EXAONE MoE, Kolibri 1 (modeling_exaone4.py: sliding_window None or is_sliding)
+    "sliding_or_all": lambda config, i: config.sliding_window is None or _sliding(config, i),
+}
 
 
 FAMILIES: dict[str, Family] = {
@@ -150,6 +188,70 @@ FAMILIES: dict[str, Family] = {
             causal=False,
             partial_rotary=True,
         ),
+        # ---- rows measured by scripts/hf_coverage.py (docs/hf.md, "Every model type"): Llama's layout
+        *(
+            Family(t, lm)
+            for t, lm in (
+                ("apertus", "ApertusForCausalLM"),
+                ("apertus1p5_text", "Apertus1p5TextForCausalLM"),
+                ("arcee", "ArceeForCausalLM"),
+                ("aria_text", "AriaTextForCausalLM"),
+                ("bitnet", "BitNetForCausalLM"),
+                ("cwm", "CwmForCausalLM"),
+                ("diffllama", "DiffLlamaForCausalLM"),
+                ("dots1", "Dots1ForCausalLM"),
+                ("flex_olmo", "FlexOlmoForCausalLM"),
+                ("gemma", "GemmaForCausalLM"),
+                ("granite", "GraniteForCausalLM"),
+                ("granitemoe", "GraniteMoeForCausalLM"),
+                ("granitemoeshared", "GraniteMoeSharedForCausalLM"),
+                ("hy_v3", "HYV3ForCausalLM"),
+                ("hyperclovax", "HyperCLOVAXForCausalLM"),
+                ("jais2", "Jais2ForCausalLM"),
+                ("lfm2", "Lfm2ForCausalLM"),
+                ("mellum", "MellumForCausalLM"),
+                ("minimax_m2", "MiniMaxM2ForCausalLM"),
+                ("minimax_m3_vl_text", "MiniMaxM3VLForCausalLM"),
+                ("ministral", "MinistralForCausalLM"),
+                ("mixtral", "MixtralForCausalLM"),
+                ("olmo", "OlmoForCausalLM"),
+                ("olmo2", "Olmo2ForCausalLM"),  # q/k norm over the whole projection: inside HF's module
+                ("olmo3", "Olmo3ForCausalLM"),
+                ("olmoe", "OlmoeForCausalLM"),
+                ("phimoe", "PhimoeForCausalLM"),
+                ("qwen2_moe", "Qwen2MoeForCausalLM"),
+                ("qwen3_moe", "Qwen3MoeForCausalLM"),
+                ("seed_oss", "SeedOssForCausalLM"),
+                ("solar_open", "SolarOpenForCausalLM"),
+                ("starcoder2", "Starcoder2ForCausalLM"),
+                ("vaultgemma", "VaultGemmaForCausalLM"),
+            )
+        ),
+        Family("gemma4_unified_text", "Gemma4UnifiedForCausalLM"),
+        Family("smollm3", "SmolLM3ForCausalLM", rope_layers="no_rope_layers"),
+        Family("exaone4", "Exaone4ForCausalLM", rope_layers="sliding_or_all"),
+        Family("exaone_moe", "ExaoneMoeForCausalLM", rope_layers="sliding_or_all"),
+        Family("kolibri1", "Kolibri1ForCausalLM", rope_layers="sliding_or_all"),
+        Family("afmoe", "AfmoeForCausalLM", rope_layers="sliding"),  # (modeling_afmoe.py: is_local_attention)
+        Family("flint", "FlintForCausalLM", rope_layers="sliding"),  # (modeling_flint.py: only sliding layers rotate)
+        # interleaved pairs (rotate_every_two / repeat_interleave)
+        Family("cohere", "CohereForCausalLM", layout="interleaved"),
+        Family("cohere2", "Cohere2ForCausalLM", layout="interleaved", rope_layers="sliding"),
+        Family("cohere2_moe", "Cohere2MoeForCausalLM", layout="interleaved", rope_layers="sliding_or_dense_prefix"),
+        Family("ernie4_5", "Ernie4_5ForCausalLM", layout="interleaved"),
+        Family("ernie4_5_moe", "Ernie4_5_MoeForCausalLM", layout="interleaved"),
+        Family("helium", "HeliumForCausalLM", layout="interleaved"),
+        # partial rotary (the first partial_rotary_factor of each head)
+        Family("glm", "GlmForCausalLM", layout="interleaved", partial_rotary=True),
+        Family("glm4", "Glm4ForCausalLM", layout="interleaved", partial_rotary=True),
+        Family("glm4_moe", "Glm4MoeForCausalLM", partial_rotary=True),
+        Family("laguna", "LagunaForCausalLM", partial_rotary=True),
+        Family("nemotron", "NemotronForCausalLM", partial_rotary=True),
+        Family("phi", "PhiForCausalLM", partial_rotary=True, rotary_width=None),
+        Family("stablelm", "StableLmForCausalLM", partial_rotary=True, rotary_width=None),
+        # encoders
+        Family("eurobert", "EuroBertForMaskedLM", auto="masked", causal=False),
+        Family("ultrabert", "UltrabertForMaskedLM", auto="masked", causal=False),
     )
 }
 

@@ -70,6 +70,7 @@ class _PosencModel:
         rotary = off if fam.off == "rotary" else None
         base.posenc.wire(blocks, attns, fam.qk, rotary, base if fam.default == "mrope" else None)
         self.set_attn_implementation({fam.sub: NAME} if fam.sub else NAME)  # (a vision tower keeps its own)
+        base.register_forward_pre_hook(_check_implementation)
 
     @property
     def posenc_stack(self) -> PosencStack:
@@ -120,6 +121,26 @@ class _PosencModel:
                     del c._auto_class
                 else:
                     c._auto_class = b
+
+
+def _check_implementation(base: nn.Module, args) -> None:
+    """Forward pre-hook of a converted base model: its attention implementation is still posenc's.
+
+    The model's own encoding is switched off (:class:`~posenc.hf.stack.RotaryOff`,
+    :class:`~posenc.hf.stack.PositionsOff`), so a tool that sets ``_attn_implementation`` to
+    ``"sdpa"`` (or anything else) after conversion would run the layers with no position
+    encoding at all, without a word.
+
+    Raises:
+        ValueError: naming the implementation found.
+    """
+    found = base.config._attn_implementation
+    if found != NAME:
+        raise ValueError(
+            f"this converted model's attn_implementation is {found!r}, set after posenc.hf.convert; its own position "
+            f"encoding is switched off, so {found!r} would run it with none: call "
+            f"model.set_attn_implementation({NAME!r}) (or leave attn_implementation unset in the tool that changed it)"
+        )
 
 
 @torch.no_grad()

@@ -41,6 +41,8 @@ def _options(entry: dict, where: str) -> dict:
     s = dict(entry)
     kind = s.pop("rope_type", None) or s.pop("type", None) or "default"
     s.pop("type", None)
+    if kind == "dynamic" and s.get("alpha"):  # HunYuan: "dynamic" with a fixed alpha (HF renames it so too)
+        kind = "ntk_alpha"
     if kind not in ROPE_REGISTRY:
         raise ValueError(f"{where}: rope_type {kind!r} is not one of {list(ROPE_TYPES)}")
     if s.get("rope_theta") is None:

@@ -65,6 +65,8 @@ def _defaults(name: str, config, family, layer_type: str | None = None) -> dict:
     out = dict(rope_options_for(config, layer_type))
     if not family.partial_rotary and "rope_scaling" not in out:
         out.pop("partial_rotary_factor", None)  # HF Llama's default RoPE turns the whole head
+    if family.layout != "half":
+        out["layout"] = family.layout
     if name == "xpos":
         return {"base": out["base"]} if "base" in out else {}
     if name == "rope":
@@ -133,7 +135,10 @@ def default_specs(config, family, depth: int) -> list[dict]:
     """The specs that reproduce the stock model: its RoPE from the config, or GPT-2's learned table."""
     if family.default == "gpt2":
         return [{"encoding": "learned", "options": {}}] + [{"encoding": "nope", "options": {}}] * (depth - 1)
-    return layer_specs(family.default, {}, depth, config, family)
+    rotates = family.rotates(config, depth)
+    if all(rotates):
+        return layer_specs(family.default, {}, depth, config, family)
+    return layer_specs([family.default if r else "nope" for r in rotates], {}, depth, config, family)
 
 
 def check_share(share) -> None:
