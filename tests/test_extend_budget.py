@@ -28,16 +28,17 @@ def _n():
 
 
 def _cost(ckpt, **settings) -> int:
-    """The plan's cost units (tokens read, twice for two score maps) of these settings."""
+    """The plan's estimate at one second per token and no cost of context (the warm-up of
+    ``counted``): the tokens these settings read."""
     from posenc.data import embedded_corpus
     from posenc.extend.model import load_subject
     from posenc.extend.passkey import Tokens
-    from posenc.extend.plan import plan
+    from posenc.extend.plan import estimate, plan
 
     subject = load_subject(str(ckpt), device=torch.device("cpu"), dtype=torch.float32)
     text_len = len(embedded_corpus()) // 10
     s = {"methods": ["none", "rerope"], "lengths": [32, _n()], "stride": None, **settings}
-    return sum(c.get("cost", 0) for c in plan(subject, s, text_len, Tokens(), set())["cells"])
+    return estimate(plan(subject, s, text_len, Tokens(), set()), {"tokens": 1, "seconds": 1.0})["estimate_s"]
 
 
 @pytest.fixture
@@ -100,7 +101,7 @@ def test_a_budget_cuts_in_order_and_the_run_scores_what_was_chosen(case, ckpt, t
     runs = [c for c in res["cells"] if c.get("applicable")]
     assert {(c["method"], c["length"]) for c in runs} == {(m, n) for m in ("none", "rerope") for n in (32, _n())}
     assert sum(read) == res["plan"]["tokens_read"]
-    assert sum(c["cost"] for c in res["plan"]["cells"] if c["runs"]) == target
+    assert sum(c["tokens_read"] for c in res["plan"]["cells"] if c["runs"]) == target
     for c in runs:
         assert c["windows"] == chosen["windows"]
         base = min(256, c["length"] // 2)
@@ -151,11 +152,38 @@ def test_progress_lines_say_the_time_left_per_cell(ckpt, tmp_path, capsys):
 def test_the_time_left_rescales_the_plan_by_the_time_measured():
     from posenc.extend.budget import Progress
 
-    plan = {"cells": [{"method": "a", "length": 8, "cost": 100}, {"method": "b", "length": 8, "cost": 300},
+    plan = {"cells": [{"method": "a", "length": 8, "estimate_s": 1.0}, {"method": "b", "length": 8, "estimate_s": 3.0},
                       {"method": "c", "length": 8, "runs": False}], "estimate_s": 4.0}  # fmt: skip
-    t = iter([0.0, 2.0, 8.0, 8.0])  # the first cell took 2 s for 100 units: 0.02 s a unit, not the plan's 0.01
+    t = iter([0.0, 2.0, 8.0, 8.0])  # the first cell took 2 s for an estimated 1 s: twice the plan's rate
     lines = []
     p = Progress(plan, lines.append, clock=lambda: next(t))
     p("a", 8), p("b", 8), p("c", 8)
     assert lines == ["[1/3] a @ 8: 2.0 s, about 6 s left", "[2/3] b @ 8: 6.0 s, about 0 s left",
                      "[3/3] c @ 8: 0.0 s, about 0 s left"]  # fmt: skip
+
+
+def test_the_estimate_pays_the_attention_of_a_long_context():
+    """Two warm-up forwards (n and 4n tokens) give the cost per token ``a`` and per token of
+    context ``b`` of ``T(L) = a·L + b·L²/2``; a cell's estimate is its forwards of its length,
+    the attention counted once per score map (ReRoPE: 2)."""
+    from posenc.extend.plan import estimate, rates
+
+    a, b = 2e-3, 1e-6
+
+    def T(n):
+        return a * n + b * n * n / 2
+
+    warm = {"tokens": 512, "seconds": T(512), "long_tokens": 2048, "long_seconds": T(2048)}
+    got = rates(warm)
+    assert got == pytest.approx((a, b), rel=1e-9)
+    cells = [{"method": "none", "length": 16384, "runs": True, "tokens_read": 3 * 16384, "cost": 3 * 16384},
+             {"method": "rerope", "length": 8192, "runs": True, "tokens_read": 8192, "cost": 2 * 8192},
+             {"method": "x", "length": 8192, "runs": False}]  # fmt: skip
+    p = estimate({"cells": cells, "tokens_read": 4 * 16384}, warm)
+    want = [3 * T(16384), a * 8192 + 2 * b * 8192**2 / 2]
+    assert [c.get("estimate_s") for c in p["cells"]] == pytest.approx([*want, None])
+    assert p["estimate_s"] == pytest.approx(sum(want))
+    assert p["estimate_s"] > 2 * a * 4 * 16384  # the first cell alone: attention doubles a 16k forward's cost
+    # one warm-up point (or a longer one no slower per token): no cost of context
+    assert rates({"tokens": 100, "seconds": 0.5}) == (0.005, 0.0)
+    assert rates({"tokens": 100, "seconds": 0.5, "long_tokens": 400, "long_seconds": 1.0}) == (0.005, 0.0)

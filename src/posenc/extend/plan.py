@@ -4,9 +4,10 @@ Per (method, length) cell: the windows of each perplexity protocol (the document
 truncated one), the tokens every forward call reads (sliding windows overlap: a token is read
 by up to ``L / stride`` of them), and the passkey prompts. The estimate times one short
 forward of the model as trained (after an untimed one, so lazy set-up is not counted) and
-scales it by the tokens to read: ReRoPE and Self-Extend compute two score maps (twice the
-attention), DCA three, and attention over a long context costs more per token than the short
-warm-up, so on a long length it is a lower bound.
+fits a cost per token and a cost per token of context to two warm-up forwards (``n`` and
+``4n`` tokens), so a length past the warm-up pays the attention its context costs: a forward
+over ``L`` tokens takes ``a·L + b·L²/2`` seconds, and ReRoPE and Self-Extend compute two score
+maps (twice the attention), DCA three.
 """
 
 from __future__ import annotations
@@ -86,17 +87,52 @@ def plan(subject, settings: dict[str, Any], text_len: int, tokens, done: set) ->
 
 @torch.no_grad()
 def warm_up(subject, text: torch.Tensor, chunk: int) -> dict[str, float]:
-    """Seconds per token of one short forward of the model as trained (``chunk`` tokens at most)."""
-    n = max(2, min(chunk, subject.train_len, len(text)))
+    """Seconds of a short forward of the model as trained, and of one four times as long (both
+    within the training length and the text), after an untimed one (lazy set-up): what
+    :func:`estimate` fits its cost per token and per token of context to."""
+    n = max(2, min(chunk, 512, subject.train_len, len(text)))
     token_scores(subject.kind, subject.model, text[: min(8, n)], chunk=chunk)  # untimed: lazy set-up
-    t0 = time.perf_counter()
-    token_scores(subject.kind, subject.model, text[:n], chunk=chunk)
-    return {"tokens": n, "seconds": time.perf_counter() - t0}
+    out = {}
+    for key, size in (("", n), ("long_", min(4 * n, subject.train_len, len(text)))):
+        if key and size <= n:
+            break
+        t0 = time.perf_counter()
+        token_scores(subject.kind, subject.model, text[:size], chunk=chunk)
+        out |= {f"{key}tokens": size, f"{key}seconds": time.perf_counter() - t0}
+    return out
+
+
+def rates(warm: dict[str, float]) -> tuple[float, float]:
+    """``(a, b)`` of a forward over ``n`` tokens taking ``a·n + b·n²/2`` seconds: ``a`` what a token
+    costs (the weights), ``b`` what each token of context adds to it (attention), from the two
+    warm-up forwards (``b = 0`` with one, or when the longer one is not slower per token)."""
+    n1, t1 = warm["tokens"], warm["seconds"]
+    n2, t2 = warm.get("long_tokens"), warm.get("long_seconds")
+    b = 0.0
+    if n2 and n2 > n1:
+        b = max(0.0, 2 * (t2 - t1 * n2 / n1) / (n2 * n2 - n1 * n2))
+    return max(t1 / n1 - b * n1 / 2, 0.0), b
 
 
 def estimate(p: dict[str, Any], warm: dict[str, float]) -> dict[str, Any]:
-    per = warm["seconds"] / warm["tokens"]
-    return {**p, "warmup": warm, "estimate_s": per * sum(c.get("cost", 0) for c in p["cells"])}
+    """The plan with each cell's ``estimate_s`` and their sum: every token read lies in a forward of
+    the cell's length (sliding and non-overlapping windows, documents, passkey prompts), whose
+    attention is ``maps`` score maps (ReRoPE, Self-Extend: 2, DCA: 3)."""
+    a, b = rates(warm)
+    cells = []
+    for c in p["cells"]:
+        if c.get("runs"):
+            n, read = c["length"], c["tokens_read"]
+            maps = c["cost"] / read if read else 1
+            c = {**c, "estimate_s": read / n * (a * n + maps * b * n * n / 2)}
+        cells.append(c)
+    return {
+        **p,
+        "cells": cells,
+        "warmup": warm,
+        "rates": (a, b),
+        "estimate_s": sum(c.get("estimate_s", 0) for c in cells),
+    }
 
 
 def describe_plan(p: dict[str, Any]) -> list[str]:
@@ -114,10 +150,12 @@ def describe_plan(p: dict[str, Any]) -> list[str]:
             slide += f" + {c['documents']} document(s) truncated"
         out.append(f"plan: {head}: {c['windows']} window(s) of {c['length']} tokens, {slide}; "
                    f"{c['passkey_prompts']} passkey prompts; {c['tokens_read']} tokens read")  # fmt: skip
-    w = p["warmup"]
-    out.append(f"plan: {p['tokens_read']} tokens read in all; warm-up {w['tokens']} tokens in "
-               f"{1000 * w['seconds']:.1f} ms ({1000 * w['seconds'] / w['tokens']:.3f} ms/token): estimate "
-               f"{_duration(p['estimate_s'])} (more where long contexts make attention dominate)")  # fmt: skip
+    w, (a, b) = p["warmup"], p["rates"]
+    timed = f"{w['tokens']} tokens in {w['seconds']:.2f} s"
+    if "long_tokens" in w:
+        timed += f", {w['long_tokens']} in {w['long_seconds']:.2f} s"
+    out.append(f"plan: {p['tokens_read']} tokens read in all; warm-up {timed}: {1000 * a:.3f} ms per token "
+               f"+ {1e6 * b:.3f} µs per token of context; estimate {_duration(p['estimate_s'])}")  # fmt: skip
     return out
 
 
