@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
@@ -68,7 +69,9 @@ class LayerRecord:
     (joined with HF's); ``sinks``: posenc's learned sink logits ``(H,)`` (None: HF's own or none);
     ``rotary``: the model's rotary stand-in (multimodal positions); ``hidden``: where the
     encodings that read the hidden state keep their per-cache state; ``qk_proj``: the layer's
-    ``(W_Q, W_K)``; ``scores``: HF's ``(scaling, softcap)`` at conversion, which calls must keep.
+    ``(W_Q, W_K)``; ``scores``: HF's ``(scaling, softcap)`` at conversion, which calls must keep;
+    ``rotary_last``: the width of the rotary part HF puts last in each q/k head (MLA), moved to
+    the front before the encoding runs (0: none).
     """
 
     encoding: PositionEncoding
@@ -79,6 +82,7 @@ class LayerRecord:
     hidden: object = None
     qk_proj: tuple | None = None
     scores: tuple = (None, None)
+    rotary_last: int = 0
 
 
 def layer_record(module: nn.Module) -> LayerRecord:
@@ -149,6 +153,8 @@ def attention_forward(
         elif position_ids is None:  # a 1-D encoding in a multimodal model: the temporal row (text: t = h = w)
             position_ids, past, multimodal = got[0], None if held is None else held[0], True
     q_pos, k_pos, documents = mask.positions(position_ids, B, kwargs, axes, past, multimodal)
+    if rec.rotary_last:  # MLA: [nope | rope] -> [rope | nope] in q and k alike (every q·k unchanged)
+        query, key = _rotary_first(query, rec.rotary_last), _rotary_first(key, rec.rotary_last)
     qk_proj = rec.qk_proj
     if enc.defines("read_input"):  # FoX, Inkling: read_input on the module's hidden states (posenc.hf.hidden)
         key, value, q_state, k_state, x = rec.hidden.read(module, enc, key, value, mask, documents)
@@ -177,6 +183,11 @@ def attention_forward(
     # the layer's own attend step; HF passes the attention dropout in training and 0 otherwise
     out = attend(enc, query, key, value, q_pos, k_pos, amask, ctx=ctx, sinks=sinks, dropout=dropout)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _rotary_first(x: Tensor, width: int) -> Tensor:
+    """``x`` ``(B, H, L, Dh)`` with its last ``width`` channels moved to the front."""
+    return torch.cat((x[..., -width:], x[..., :-width]), dim=-1)
 
 
 def _check_scores(module: nn.Module, want: tuple, scaling, softcap) -> None:

@@ -10,6 +10,7 @@ pass their own to the attention function in training.) A new family with HF's us
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import transformers
@@ -45,6 +46,19 @@ class Family:
             Qwen2-VL, Qwen3-VL; the vision tower keeps its own attention), or None.
         default: the encoding that reproduces the stock model (``posenc_layers`` when a
             config names none): ``"rope"``, or ``"gpt2"`` (learned on layer 0, then nope).
+        head_dim: the config attribute holding the width of a q/k head where ``head_dim`` is not
+            it (MLA: ``"qk_head_dim"``, ``qk_nope_head_dim + qk_rope_head_dim``; DeepSeek's
+            ``head_dim`` is the rotary part's width), or None.
+        kv_heads: the config attribute holding the number of key heads the attention function
+            receives where ``num_key_value_heads`` is not it (MLA expands its latent into one key
+            per query head: ``"num_attention_heads"``), or None.
+        rotary_part: the config attribute holding the width of a rotary part that sits *last* in
+            every q/k head (MLA's decoupled RoPE: ``"qk_rope_head_dim"``; the content part
+            ``q/k_nope`` comes first), or None. The adapter moves that part to the front of q and
+            k, where posenc's ``partial_rotary_factor`` turns it (a common permutation of q's and
+            k's channels leaves every score as it was), and the model's ``cos``/``sin`` are that wide.
+        value_dim: the config attribute holding the width of a value head where it differs from
+            the q/k head (MLA: ``"v_head_dim"``), or None.
     """
 
     model_type: str
@@ -61,6 +75,10 @@ class Family:
     rotary_width: float = 1.0
     sub: str | None = None
     default: str = "rope"
+    head_dim: str | None = None
+    kv_heads: str | None = None
+    rotary_part: str | None = None
+    value_dim: str | None = None
 
     @property
     def name(self) -> str:  # the older spelling (posenc 0.x: Family.name)
@@ -83,6 +101,8 @@ class Family:
 
     def rotary_widths(self, config, depth: int) -> int | dict:
         """The width of the model's ``cos``/``sin``: one, or one per layer type (Gemma 4)."""
+        if self.rotary_part:  # (MLA: the decoupled rotary part's width, one for every layer)
+            return int(getattr(self.text_config(config), self.rotary_part))
         dims = self.layer_dims(config, depth)
         if isinstance(dims, Dims):
             return int(dims.head_dim * self.rotary_width)
@@ -98,11 +118,33 @@ class Family:
         per = getattr(config, "per_layer_config", None)
         own = per[layer] if per else config  # (a heterogeneous config refuses global reads of per-layer sizes)
         H = own.num_attention_heads
-        head_dim = getattr(own, "head_dim", None) or own.hidden_size // H
-        kv = getattr(own, "num_key_value_heads", None) or H
+        head_dim = getattr(own, self.head_dim or "head_dim", None) or own.hidden_size // H
+        kv = getattr(own, self.kv_heads or "num_key_value_heads", None) or H
         max_len = getattr(config, "max_position_embeddings", None)
-        return Dims(H, kv, head_dim, config.hidden_size, max_len)
+        last = int(getattr(config, self.rotary_part)) if self.rotary_part else 0
+        value = int(getattr(config, self.value_dim)) if self.value_dim else 0
+        return Dims(H, kv, head_dim, config.hidden_size, max_len, rotary_last=last, value_dim=value)
 
+    def rotary_factor(self, config) -> float | None:
+        """``partial_rotary_factor`` that makes posenc's RoPE turn exactly the ``rotary_part``
+        (``int(Dh·p) == width``: the plain quotient can fall one short, ``int(44·(30/44)) = 29``),
+        or None for a family without one. ``config``: the model's or its language model's."""
+        if not self.rotary_part:
+            return None
+        if self.sub and hasattr(config, self.sub):
+            config = self.text_config(config)
+        width = int(getattr(config, self.rotary_part))
+        head_dim = int(getattr(config, self.head_dim or "head_dim"))
+        p = width / head_dim
+        while int(head_dim * p) < width:
+            p = math.nextafter(p, 1.0)
+        return p
+
+
+# Multi-head latent attention: q/k heads of qk_head_dim, one key per query head, a decoupled rotary part last
+_MLA = dict(
+    head_dim="qk_head_dim", kv_heads="num_attention_heads", rotary_part="qk_rope_head_dim", value_dim="v_head_dim"
+)
 
 FAMILIES: dict[str, Family] = {
     f.model_type: f
@@ -149,6 +191,20 @@ FAMILIES: dict[str, Family] = {
             attention="attn",
             causal=False,
             partial_rotary=True,
+        ),
+        # MLA (DeepSeek-V2 paper, 2024): q and one shared rotary key part per token from latents;
+        # RoPE on the last qk_rope_head_dim channels only (HF's interleaved layout, with the
+        # identity cos/sin, hands them over de-interleaved: posenc's "half" layout)
+        Family("deepseek_v3", "DeepseekV3ForCausalLM", **_MLA),
+        Family("glm4_moe_lite", "Glm4MoeLiteForCausalLM", **_MLA),
+        Family("youtu", "YoutuForCausalLM", **_MLA),
+        Family("minicpm3", "MiniCPM3ForCausalLM", **_MLA),  # (halves layout, no interleave)
+        Family(  # Kimi K2.5: a DeepSeek-V3 language model behind a vision tower
+            "kimi_k25",
+            "Kimi_K25ForConditionalGeneration",
+            base="model.language_model",
+            sub="text_config",
+            **_MLA,
         ),
     )
 }

@@ -63,7 +63,9 @@ def _defaults(name: str, config, family, layer_type: str | None = None) -> dict:
     if family.off != "rotary" or name not in ("rope", "xpos", "mrope"):
         return {}
     out = dict(rope_options_for(config, layer_type))
-    if not family.partial_rotary and "rope_scaling" not in out:
+    if family.rotary_part:  # MLA: the decoupled rotary part only (moved to the front of each head)
+        out["partial_rotary_factor"] = family.rotary_factor(config)
+    elif not family.partial_rotary and "rope_scaling" not in out:
         out.pop("partial_rotary_factor", None)  # HF Llama's default RoPE turns the whole head
     if name == "xpos":
         return {"base": out["base"]} if "base" in out else {}

@@ -43,13 +43,21 @@ __all__ = ["PosencStack", "RotaryOff", "PositionsOff", "Dims"]
 
 @dataclass(frozen=True)
 class Dims:
-    """What the encodings need to know about the model."""
+    """What the encodings need to know about the model.
+
+    ``rotary_last``: the width of a rotary part that sits last in every q/k head (MLA's
+    decoupled RoPE, :attr:`posenc.hf.families.Family.rotary_part`), 0 for none; the attention
+    function moves it to the front of q and k before the encoding runs. ``value_dim``: the width
+    of a value head where it is not ``head_dim`` (MLA's ``v_head_dim``), 0 for the same.
+    """
 
     heads: int
     kv_heads: int
     head_dim: int
     hidden: int
     max_len: int | None
+    rotary_last: int = 0
+    value_dim: int = 0
 
 
 class RotaryOff(nn.Module):
@@ -242,6 +250,13 @@ class PosencStack(nn.Module):
                     )
                 hidden = self.hidden
                 self._handles.append(attn.register_forward_pre_hook(capture, with_kwargs=True))
+            dims = self.layer_dims[i]
+            if dims.value_dim not in (0, dims.head_dim) and (enc.defines("rotate_value") or enc.defines("value_term")):
+                raise ValueError(
+                    f"encoding {enc.name!r} acts on the values, whose heads are {dims.value_dim} wide in layer {i}, "
+                    f"and on q/k heads of {dims.head_dim}: posenc builds one head width per layer; "
+                    "pick an encoding without a value stage"
+                )
             hf_scores = self._set_scores(i, attn, enc, scores)
             if enc.stages & Stage.INPUT:
                 if enc.needs.input_at == "layer":
@@ -269,6 +284,7 @@ class PosencStack(nn.Module):
                 hidden=hidden,
                 qk_proj=qk_projections(attn, qk, self.layer_dims[i]),
                 scores=hf_scores,
+                rotary_last=self.layer_dims[i].rotary_last,
             )
         for at, which in before.items():
             hook = functools.partial(self._input_hook, which, at)
