@@ -17,6 +17,7 @@ from transformers.models.inkling2 import modeling_inkling2 as hf  # noqa: E402
 from transformers.models.inkling2.configuration_inkling2 import Inkling2TextConfig  # noqa: E402
 
 import posenc  # noqa: E402
+import posenc.hf as ph  # noqa: E402
 from posenc.context import Context  # noqa: E402
 
 D, H, D_REL = 24, 3, 4
@@ -109,3 +110,93 @@ def test_sqrt_scale_and_bad_options():
         posenc.build("inkling", heads=H, head_dim=8, rel_clip=-1)
     with pytest.raises(ValueError, match="sqrt_scale must be True or False, got 'yes'"):
         posenc.build("inkling", heads=H, head_dim=8, sqrt_scale="yes")
+
+
+# ---------------------------------------------------------------------------- the Inkling-2 family
+V = 32
+
+
+def stock() -> torch.nn.Module:
+    """A tiny Inkling-2 (one sliding layer of window 5, one full layer; attention residuals every
+    layer), its small parameters moved off their init so a dropped one shows."""
+    torch.manual_seed(3)
+    cfg = config(
+        unpadded_vocab_size=V,
+        layer_types=["hybrid_sliding", "hybrid"],
+        n_layers_per_attn_res_block=1,
+        initializer_range=0.3,
+        pad_token_id=None,
+    )
+    model = transformers.Inkling2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.numel() < 100:
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def inkling2_n(cfg, length: int) -> int:
+    """Reduction length behind the logits: per layer the attention, the relative states and bank,
+    the residual attention over layers, the experts and convolutions; then the head."""
+    Dh = cfg.head_dim
+    layer = 2 * D + Dh + 2 * length + D_REL + cfg.rel_extent + 4 * D + 2 * cfg.moe_intermediate_size + 8
+    return cfg.num_hidden_layers * layer + 3 * D
+
+
+def logits(model, ids, **kw):
+    with torch.no_grad():
+        return model(ids, **kw).logits
+
+
+def greedy(model, ids, new, **kw):
+    out = model.generate(
+        ids, max_new_tokens=new, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True, **kw
+    )
+    return out.sequences, torch.stack(out.logits, 1)
+
+
+def test_inkling2_converts_to_its_own_scheme_with_stock_logits():
+    """Default conversion: ``inkling`` (sliding, E = window) and ``inkling-temperature`` (full)
+    with HF's bias weights taken over, HF's bias and query temperature switched off (stand-ins),
+    HF's per-query sinks and attention residuals kept: stock logits."""
+    model = stock()
+    ours = ph.convert(model).eval()
+    assert [s["encoding"] for s in ours.config.posenc_layers] == ["inkling", "inkling-temperature"]
+    assert type(ours.model.layers[0].self_attn.relative_position_bias).__name__ == "PartOff"
+    assert type(ours.model.layers[1].self_attn.q_proj.norm.log_scale).__name__ == "PartOff"
+    ids = torch.randint(1, V, (2, 12))
+    want = logits(model, ids)
+    assert_close(logits(ours, ids), want, n=inkling2_n(model.config, 12))
+    assert (logits(ph.convert(model, encoding="nope"), ids) - want).abs().max() > 1e-2  # the bias matters
+
+
+@pytest.mark.parametrize("encoding", [None, "alibi"])
+def test_inkling2_cached_generation_equals_uncached(encoding):
+    """Past the sliding window (5): cached = uncached greedy decoding; the own scheme gives the
+    stock model's tokens."""
+    model = stock()
+    ours = ph.convert(model, encoding=encoding).eval()
+    prompt = torch.randint(1, V, (2, 5))
+    cached, cached_logits = greedy(ours, prompt, 8, cache=transformers.DynamicCache(config=ours.config))
+    uncached, uncached_logits = greedy(ours, prompt, 8, use_cache=False)
+    assert torch.equal(cached, uncached)
+    assert_close(cached_logits, uncached_logits, n=inkling2_n(model.config, 13))
+    if encoding is None:
+        want, want_logits = greedy(model, prompt, 8)
+        assert torch.equal(cached, want)
+        assert_close(cached_logits, want_logits, n=inkling2_n(model.config, 13))
+
+
+def test_inkling2_round_trip_and_alibi_step(tmp_path):
+    """``save_pretrained`` -> ``AutoModelForCausalLM`` bit for bit (the taken-over bias weights live
+    in the encodings); an ALiBi swap trains one step with finite weights."""
+    model = ph.convert(stock()).eval()
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.randint(1, V, (2, 9))
+    assert type(loaded) is type(model) and torch.equal(logits(loaded, ids), logits(model, ids))
+    swapped = ph.convert(stock(), encoding="alibi").train()
+    out = swapped(ids, labels=ids)
+    out.loss.backward()
+    grads = [p.grad for p in swapped.model.posenc.parameters()]
+    assert torch.isfinite(out.loss) and all(g is None or torch.isfinite(g).all() for g in grads)

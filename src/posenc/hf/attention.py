@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
 from ..attend.backends import attend
@@ -59,6 +60,7 @@ __all__ = ["NAME", "LayerRecord", "PosencMask", "attention_forward", "mask_inter
 
 NAME = "posenc"
 RECORD = "posenc"  # the attribute of a converted attention module that holds its LayerRecord
+PLAIN = "plain"  # ... or this, on a module that attends over no sequence positions (Family.plain)
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,9 +125,16 @@ def attention_forward(
         ValueError: no posenc encoding on ``module``, a prepared 4-D tensor mask (posenc builds its masks from positions and padding), or a score
             scale / soft-cap other than the one the encoding was set up with.
     """
+    if module.__dict__.get(RECORD) == PLAIN:  # (Inkling-2's attention residuals over layers)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
     rec = layer_record(module)
     enc = rec.encoding
     _check_scores(module, rec.scores, scaling, kwargs.get("softcap"))
+    if kwargs.get("position_bias") is not None:
+        raise ValueError(
+            f"layer {getattr(module, 'layer_idx', '?')} still computes the model's own position_bias; "
+            "a converted model switches it off (Family.off_parts): convert the model again"
+        )
     B, H, Lq, _ = query.shape
     Lk = key.shape[2]
     if attention_mask is None:  # no mask function ran: plain causal over the keys given
@@ -167,7 +176,11 @@ def attention_forward(
     # every key comes in and is rotated here); grouped heads stay grouped: attend expands them
     query, key, value, q_pos, k_pos, ctx = encode(enc, query, key, value, ctx)
     windows = [w for w in (mask.window, rec.window) if w is not None]
-    sinks = kwargs.get("s_aux")
+    sinks, backend = kwargs.get("s_aux"), "auto"
+    if (
+        sinks is None and isinstance(kwargs.get("sinks"), Tensor) and kwargs["sinks"].dim() == 4
+    ):  # Inkling-2: (B, H, Lq, 1)
+        sinks, backend = kwargs["sinks"].squeeze(-1), "eager"  # (the materialising backend takes them)
     if sinks is None:
         sinks = rec.sinks
     # packed rows (documents, no cache): each run of equal ids attends only within itself
@@ -181,7 +194,7 @@ def attention_forward(
         key_start=mask.kv_offset,
     )
     # the layer's own attend step; HF passes the attention dropout in training and 0 otherwise
-    out = attend(enc, query, key, value, q_pos, k_pos, amask, ctx=ctx, sinks=sinks, dropout=dropout)
+    out = attend(enc, query, key, value, q_pos, k_pos, amask, ctx=ctx, sinks=sinks, dropout=dropout, backend=backend)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -33,7 +33,8 @@ class Family:
         layers: attribute of the base model: the decoder (encoder) layers.
         attention: attribute of a layer: its attention module.
         positions: attribute of the base model: the model's own encoding, switched off.
-        off: ``"rotary"`` (identity rotation) or ``"zero"`` (an absolute table adding 0).
+        off: ``"rotary"`` (identity rotation), ``"zero"`` (an absolute table adding 0) or
+            ``"none"`` (no position module on the base: see ``off_parts``).
         qk: how the attention module stores ``W_Q``/``W_K``: ``("q_proj", "k_proj")``,
             ``("fused", name)`` (one ``Linear``: q rows, then k rows, then v rows) or
             ``("conv1d", name)`` (GPT-2's ``Conv1D``, columns q, k, v).
@@ -59,6 +60,15 @@ class Family:
             k's channels leaves every score as it was), and the model's ``cos``/``sin`` are that wide.
         value_dim: the config attribute holding the width of a value head where it differs from
             the q/k head (MLA: ``"v_head_dim"``), or None.
+        off_parts: parts of each attention module that are the model's own position handling,
+            as ``(path under the module, what its stand-in returns: "none" or "input")``; a path a
+            module lacks is skipped (Inkling-2: ``relative_position_bias`` -> None, the full
+            layers' ``q_proj.norm.log_scale`` -> its input). ``off="none"``: the base has none.
+        takes: ``(parameter path under an attention module, parameter of the layer's encoding)``:
+            the weights of an ``off_part`` that initialise the layer's posenc encoding when it has
+            that parameter with that shape (the default scheme), as GPT-2's ``wpe`` does ``learned``.
+        plain: class names of other modules that call HF's attention interface and carry no
+            position (Inkling-2's attention residuals over layers): they keep HF's SDPA.
     """
 
     model_type: str
@@ -79,6 +89,9 @@ class Family:
     kv_heads: str | None = None
     rotary_part: str | None = None
     value_dim: str | None = None
+    off_parts: tuple = ()
+    takes: tuple = ()
+    plain: tuple = ()
 
     @property
     def name(self) -> str:  # the older spelling (posenc 0.x: Family.name)
@@ -199,6 +212,22 @@ FAMILIES: dict[str, Family] = {
         Family("glm4_moe_lite", "Glm4MoeLiteForCausalLM", **_MLA),
         Family("youtu", "YoutuForCausalLM", **_MLA),
         Family("minicpm3", "MiniCPM3ForCausalLM", **_MLA),  # (halves layout, no interleave)
+        # Inkling-2 (HF models/inkling2): the hidden-state relative bias on sliding and full layers,
+        # relative states L2-clipped after a learned per-head scale, τ on full layers: posenc's
+        # inkling / inkling-temperature (specs.default_specs reads the options off the config)
+        Family(
+            "inkling2_text",
+            "Inkling2ForCausalLM",
+            off="none",
+            default="inkling",
+            off_parts=(("relative_position_bias", "none"), ("q_proj.norm.log_scale", "input")),
+            takes=(
+                ("relative_position_bias.linear.weight", "r_proj.weight"),
+                ("relative_position_bias.proj", "rel_proj"),
+                ("relative_position_bias.norm.scale", "rel_scale"),
+            ),
+            plain=("Inkling2BlockAttentionResidual",),
+        ),
         Family(  # Kimi K2.5: a DeepSeek-V3 language model behind a vision tower
             "kimi_k25",
             "Kimi_K25ForConditionalGeneration",

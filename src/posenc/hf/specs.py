@@ -132,10 +132,41 @@ def layer_specs(encoding, options: dict, depth: int, config, family) -> list[dic
 
 
 def default_specs(config, family, depth: int) -> list[dict]:
-    """The specs that reproduce the stock model: its RoPE from the config, or GPT-2's learned table."""
+    """The specs that reproduce the stock model: its RoPE from the config, GPT-2's learned table, or
+    Inkling-2's relative bias (:func:`inkling_specs`)."""
     if family.default == "gpt2":
         return [{"encoding": "learned", "options": {}}] + [{"encoding": "nope", "options": {}}] * (depth - 1)
+    if family.default == "inkling":
+        return inkling_specs(family.text_config(config), depth)
     return layer_specs(family.default, {}, depth, config, family)
+
+
+def inkling_specs(config, depth: int) -> list[dict]:
+    """Inkling-2's scheme per ``config.layer_types``: ``inkling`` on ``"hybrid_sliding"`` layers
+    (``E`` = the window), ``inkling-temperature`` on full ones (``E = rel_extent``, τ from
+    ``log_scaling_*``); relative states clipped at ``rel_l2_clip_threshold``, scores by ``Dh^-1/2``,
+    no short convolutions (HF's key/value projections run their own).
+
+    Raises:
+        ValueError: sliding layers with other head sizes than the full ones (posenc sizes the
+            encodings of every layer alike).
+    """
+    sizes = [(config.num_attention_heads, config.head_dim), (config.swa_num_attention_heads, config.swa_head_dim)]
+    if sizes[0] != sizes[1]:
+        raise ValueError(
+            f"Inkling-2 with sliding-layer heads {sizes[1]} unlike the full layers' {sizes[0]}: not covered"
+        )
+    common = {"d_rel": config.d_rel, "hidden_size": config.hidden_size, "rel_clip": config.rel_l2_clip_threshold}
+    common["sqrt_scale"] = True
+    full = {"log_scaling_n_floor": config.log_scaling_n_floor, "log_scaling_alpha": config.log_scaling_alpha}
+    specs = []
+    for kind in config.layer_types[:depth]:
+        if kind == "hybrid_sliding":
+            specs.append({"encoding": "inkling", "options": {**common, "rel_extent": config.sliding_window_size}})
+        else:
+            options = {**common, "rel_extent": config.rel_extent, **full}
+            specs.append({"encoding": "inkling-temperature", "options": options})
+    return check_layers(specs, depth)
 
 
 def check_share(share) -> None:

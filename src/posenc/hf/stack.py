@@ -38,7 +38,7 @@ from .hidden import HiddenReads, capture
 from .history import PositionHistory
 from .masks import PosencMask
 
-__all__ = ["PosencStack", "RotaryOff", "PositionsOff", "Dims"]
+__all__ = ["PosencStack", "RotaryOff", "PositionsOff", "PartOff", "Dims", "switch_off_parts"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,35 @@ class RotaryOff(nn.Module):
             width = width[args[0] if args else kwargs["layer_type"]]
         shape = (*position_ids.shape[-2:], width)  # (B|1, L, Dh)
         return x.new_ones(shape), x.new_zeros(shape)
+
+
+class PartOff(nn.Module):
+    """Stands in for a part of an attention module that is the model's own position handling
+    (:attr:`posenc.hf.families.Family.off_parts`): returns None (a bias HF then leaves out) or its
+    first input unchanged (a position-dependent scale)."""
+
+    def __init__(self, returns: str) -> None:
+        super().__init__()
+        if returns not in ("none", "input"):
+            raise ValueError(f"a part's stand-in returns 'none' or 'input', got {returns!r}")
+        self.returns = returns
+
+    def forward(self, x, *args, **kwargs):
+        return None if self.returns == "none" else x
+
+
+def switch_off_parts(attentions: list[nn.Module], parts: tuple) -> None:
+    """Replace each ``(path, returns)`` of ``parts`` under every attention module by a :class:`PartOff`
+    (a module without that path keeps what it has)."""
+    for attn in attentions:
+        for path, returns in parts:
+            owner_path, _, name = path.rpartition(".")
+            try:
+                owner = attn.get_submodule(owner_path) if owner_path else attn
+            except AttributeError:
+                continue
+            if isinstance(getattr(owner, name, None), nn.Module):
+                setattr(owner, name, PartOff(returns))
 
 
 class PositionsOff(nn.Module):
