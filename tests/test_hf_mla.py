@@ -214,6 +214,7 @@ def _kimi(**kw):
 
 # the other MLA families of transformers 5.24 that are one row each: (LM class, config)
 SHARED = {
+    "deepseek_v2": ("DeepseekV2ForCausalLM", "DeepseekV2Config"),
     "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig"),
     "youtu": ("YoutuForCausalLM", "YoutuConfig"),
     "minicpm3": ("MiniCPM3ForCausalLM", "MiniCPM3Config"),
@@ -244,8 +245,8 @@ def shared_stock(family: str) -> torch.nn.Module:
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(SHARED))
 def test_other_mla_families_reproduce_stock_and_decode_cached(family):
-    """GLM-4 MoE Lite (glm4_moe_lite), Youtu, MiniCPM3 (halves layout) and Kimi K2.5 (a DeepSeek-V3
-    behind a vision tower) share DeepSeek-V3's attention: rows of data, stock logits, cached = uncached
+    """DeepSeek-V2 (complex pairs), GLM-4 MoE Lite (glm4_moe_lite), Youtu, MiniCPM3 (halves layout)
+    and Kimi K2.5 (a DeepSeek-V3 behind a vision tower) share DeepSeek-V3's attention: rows of data, stock logits, cached = uncached
     greedy decoding equal to the stock model's tokens."""
     model = shared_stock(family)
     ours = ph.convert(model).eval()
@@ -258,3 +259,17 @@ def test_other_mla_families_reproduce_stock_and_decode_cached(family):
     uncached, _ = greedy(ours, prompt, 8, use_cache=False)
     want, _ = greedy(model, prompt, 8)
     assert torch.equal(cached, uncached) and torch.equal(cached, want)
+
+
+def test_deepseek_v2_complex_pairs_stay_interleaved():
+    """DeepSeek-V2 turns its rotary part as complex numbers (``freqs_cis``), pairs ``(x_2k, x_2k+1)``
+    left in place: the stand-in hands it ``1 + 0i`` and the default ``rope`` turns the part in the
+    ``interleaved`` layout; stock logits (the ``half`` layout would not give them)."""
+    model = shared_stock("deepseek_v2")
+    ours = ph.convert(model).eval()
+    assert ours.config.posenc_layers[0]["options"]["layout"] == "interleaved"
+    ids = torch.randint(1, V, (2, 20))
+    want = logits(model, ids)
+    assert_close(logits(ours, ids), want, n=mla_n(model.config, 20))
+    halves = ph.convert(model, encoding="rope", layout="half").eval()
+    assert (logits(halves, ids) - want).abs().max() > 1e-2

@@ -98,7 +98,7 @@ def convert(model: nn.Module, encoding=None, *, share: bool | None = None, **opt
         new_base.posenc.to(dtype)
     blocks = list(getattr(new_base, family.layers))
     attns = [getattr(b, family.attention) for b in blocks]
-    rotary = getattr(new_base, family.positions) if family.off == "rotary" else None
+    rotary = getattr(new_base, family.positions) if family.rotary_off else None
     new_base.posenc.wire(blocks, attns, family.qk, rotary, new_base if family.default == "mrope" else None)
     _carry_buffers(model, new, device)
     _take_over(family, [getattr(b, family.attention) for b in getattr(base, family.layers)], new_base.posenc)

@@ -33,7 +33,8 @@ class Family:
         layers: attribute of the base model: the decoder (encoder) layers.
         attention: attribute of a layer: its attention module.
         positions: attribute of the base model: the model's own encoding, switched off.
-        off: ``"rotary"`` (identity rotation), ``"zero"`` (an absolute table adding 0) or
+        off: ``"rotary"`` (identity rotation ``cos = 1, sin = 0``), ``"complex"`` (identity
+            ``freqs_cis = 1 + 0i``: DeepSeek-V2), ``"zero"`` (an absolute table adding 0) or
             ``"none"`` (no position module on the base: see ``off_parts``).
         qk: how the attention module stores ``W_Q``/``W_K``: ``("q_proj", "k_proj")``,
             ``("fused", name)`` (one ``Linear``: q rows, then k rows, then v rows) or
@@ -69,6 +70,10 @@ class Family:
             that parameter with that shape (the default scheme), as GPT-2's ``wpe`` does ``learned``.
         plain: class names of other modules that call HF's attention interface and carry no
             position (Inkling-2's attention residuals over layers): they keep HF's SDPA.
+        rotary_layout: the layout of the rotated pairs as the attention function receives them
+            under the identity stand-in: ``"half"`` (HF's ``rotate_half``, and DeepSeek-V3's
+            interleave, which de-interleaves first) or ``"interleaved"`` (DeepSeek-V2's complex
+            pairs ``(x_2k, x_2k+1)``, left in place); the default ``rope`` takes it as ``layout``.
     """
 
     model_type: str
@@ -92,6 +97,12 @@ class Family:
     off_parts: tuple = ()
     takes: tuple = ()
     plain: tuple = ()
+    rotary_layout: str = "half"
+
+    @property
+    def rotary_off(self) -> bool:
+        """The model's own encoding is a rotary module, stood in for by the identity rotation."""
+        return self.off in ("rotary", "complex")
 
     @property
     def name(self) -> str:  # the older spelling (posenc 0.x: Family.name)
@@ -209,6 +220,7 @@ FAMILIES: dict[str, Family] = {
         # RoPE on the last qk_rope_head_dim channels only (HF's interleaved layout, with the
         # identity cos/sin, hands them over de-interleaved: posenc's "half" layout)
         Family("deepseek_v3", "DeepseekV3ForCausalLM", **_MLA),
+        Family("deepseek_v2", "DeepseekV2ForCausalLM", off="complex", rotary_layout="interleaved", **_MLA),
         Family("glm4_moe_lite", "Glm4MoeLiteForCausalLM", **_MLA),
         Family("youtu", "YoutuForCausalLM", **_MLA),
         Family("minicpm3", "MiniCPM3ForCausalLM", **_MLA),  # (halves layout, no interleave)

@@ -63,7 +63,8 @@ class _PosencModel:
         blocks = list(getattr(base, fam.layers))
         layers = check_layers(config.posenc_layers, len(blocks))
         attns = [getattr(b, fam.attention) for b in blocks]
-        off = RotaryOff(fam.rotary_widths(config, len(blocks))) if fam.off == "rotary" else PositionsOff()
+        width = fam.rotary_widths(config, len(blocks)) if fam.rotary_off else None
+        off = RotaryOff(width, complex_pairs=fam.off == "complex") if fam.rotary_off else PositionsOff()
         if fam.off != "none":
             setattr(base, fam.positions, off)
         switch_off_parts(attns, fam.off_parts)
@@ -72,7 +73,7 @@ class _PosencModel:
                 module.__dict__[RECORD] = PLAIN
         dims = fam.layer_dims(config, len(blocks))
         base.posenc = PosencStack(layers, dims, config.posenc_share, causal=fam.causal)
-        rotary = off if fam.off == "rotary" else None
+        rotary = off if fam.rotary_off else None
         base.posenc.wire(blocks, attns, fam.qk, rotary, base if fam.default == "mrope" else None)
         self.set_attn_implementation({fam.sub: NAME} if fam.sub else NAME)  # (a vision tower keeps its own)
 

@@ -60,9 +60,11 @@ def _defaults(name: str, config, family, layer_type: str | None = None) -> dict:
     """Options the model's own config implies: RoPE's base, partial rotary and scaling, read from
     HF's ``rope_parameters`` (flat, per layer type or per label) by :func:`rope_options_for`,
     which raises rather than fall back to a default base."""
-    if family.off != "rotary" or name not in ("rope", "xpos", "mrope"):
+    if not family.rotary_off or name not in ("rope", "xpos", "mrope"):
         return {}
     out = dict(rope_options_for(config, layer_type))
+    if family.rotary_layout != "half" and name == "rope":
+        out["layout"] = family.rotary_layout
     if family.rotary_part:  # MLA: the decoupled rotary part only (moved to the front of each head)
         out["partial_rotary_factor"] = family.rotary_factor(config)
     elif not family.partial_rotary and "rope_scaling" not in out:

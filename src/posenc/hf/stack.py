@@ -65,13 +65,15 @@ class RotaryOff(nn.Module):
 
     ``q·1 + rotate_half(q)·0`` is ``q`` exactly, so posenc rotates (or not) in the attention
     function instead. Takes what the family's rotary module takes (Gemma 3 and ModernBERT add
-    a layer type). Multimodal position ids ``(A, B, L)`` (Qwen2-VL's ``t, h, w``, as the model
+    a layer type). With ``complex_pairs`` it returns DeepSeek-V2's ``freqs_cis`` form, ``1 + 0i``.
+    Multimodal position ids ``(A, B, L)`` (Qwen2-VL's ``t, h, w``, as the model
     built them) are kept in :attr:`positions` for the attention function of this forward.
     """
 
-    def __init__(self, head_dim: int | dict) -> None:
+    def __init__(self, head_dim: int | dict, complex_pairs: bool = False) -> None:
         super().__init__()
         self.head_dim = head_dim  # or {layer_type: width} where layer types differ (Gemma 4)
+        self.complex_pairs = complex_pairs  # DeepSeek-V2: one complex freqs_cis 1 + 0i per pair
         self.positions: Tensor | None = None
         self.past: Tensor | None = None  # (A, B, c): positions of the cached tokens (posenc.hf.history)
 
@@ -81,6 +83,8 @@ class RotaryOff(nn.Module):
         if isinstance(width, dict):
             width = width[args[0] if args else kwargs["layer_type"]]
         shape = (*position_ids.shape[-2:], width)  # (B|1, L, Dh)
+        if self.complex_pairs:  # (B|1, L, Dh/2) complex: x·(1 + 0i) = x exactly
+            return torch.ones(*shape[:-1], width // 2, dtype=torch.complex64, device=x.device)
         return x.new_ones(shape), x.new_zeros(shape)
 
 
