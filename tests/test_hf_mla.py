@@ -273,3 +273,27 @@ def test_deepseek_v2_complex_pairs_stay_interleaved():
     assert_close(logits(ours, ids), want, n=mla_n(model.config, 20))
     halves = ph.convert(model, encoding="rope", layout="half").eval()
     assert (logits(halves, ids) - want).abs().max() > 1e-2
+
+
+def test_mistral4_keeps_its_query_temperature_and_converts():
+    """Mistral 4 (MLA, YaRN with DeepSeek's mscale pair) scales queries by Llama 4's
+    ``1 + β·ln(1 + ⌊pos/orig⌋)`` inside its attention module, from a key of ``rope_parameters``
+    (``llama_4_scaling_beta``) that is no RoPE option: its row leaves that key to the module
+    (``rope_elsewhere``). With ``orig = 4`` the temperature acts from the fifth token: stock logits,
+    and cached = uncached greedy decoding with the stock model's tokens."""
+    skip = ("rope_parameters", "head_dim")  # (Mistral 4's head_dim is the whole q/k head: its own)
+    fields = {k: v for k, v in deepseek_config().to_dict().items() if k in transformers.Mistral4Config().to_dict()}
+    cfg = transformers.Mistral4Config(**{k: v for k, v in fields.items() if k not in skip})
+    cfg.rope_parameters["original_max_position_embeddings"] = 4
+    torch.manual_seed(5)
+    model = transformers.Mistral4ForCausalLM(cfg).eval()
+    ours = ph.convert(model).eval()
+    assert "llama_4_scaling_beta" not in ours.config.posenc_layers[0]["options"]["rope_scaling"]
+    ids = torch.randint(1, V, (2, 20))
+    assert_close(logits(ours, ids), logits(model, ids), n=mla_n(cfg, 20))
+    prompt = ids[:, :5]
+    cached, cached_logits = greedy(ours, prompt, 8, cache=DynamicCache(config=cfg))
+    uncached, uncached_logits = greedy(ours, prompt, 8, use_cache=False)
+    want, _ = greedy(model, prompt, 8)
+    assert torch.equal(cached, uncached) and torch.equal(cached, want)
+    assert_close(cached_logits, uncached_logits, n=mla_n(cfg, 13))

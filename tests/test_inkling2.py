@@ -200,3 +200,13 @@ def test_inkling2_round_trip_and_alibi_step(tmp_path):
     out.loss.backward()
     grads = [p.grad for p in swapped.model.posenc.parameters()]
     assert torch.isfinite(out.loss) and all(g is None or torch.isfinite(g).all() for g in grads)
+
+
+def test_a_restored_position_bias_is_refused():
+    """Putting HF's own bias module back on a converted layer would add the bias twice: the
+    attention function refuses the call, naming the layer."""
+    model = stock()
+    ours = ph.convert(model).eval()
+    ours.model.layers[0].self_attn.relative_position_bias = model.model.layers[0].self_attn.relative_position_bias
+    with pytest.raises(ValueError, match="layer 0 still computes the model's own position_bias"):
+        logits(ours, torch.randint(1, V, (1, 6)))

@@ -74,6 +74,9 @@ class Family:
             under the identity stand-in: ``"half"`` (HF's ``rotate_half``, and DeepSeek-V3's
             interleave, which de-interleaves first) or ``"interleaved"`` (DeepSeek-V2's complex
             pairs ``(x_2k, x_2k+1)``, left in place); the default ``rope`` takes it as ``layout``.
+        rope_elsewhere: keys of ``rope_parameters`` that the model reads for something other than
+            its rotation (Mistral 4's ``llama_4_scaling_beta``, a query temperature its attention
+            module applies itself), left out of the RoPE options instead of refused.
     """
 
     model_type: str
@@ -98,6 +101,7 @@ class Family:
     takes: tuple = ()
     plain: tuple = ()
     rotary_layout: str = "half"
+    rope_elsewhere: tuple = ()
 
     @property
     def rotary_off(self) -> bool:
@@ -222,6 +226,12 @@ FAMILIES: dict[str, Family] = {
         Family("deepseek_v3", "DeepseekV3ForCausalLM", **_MLA),
         Family("deepseek_v2", "DeepseekV2ForCausalLM", off="complex", rotary_layout="interleaved", **_MLA),
         Family("glm4_moe_lite", "Glm4MoeLiteForCausalLM", **_MLA),
+        Family(  # (its llama_4_scaling_beta query temperature stays in HF's module)
+            "mistral4",
+            "Mistral4ForCausalLM",
+            rope_elsewhere=("llama_4_scaling_beta", "max_position_embeddings"),
+            **_MLA,
+        ),
         Family("youtu", "YoutuForCausalLM", **_MLA),
         Family("minicpm3", "MiniCPM3ForCausalLM", **_MLA),  # (halves layout, no interleave)
         # Inkling-2 (HF models/inkling2): the hidden-state relative bias on sliding and full layers,

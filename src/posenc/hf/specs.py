@@ -62,7 +62,10 @@ def _defaults(name: str, config, family, layer_type: str | None = None) -> dict:
     which raises rather than fall back to a default base."""
     if not family.rotary_off or name not in ("rope", "xpos", "mrope"):
         return {}
-    out = dict(rope_options_for(config, layer_type))
+    source, params = config, getattr(config, "rope_parameters", None)
+    if family.rope_elsewhere and isinstance(params, dict):  # (keys the model reads for something else)
+        source = {k: v for k, v in params.items() if k not in family.rope_elsewhere}
+    out = dict(rope_options_for(source, layer_type))
     if family.rotary_layout != "half" and name == "rope":
         out["layout"] = family.rotary_layout
     if family.rotary_part:  # MLA: the decoupled rotary part only (moved to the front of each head)
