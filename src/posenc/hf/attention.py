@@ -123,7 +123,10 @@ def attention_forward(
 
     Raises:
         ValueError: no posenc encoding on ``module``, a prepared 4-D tensor mask (posenc builds its masks from positions and padding), or a score
-            scale / soft-cap other than the one the encoding was set up with.
+            scale / soft-cap other than the one the encoding was set up with, or a ``position_bias``
+            (the model's own relative bias, which a converted model switches off).
+
+    Modules a family marks ``plain`` (attention over layers, not positions) run HF's SDPA.
     """
     if module.__dict__.get(RECORD) == PLAIN:  # (Inkling-2's attention residuals over layers)
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
@@ -177,10 +180,9 @@ def attention_forward(
     query, key, value, q_pos, k_pos, ctx = encode(enc, query, key, value, ctx)
     windows = [w for w in (mask.window, rec.window) if w is not None]
     sinks, backend = kwargs.get("s_aux"), "auto"
-    if (
-        sinks is None and isinstance(kwargs.get("sinks"), Tensor) and kwargs["sinks"].dim() == 4
-    ):  # Inkling-2: (B, H, Lq, 1)
-        sinks, backend = kwargs["sinks"].squeeze(-1), "eager"  # (the materialising backend takes them)
+    per_query = kwargs.get("sinks")  # Inkling-2: one sink logit per query row, (B, H, Lq, 1)
+    if sinks is None and isinstance(per_query, Tensor) and per_query.dim() == 4:
+        sinks, backend = per_query.squeeze(-1), "eager"  # (the materialising backend takes them)
     if sinks is None:
         sinks = rec.sinks
     # packed rows (documents, no cache): each run of equal ids attends only within itself
