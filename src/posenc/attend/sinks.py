@@ -34,8 +34,14 @@ def check_sinks(sinks: Tensor | None, heads: int) -> None:
 
 
 def sink_softmax(s: Tensor, sinks: Tensor) -> Tensor:
-    """Softmax over ``[s, sink_h]`` with the sink column dropped: ``(B, H, Lq, Lk)`` float32."""
-    col = sinks.float().view(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1)  # (B, H, Lq, 1)
+    """Softmax over ``[s, sink]`` with the sink column dropped: ``(B, H, Lq, Lk)`` float32.
+
+    ``sinks``: ``(H,)``, one logit per head (gpt-oss), or ``(B, H, Lq)``, one per query row
+    (Inkling-2 projects them from each query's hidden state; the materialising backends only)."""
+    if sinks.dim() == 3:
+        col = sinks.float().unsqueeze(-1)  # (B, H, Lq, 1)
+    else:
+        col = sinks.float().view(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1)  # (B, H, Lq, 1)
     return torch.softmax(torch.cat((s, col), -1), -1)[..., :-1]
 
 

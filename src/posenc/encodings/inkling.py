@@ -18,6 +18,14 @@
   RMS-normalised per head; posenc has no q/k norms yet (issue #26), so this encoding
   keeps the scale without them.
 
+* Inkling-2 (HF ``models/inkling2``: ``Inkling2RelativePositionBias``) keeps the bias on its
+  sliding layers too (``E`` = the window) and, instead of an RMSNorm, scales each head's relative
+  state by a learned vector and L2-clips it: ``r_h ← r_h·s_h``, ``r_h ← r_h·min(1, c/(‖r_h‖ +
+  1e-6))`` (float32; ``c`` = ``rel_l2_clip_threshold``, 8): option ``rel_clip=c``, parameter
+  ``rel_scale`` ``(H, d_rel)``. Its q and k are L2-clipped, not RMS-normed, and scaled by
+  ``Dh^-1/2``: option ``sqrt_scale=True``. On its full layers ``τ_i`` multiplies the clipped
+  states (``inkling-temperature``, as above).
+
 The bias needs the layer input rows of the queries (``ctx.x``); the FlexAttention form
 captures the per-row table ``r_i·P`` ``(B, H, Lq, E)``, never an ``L×L`` tensor.
 """
@@ -53,9 +61,15 @@ class Inkling(PositionEncoding):
             0: none.
         init_std: standard deviation of the initial ``W_r``, ``P`` and convolution weights
             (HF ``initializer_range``).
+        rel_clip: Inkling-2: each head's relative state is scaled by the learned ``rel_scale``
+            and L2-clipped to this norm (HF ``rel_l2_clip_threshold``, 8.0); None: Inkling's
+            plain ``r = W_r x``.
+        sqrt_scale: scores scaled by ``Dh^-1/2`` (Inkling-2, whose q/k are L2-clipped) instead of
+            Inkling's ``1/Dh``.
 
     Parameters: ``r_proj`` (``Linear(D, H·d_rel, bias=False)``), ``rel_proj`` ``P``
-    ``(d_rel, E)``, and with ``K > 0`` ``k_conv``/``v_conv`` ``(H·Dh, K)`` (HF's
+    ``(d_rel, E)``, with ``rel_clip`` ``rel_scale`` ``(H, d_rel)`` (ones: HF's
+    ``norm.scale``), and with ``K > 0`` ``k_conv``/``v_conv`` ``(H·Dh, K)`` (HF's
     ``conv1d.weight`` ``(H·Dh, 1, K)`` squeezed).
 
     The layer hands :meth:`read_input` the key padding (``keep``) and packed ``documents``:
@@ -85,6 +99,8 @@ class Inkling(PositionEncoding):
         hidden_size: int | None = None,
         sconv_kernel: int = 0,
         init_std: float = 0.02,
+        rel_clip: float | None = None,
+        sqrt_scale: bool = False,
     ):
         super().__init__(heads=heads, head_dim=head_dim, max_len=max_len, causal=causal)
         for opt, val in (("d_rel", d_rel), ("rel_extent", rel_extent)):
@@ -96,6 +112,13 @@ class Inkling(PositionEncoding):
             raise ValueError(f"sconv_kernel must be an int >= 0 (0: no short convolutions), got {sconv_kernel!r}")
         if init_std <= 0:
             raise ValueError(f"init_std must be a number > 0, got {init_std!r}")
+        if rel_clip is not None and (isinstance(rel_clip, bool) or not rel_clip > 0):
+            raise ValueError(f"rel_clip must be a number > 0 or None (no clipping), got {rel_clip!r}")
+        if not isinstance(sqrt_scale, bool):
+            raise ValueError(f"sqrt_scale must be True or False, got {sqrt_scale!r}")
+        self.rel_clip, self.sqrt_scale = None if rel_clip is None else float(rel_clip), sqrt_scale
+        if rel_clip is not None:  # Inkling-2: a learned scale per head and channel before the clip
+            self.rel_scale = nn.Parameter(torch.ones(heads, d_rel))
         self.d_rel, self.rel_extent, self.sconv_kernel = d_rel, rel_extent, sconv_kernel
         self.hidden_size = self.dim if hidden_size is None else hidden_size
         self.r_proj = nn.Linear(self.hidden_size, heads * d_rel, bias=False)
@@ -109,7 +132,8 @@ class Inkling(PositionEncoding):
 
     def extra_repr(self) -> str:
         extra = f", d_rel={self.d_rel}, rel_extent={self.rel_extent}, sconv_kernel={self.sconv_kernel}"
-        return super().extra_repr() + extra
+        extra += f", rel_clip={self.rel_clip}" if self.rel_clip is not None else ""
+        return super().extra_repr() + extra + (", sqrt_scale=True" if self.sqrt_scale else "")
 
     @property
     def relative(self) -> bool:
@@ -118,7 +142,10 @@ class Inkling(PositionEncoding):
     @property
     def scale(self) -> float:
         """``1/Dh``, Inkling's scale (its q and k are RMS-normalised; posenc's are not yet); a
-        ``score_scale`` replaces one ``Dh^-1/2`` factor: ``score_scale·Dh^-1/2``."""
+        ``score_scale`` replaces one ``Dh^-1/2`` factor: ``score_scale·Dh^-1/2``. With
+        ``sqrt_scale`` (Inkling-2): ``Dh^-1/2``, or ``score_scale`` in its place."""
+        if self.sqrt_scale:
+            return self.dh_scale
         if self.score_scale is not None:
             return self.score_scale * self.head_dim**-0.5
         return 1.0 / self.head_dim
@@ -173,6 +200,9 @@ class Inkling(PositionEncoding):
         if Lq != q_pos.shape[-1]:
             raise ValueError(f"ctx.x has {Lq} rows for {q_pos.shape[-1]} query positions; they must match")
         r = self.r_proj(x.to(self.r_proj.weight.dtype)).view(B, Lq, self.heads, self.d_rel).float()
+        if self.rel_clip is not None:  # Inkling-2: learned scale, then the L2 clip per head
+            r = r * self.rel_scale.float()
+            r = r * (self.rel_clip / (torch.linalg.vector_norm(r, dim=-1, keepdim=True) + 1e-6)).clamp(max=1.0)
         P = self.rel_proj if span is None else self.rel_proj[:, :span]
         return (r @ P.float()).transpose(1, 2)  # (B, H, Lq, span)
 

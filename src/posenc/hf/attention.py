@@ -46,8 +46,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import torch
 from torch import Tensor, nn
 from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
 from ..attend.backends import attend
@@ -63,6 +65,7 @@ __all__ = ["NAME", "LayerRecord", "PosencMask", "attention_forward", "mask_inter
 
 NAME = "posenc"
 RECORD = "posenc"  # the attribute of a converted attention module that holds its LayerRecord
+PLAIN = "plain"  # ... or this, on a module that attends over no sequence positions (Family.plain)
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,7 +77,9 @@ class LayerRecord:
     ``rotary``: the model's rotary stand-in (multimodal positions); ``hidden``: where the
     encodings that read the hidden state keep their per-cache state; ``qk_proj``: the layer's
     ``(W_Q, W_K)``; ``scores``: HF's ``(scaling, softcap)`` at conversion, which calls must keep;
-    ``keeps_rotated``: HF's dynamic caches hold this layer's keys rotated (:mod:`posenc.hf.keys`).
+    ``keeps_rotated``: HF's dynamic caches hold this layer's keys rotated (:mod:`posenc.hf.keys`);
+    ``rotary_last``: the width of the rotary part HF puts last in each q/k head (MLA), moved to
+    the front before the encoding runs (0: none).
     """
 
     encoding: PositionEncoding
@@ -86,6 +91,7 @@ class LayerRecord:
     qk_proj: tuple | None = None
     scores: tuple = (None, None)
     keeps_rotated: bool = False
+    rotary_last: int = 0
 
 
 def layer_record(module: nn.Module) -> LayerRecord:
@@ -124,11 +130,21 @@ def attention_forward(
 
     Raises:
         ValueError: no posenc encoding on ``module``, a prepared 4-D tensor mask (posenc builds its masks from positions and padding), or a score
-            scale / soft-cap other than the one the encoding was set up with.
+            scale / soft-cap other than the one the encoding was set up with, or a ``position_bias``
+            (the model's own relative bias, which a converted model switches off).
+
+    Modules a family marks ``plain`` (attention over layers, not positions) run HF's SDPA.
     """
+    if module.__dict__.get(RECORD) == PLAIN:  # (Inkling-2's attention residuals over layers)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
     rec = layer_record(module)
     enc = rec.encoding
     _check_scores(module, rec.scores, scaling, kwargs.get("softcap"))
+    if kwargs.get("position_bias") is not None:
+        raise ValueError(
+            f"layer {getattr(module, 'layer_idx', '?')} still computes the model's own position_bias; "
+            "a converted model switches it off (Family.off_parts): convert the model again"
+        )
     B, H, Lq, _ = query.shape
     Lk = key.shape[2]
     if attention_mask is None:  # no mask function ran: plain causal over the keys given
@@ -156,6 +172,8 @@ def attention_forward(
         elif position_ids is None:  # a 1-D encoding in a multimodal model: the temporal row (text: t = h = w)
             position_ids, past, multimodal = got[0], None if held is None else held[0], True
     q_pos, k_pos, documents = mask.positions(position_ids, B, kwargs, axes, past, multimodal)
+    if rec.rotary_last:  # MLA: [nope | rope] -> [rope | nope] in q and k alike (every q·k unchanged)
+        query, key = _rotary_first(query, rec.rotary_last), _rotary_first(key, rec.rotary_last)
     qk_proj = rec.qk_proj
     if enc.defines("read_input"):  # FoX, Inkling: read_input on the module's hidden states (posenc.hf.hidden)
         key, value, q_state, k_state, x = rec.hidden.read(module, enc, key, value, mask, documents)
@@ -175,7 +193,10 @@ def attention_forward(
     else:
         query, key, value, q_pos, k_pos, ctx = encode(enc, query, key, value, ctx)
     windows = [w for w in (mask.window, rec.window) if w is not None]
-    sinks = kwargs.get("s_aux")
+    sinks, backend = kwargs.get("s_aux"), "auto"
+    per_query = kwargs.get("sinks")  # Inkling-2: one sink logit per query row, (B, H, Lq, 1)
+    if sinks is None and isinstance(per_query, Tensor) and per_query.dim() == 4:
+        sinks, backend = per_query.squeeze(-1), "eager"  # (the materialising backend takes them)
     if sinks is None:
         sinks = rec.sinks
     # packed rows (documents, no cache): each run of equal ids attends only within itself
@@ -190,11 +211,16 @@ def attention_forward(
         checked_keys=0 if rows is None else rows.checked_keys,  # (their check is on the cache)
     )
     # the layer's own attend step; HF passes the attention dropout in training and 0 otherwise
-    out = attend(enc, query, key, value, q_pos, k_pos, amask, ctx=ctx, sinks=sinks, dropout=dropout)
+    out = attend(enc, query, key, value, q_pos, k_pos, amask, ctx=ctx, sinks=sinks, dropout=dropout, backend=backend)
     found = None if rows is None else rows.nonfinite(H)
     if found is not None:  # NaN in the heads whose cached rows held a NaN or an inf
         out = out + found.to(out.dtype)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _rotary_first(x: Tensor, width: int) -> Tensor:
+    """``x`` ``(B, H, L, Dh)`` with its last ``width`` channels moved to the front."""
+    return torch.cat((x[..., -width:], x[..., :-width]), dim=-1)
 
 
 def _check_scores(module: nn.Module, want: tuple, scaling, softcap) -> None:

@@ -84,7 +84,8 @@ def convert(model: nn.Module, encoding=None, *, share: bool | None = None, **opt
     device, dtype = params[0].device, params[0].dtype
     with torch.device("meta"):  # the HF weights are taken over below, not allocated twice
         new = model_cls(config)
-    state = {k: v for k, v in model.state_dict(keep_vars=True).items() if ".posenc." not in k}
+    switched = _switched_off(family)  # (weights of the parts the stand-ins replace: the encodings take them)
+    state = {k: v for k, v in model.state_dict(keep_vars=True).items() if ".posenc." not in k and not switched(k)}
     missing, unexpected = new.load_state_dict(state, strict=False, assign=True)
     stray = [k for k in missing if ".posenc." not in k] + [k for k in unexpected if not k.endswith("wpe.weight")]
     if stray:
@@ -96,11 +97,11 @@ def convert(model: nn.Module, encoding=None, *, share: bool | None = None, **opt
     if dtype.is_floating_point and dtype != torch.float32:
         new_base.posenc.to(dtype)
     blocks = list(getattr(new_base, family.layers))
-    off = getattr(new_base, family.positions)
     attns = [getattr(b, family.attention) for b in blocks]
-    rotary = off if family.off == "rotary" else None
+    rotary = getattr(new_base, family.positions) if family.rotary_off else None
     new_base.posenc.wire(blocks, attns, family.qk, rotary, new_base if family.default == "mrope" else None)
     _carry_buffers(model, new, device)
+    _take_over(family, [getattr(b, family.attention) for b in getattr(base, family.layers)], new_base.posenc)
     if family.default == "gpt2" and specs[0]["encoding"] == "learned":
         table, wpe = new_base.posenc.encoding(0).table.weight, getattr(base, "wpe", None)
         if isinstance(wpe, nn.Embedding) and wpe.weight.shape == table.shape:
@@ -109,6 +110,40 @@ def convert(model: nn.Module, encoding=None, *, share: bool | None = None, **opt
     if getattr(model, "generation_config", None) is not None:  # (encoders have none)
         new.generation_config = copy.deepcopy(model.generation_config)
     return new.train(model.training)
+
+
+def _switched_off(family):
+    """A test for the state-dict keys under an attention module's ``off_parts``."""
+    parts = tuple(path for path, _ in family.off_parts)
+    if not parts:
+        return lambda key: False
+    head = f"{family.base}.{family.layers}."
+
+    def switched(key: str) -> bool:
+        if not key.startswith(head):
+            return False
+        rest = key[len(head) :].partition(".")[2]  # (after the layer index)
+        if not rest.startswith(family.attention + "."):
+            return False
+        sub = rest[len(family.attention) + 1 :]
+        return any(sub.startswith(p + ".") for p in parts)
+
+    return switched
+
+
+@torch.no_grad()
+def _take_over(family, attentions: list[nn.Module], stack: PosencStack) -> None:
+    """Each layer's encoding starts from the weights of its module's switched-off parts
+    (``family.takes``) where it has the parameter with that shape (the model's own scheme)."""
+    for i, attn in enumerate(attentions):
+        enc = stack.encoding(i)
+        for src, dst in family.takes:
+            try:
+                old, new = attn.get_parameter(src), enc.get_parameter(dst)
+            except AttributeError:
+                continue
+            if old.shape == new.shape:
+                new.copy_(old.to(new.dtype))
 
 
 def _from_gguf(quantization) -> bool:

@@ -10,6 +10,7 @@ pass their own to the attention function in training.) A new family with HF's us
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import transformers
@@ -33,7 +34,9 @@ class Family:
         layers: attribute of the base model: the decoder (encoder) layers.
         attention: attribute of a layer: its attention module.
         positions: attribute of the base model: the model's own encoding, switched off.
-        off: ``"rotary"`` (identity rotation) or ``"zero"`` (an absolute table adding 0).
+        off: ``"rotary"`` (identity rotation ``cos = 1, sin = 0``), ``"complex"`` (identity
+            ``freqs_cis = 1 + 0i``: DeepSeek-V2), ``"zero"`` (an absolute table adding 0) or
+            ``"none"`` (no position module on the base: see ``off_parts``).
         qk: how the attention module stores ``W_Q``/``W_K``: ``("q_proj", "k_proj")``,
             ``("fused", name)`` (one ``Linear``: q rows, then k rows, then v rows) or
             ``("conv1d", name)`` (GPT-2's ``Conv1D``, columns q, k, v).
@@ -48,9 +51,36 @@ class Family:
         default: the encoding that reproduces the stock model (``posenc_layers`` when a
             config names none): ``"rope"``, or ``"gpt2"`` (learned on layer 0, then nope).
         layout: how the model pairs the rotated dimensions: ``"half"`` (``rotate_half``, Llama) or
-            ``"interleaved"`` (``rotate_every_two``: Cohere, GLM), posenc ``rope``'s ``layout``.
+            ``"interleaved"`` (``rotate_every_two``: Cohere, GLM; DeepSeek-V2's complex pairs
+            ``(x_2k, x_2k+1)``), posenc ``rope``'s ``layout``: the pairs as the attention function
+            receives them (DeepSeek-V3's interleave de-interleaves before it rotates: ``"half"``).
         rope_layers: which layers rotate, by a rule of :data:`ROPE_LAYERS` (None: every layer);
             the others run ``nope`` in the stock scheme (SmolLM3, Cohere 2, EXAONE 4).
+        head_dim: the config attribute holding the width of a q/k head where ``head_dim`` is not
+            it (MLA: ``"qk_head_dim"``, ``qk_nope_head_dim + qk_rope_head_dim``; DeepSeek's
+            ``head_dim`` is the rotary part's width), or None.
+        kv_heads: the config attribute holding the number of key heads the attention function
+            receives where ``num_key_value_heads`` is not it (MLA expands its latent into one key
+            per query head: ``"num_attention_heads"``), or None.
+        rotary_part: the config attribute holding the width of a rotary part that sits *last* in
+            every q/k head (MLA's decoupled RoPE: ``"qk_rope_head_dim"``; the content part
+            ``q/k_nope`` comes first), or None. The adapter moves that part to the front of q and
+            k, where posenc's ``partial_rotary_factor`` turns it (a common permutation of q's and
+            k's channels leaves every score as it was), and the model's ``cos``/``sin`` are that wide.
+        value_dim: the config attribute holding the width of a value head where it differs from
+            the q/k head (MLA: ``"v_head_dim"``), or None.
+        off_parts: parts of each attention module that are the model's own position handling,
+            as ``(path under the module, what its stand-in returns: "none" or "input")``; a path a
+            module lacks is skipped (Inkling-2: ``relative_position_bias`` -> None, the full
+            layers' ``q_proj.norm.log_scale`` -> its input). ``off="none"``: the base has none.
+        takes: ``(parameter path under an attention module, parameter of the layer's encoding)``:
+            the weights of an ``off_part`` that initialise the layer's posenc encoding when it has
+            that parameter with that shape (the default scheme), as GPT-2's ``wpe`` does ``learned``.
+        plain: class names of other modules that call HF's attention interface and carry no
+            position (Inkling-2's attention residuals over layers): they keep HF's SDPA.
+        rope_elsewhere: keys of ``rope_parameters`` that the model reads for something other than
+            its rotation (Mistral 4's ``llama_4_scaling_beta``, a query temperature its attention
+            module applies itself), left out of the RoPE options instead of refused.
     """
 
     model_type: str
@@ -77,6 +107,20 @@ class Family:
         config = self.text_config(config)
         return [bool(ROPE_LAYERS[self.rope_layers](config, i)) for i in range(depth)]
 
+    head_dim: str | None = None
+    kv_heads: str | None = None
+    rotary_part: str | None = None
+    value_dim: str | None = None
+    off_parts: tuple = ()
+    takes: tuple = ()
+    plain: tuple = ()
+    rope_elsewhere: tuple = ()
+
+    @property
+    def rotary_off(self) -> bool:
+        """The model's own encoding is a rotary module, stood in for by the identity rotation."""
+        return self.off in ("rotary", "complex")
+
     @property
     def name(self) -> str:  # the older spelling (posenc 0.x: Family.name)
         return self.model_type
@@ -98,6 +142,8 @@ class Family:
 
     def rotary_widths(self, config, depth: int) -> int | dict:
         """The width of the model's ``cos``/``sin``: one, or one per layer type (Gemma 4)."""
+        if self.rotary_part:  # (MLA: the decoupled rotary part's width, one for every layer)
+            return int(getattr(self.text_config(config), self.rotary_part))
         dims = self.layer_dims(config, depth)
         if self.rotary_width is None:
             fraction = rope_options_for(self.text_config(config)).get("partial_rotary_factor", 1.0)
@@ -116,10 +162,33 @@ class Family:
         per = getattr(config, "per_layer_config", None)
         own = per[layer] if per else config  # (a heterogeneous config refuses global reads of per-layer sizes)
         H = own.num_attention_heads
-        head_dim = getattr(own, "head_dim", None) or own.hidden_size // H
-        kv = getattr(own, "num_key_value_heads", None) or H
+        head_dim = getattr(own, self.head_dim or "head_dim", None) or own.hidden_size // H
+        kv = getattr(own, self.kv_heads or "num_key_value_heads", None) or H
         max_len = getattr(config, "max_position_embeddings", None)
-        return Dims(H, kv, head_dim, config.hidden_size, max_len)
+        last = int(getattr(config, self.rotary_part)) if self.rotary_part else 0
+        value = int(getattr(config, self.value_dim)) if self.value_dim else 0
+        return Dims(H, kv, head_dim, config.hidden_size, max_len, rotary_last=last, value_dim=value)
+
+    def rotary_factor(self, config) -> float | None:
+        """``partial_rotary_factor`` that makes posenc's RoPE turn exactly the ``rotary_part``
+        (``int(Dh·p) == width``: the plain quotient can fall one short, ``int(44·(30/44)) = 29``),
+        or None for a family without one. ``config``: the model's or its language model's."""
+        if not self.rotary_part:
+            return None
+        if self.sub and hasattr(config, self.sub):
+            config = self.text_config(config)
+        width = int(getattr(config, self.rotary_part))
+        head_dim = int(getattr(config, self.head_dim or "head_dim"))
+        p = width / head_dim
+        while int(head_dim * p) < width:
+            p = math.nextafter(p, 1.0)
+        return p
+
+
+# Multi-head latent attention: q/k heads of qk_head_dim, one key per query head, a decoupled rotary part last
+_MLA = dict(
+    head_dim="qk_head_dim", kv_heads="num_attention_heads", rotary_part="qk_rope_head_dim", value_dim="v_head_dim"
+)
 
 
 def _sliding(config, i: int) -> bool:
@@ -252,6 +321,43 @@ FAMILIES: dict[str, Family] = {
         # encoders
         Family("eurobert", "EuroBertForMaskedLM", auto="masked", causal=False),
         Family("ultrabert", "UltrabertForMaskedLM", auto="masked", causal=False),
+        # MLA (DeepSeek-V2 paper, 2024): q and one shared rotary key part per token from latents;
+        # RoPE on the last qk_rope_head_dim channels only (HF's interleaved layout, with the
+        # identity cos/sin, hands them over de-interleaved: posenc's "half" layout)
+        Family("deepseek_v3", "DeepseekV3ForCausalLM", **_MLA),
+        Family("deepseek_v2", "DeepseekV2ForCausalLM", off="complex", layout="interleaved", **_MLA),
+        Family("glm4_moe_lite", "Glm4MoeLiteForCausalLM", **_MLA),
+        Family(  # (its llama_4_scaling_beta query temperature stays in HF's module)
+            "mistral4",
+            "Mistral4ForCausalLM",
+            rope_elsewhere=("llama_4_scaling_beta", "max_position_embeddings"),
+            **_MLA,
+        ),
+        Family("youtu", "YoutuForCausalLM", **_MLA),
+        Family("minicpm3", "MiniCPM3ForCausalLM", **_MLA),  # (halves layout, no interleave)
+        # Inkling-2 (HF models/inkling2): the hidden-state relative bias on sliding and full layers,
+        # relative states L2-clipped after a learned per-head scale, τ on full layers: posenc's
+        # inkling / inkling-temperature (specs.default_specs reads the options off the config)
+        Family(
+            "inkling2_text",
+            "Inkling2ForCausalLM",
+            off="none",
+            default="inkling",
+            off_parts=(("relative_position_bias", "none"), ("q_proj.norm.log_scale", "input")),
+            takes=(
+                ("relative_position_bias.linear.weight", "r_proj.weight"),
+                ("relative_position_bias.proj", "rel_proj"),
+                ("relative_position_bias.norm.scale", "rel_scale"),
+            ),
+            plain=("Inkling2BlockAttentionResidual",),
+        ),
+        Family(  # Kimi K2.5: a DeepSeek-V3 language model behind a vision tower
+            "kimi_k25",
+            "Kimi_K25ForConditionalGeneration",
+            base="model.language_model",
+            sub="text_config",
+            **_MLA,
+        ),
     )
 }
 

@@ -27,11 +27,11 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
 from ..base import PositionEncoding
-from .attention import NAME
+from .attention import NAME, PLAIN, RECORD
 from .families import FAMILIES, Family, family_by_type
 from .remote import HASH_FIELD, check_remote_code, remote_source, save_remote_code
 from .specs import check_layers, check_share, default_specs
-from .stack import PosencStack, PositionsOff, RotaryOff, build_encoding
+from .stack import PosencStack, PositionsOff, RotaryOff, build_encoding, switch_off_parts
 
 __all__ = [
     "PosencLlamaConfig",
@@ -63,11 +63,17 @@ class _PosencModel:
         blocks = list(getattr(base, fam.layers))
         layers = check_layers(config.posenc_layers, len(blocks))
         attns = [getattr(b, fam.attention) for b in blocks]
-        off = RotaryOff(fam.rotary_widths(config, len(blocks))) if fam.off == "rotary" else PositionsOff()
-        setattr(base, fam.positions, off)
+        width = fam.rotary_widths(config, len(blocks)) if fam.rotary_off else None
+        off = RotaryOff(width, complex_pairs=fam.off == "complex") if fam.rotary_off else PositionsOff()
+        if fam.off != "none":
+            setattr(base, fam.positions, off)
+        switch_off_parts(attns, fam.off_parts)
+        for module in base.modules():  # (attention over other axes than the sequence: HF's own)
+            if type(module).__name__ in fam.plain:
+                module.__dict__[RECORD] = PLAIN
         dims = fam.layer_dims(config, len(blocks))
         base.posenc = PosencStack(layers, dims, config.posenc_share, causal=fam.causal)
-        rotary = off if fam.off == "rotary" else None
+        rotary = off if fam.rotary_off else None
         base.posenc.wire(blocks, attns, fam.qk, rotary, base if fam.default == "mrope" else None)
         self.set_attn_implementation({fam.sub: NAME} if fam.sub else NAME)  # (a vision tower keeps its own)
         base.register_forward_pre_hook(_check_implementation)

@@ -60,10 +60,15 @@ def _defaults(name: str, config, family, layer_type: str | None = None) -> dict:
     """Options the model's own config implies: RoPE's base, partial rotary and scaling, read from
     HF's ``rope_parameters`` (flat, per layer type or per label) by :func:`rope_options_for`,
     which raises rather than fall back to a default base."""
-    if family.off != "rotary" or name not in ("rope", "xpos", "mrope"):
+    if not family.rotary_off or name not in ("rope", "xpos", "mrope"):
         return {}
-    out = dict(rope_options_for(config, layer_type))
-    if not family.partial_rotary and "rope_scaling" not in out:
+    source, params = config, getattr(config, "rope_parameters", None)
+    if family.rope_elsewhere and isinstance(params, dict):  # (keys the model reads for something else)
+        source = {k: v for k, v in params.items() if k not in family.rope_elsewhere}
+    out = dict(rope_options_for(source, layer_type))
+    if family.rotary_part:  # MLA: the decoupled rotary part only (moved to the front of each head)
+        out["partial_rotary_factor"] = family.rotary_factor(config)
+    elif not family.partial_rotary and "rope_scaling" not in out:
         out.pop("partial_rotary_factor", None)  # HF Llama's default RoPE turns the whole head
     if family.layout != "half":
         out["layout"] = family.layout
@@ -132,13 +137,44 @@ def layer_specs(encoding, options: dict, depth: int, config, family) -> list[dic
 
 
 def default_specs(config, family, depth: int) -> list[dict]:
-    """The specs that reproduce the stock model: its RoPE from the config, or GPT-2's learned table."""
+    """The specs that reproduce the stock model: its RoPE from the config, GPT-2's learned table, or
+    Inkling-2's relative bias (:func:`inkling_specs`)."""
     if family.default == "gpt2":
         return [{"encoding": "learned", "options": {}}] + [{"encoding": "nope", "options": {}}] * (depth - 1)
+    if family.default == "inkling":
+        return inkling_specs(family.text_config(config), depth)
     rotates = family.rotates(config, depth)
     if all(rotates):
         return layer_specs(family.default, {}, depth, config, family)
     return layer_specs([family.default if r else "nope" for r in rotates], {}, depth, config, family)
+
+
+def inkling_specs(config, depth: int) -> list[dict]:
+    """Inkling-2's scheme per ``config.layer_types``: ``inkling`` on ``"hybrid_sliding"`` layers
+    (``E`` = the window), ``inkling-temperature`` on full ones (``E = rel_extent``, τ from
+    ``log_scaling_*``); relative states clipped at ``rel_l2_clip_threshold``, scores by ``Dh^-1/2``,
+    no short convolutions (HF's key/value projections run their own).
+
+    Raises:
+        ValueError: sliding layers with other head sizes than the full ones (posenc sizes the
+            encodings of every layer alike).
+    """
+    sizes = [(config.num_attention_heads, config.head_dim), (config.swa_num_attention_heads, config.swa_head_dim)]
+    if sizes[0] != sizes[1]:
+        raise ValueError(
+            f"Inkling-2 with sliding-layer heads {sizes[1]} unlike the full layers' {sizes[0]}: not covered"
+        )
+    common = {"d_rel": config.d_rel, "hidden_size": config.hidden_size, "rel_clip": config.rel_l2_clip_threshold}
+    common["sqrt_scale"] = True
+    full = {"log_scaling_n_floor": config.log_scaling_n_floor, "log_scaling_alpha": config.log_scaling_alpha}
+    specs = []
+    for kind in config.layer_types[:depth]:
+        if kind == "hybrid_sliding":
+            specs.append({"encoding": "inkling", "options": {**common, "rel_extent": config.sliding_window_size}})
+        else:
+            options = {**common, "rel_extent": config.rel_extent, **full}
+            specs.append({"encoding": "inkling-temperature", "options": options})
+    return check_layers(specs, depth)
 
 
 def check_share(share) -> None:

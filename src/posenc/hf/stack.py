@@ -39,18 +39,26 @@ from .history import PositionHistory
 from .keys import capture_cache, keeps_rotated
 from .masks import PosencMask
 
-__all__ = ["PosencStack", "RotaryOff", "PositionsOff", "Dims"]
+__all__ = ["PosencStack", "RotaryOff", "PositionsOff", "PartOff", "Dims", "switch_off_parts"]
 
 
 @dataclass(frozen=True)
 class Dims:
-    """What the encodings need to know about the model."""
+    """What the encodings need to know about the model.
+
+    ``rotary_last``: the width of a rotary part that sits last in every q/k head (MLA's
+    decoupled RoPE, :attr:`posenc.hf.families.Family.rotary_part`), 0 for none; the attention
+    function moves it to the front of q and k before the encoding runs. ``value_dim``: the width
+    of a value head where it is not ``head_dim`` (MLA's ``v_head_dim``), 0 for the same.
+    """
 
     heads: int
     kv_heads: int
     head_dim: int
     hidden: int
     max_len: int | None
+    rotary_last: int = 0
+    value_dim: int = 0
 
 
 class RotaryOff(nn.Module):
@@ -58,13 +66,15 @@ class RotaryOff(nn.Module):
 
     ``q·1 + rotate_half(q)·0`` is ``q`` exactly, so posenc rotates (or not) in the attention
     function instead. Takes what the family's rotary module takes (Gemma 3 and ModernBERT add
-    a layer type). Multimodal position ids ``(A, B, L)`` (Qwen2-VL's ``t, h, w``, as the model
+    a layer type). With ``complex_pairs`` it returns DeepSeek-V2's ``freqs_cis`` form, ``1 + 0i``.
+    Multimodal position ids ``(A, B, L)`` (Qwen2-VL's ``t, h, w``, as the model
     built them) are kept in :attr:`positions` for the attention function of this forward.
     """
 
-    def __init__(self, head_dim: int | dict) -> None:
+    def __init__(self, head_dim: int | dict, complex_pairs: bool = False) -> None:
         super().__init__()
         self.head_dim = head_dim  # or {layer_type: width} where layer types differ (Gemma 4)
+        self.complex_pairs = complex_pairs  # DeepSeek-V2: one complex freqs_cis 1 + 0i per pair
         self.positions: Tensor | None = None
         self.past: Tensor | None = None  # (A, B, c): positions of the cached tokens (posenc.hf.history)
 
@@ -74,7 +84,38 @@ class RotaryOff(nn.Module):
         if isinstance(width, dict):
             width = width[args[0] if args else kwargs["layer_type"]]
         shape = (*position_ids.shape[-2:], width)  # (B|1, L, Dh)
+        if self.complex_pairs:  # (B|1, L, Dh/2) complex: x·(1 + 0i) = x exactly
+            return torch.ones(*shape[:-1], width // 2, dtype=torch.complex64, device=x.device)
         return x.new_ones(shape), x.new_zeros(shape)
+
+
+class PartOff(nn.Module):
+    """Stands in for a part of an attention module that is the model's own position handling
+    (:attr:`posenc.hf.families.Family.off_parts`): returns None (a bias HF then leaves out) or its
+    first input unchanged (a position-dependent scale)."""
+
+    def __init__(self, returns: str) -> None:
+        super().__init__()
+        if returns not in ("none", "input"):
+            raise ValueError(f"a part's stand-in returns 'none' or 'input', got {returns!r}")
+        self.returns = returns
+
+    def forward(self, x, *args, **kwargs):
+        return None if self.returns == "none" else x
+
+
+def switch_off_parts(attentions: list[nn.Module], parts: tuple) -> None:
+    """Replace each ``(path, returns)`` of ``parts`` under every attention module by a :class:`PartOff`
+    (a module without that path keeps what it has)."""
+    for attn in attentions:
+        for path, returns in parts:
+            owner_path, _, name = path.rpartition(".")
+            try:
+                owner = attn.get_submodule(owner_path) if owner_path else attn
+            except AttributeError:
+                continue
+            if isinstance(getattr(owner, name, None), nn.Module):
+                setattr(owner, name, PartOff(returns))
 
 
 class PositionsOff(nn.Module):
@@ -244,6 +285,13 @@ class PosencStack(nn.Module):
                     )
                 hidden = self.hidden
                 self._handles.append(attn.register_forward_pre_hook(capture, with_kwargs=True))
+            dims = self.layer_dims[i]
+            if dims.value_dim not in (0, dims.head_dim) and (enc.defines("rotate_value") or enc.defines("value_term")):
+                raise ValueError(
+                    f"encoding {enc.name!r} acts on the values, whose heads are {dims.value_dim} wide in layer {i}, "
+                    f"and on q/k heads of {dims.head_dim}: posenc builds one head width per layer; "
+                    "pick an encoding without a value stage"
+                )
             hf_scores = self._set_scores(i, attn, enc, scores)
             rotated = keeps_rotated(enc, shares_keys)
             if rotated:  # the attention function writes rotated keys into HF's cache (posenc.hf.keys)
@@ -275,6 +323,7 @@ class PosencStack(nn.Module):
                 qk_proj=qk_projections(attn, qk, self.layer_dims[i]),
                 scores=hf_scores,
                 keeps_rotated=rotated,
+                rotary_last=self.layer_dims[i].rotary_last,
             )
         for at, which in before.items():
             hook = functools.partial(self._input_hook, which, at)
