@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import importlib
-import json
 import random
 import sys
 
@@ -94,10 +93,12 @@ NIAH = {  # lm-eval niah_utils' arguments; the two *_noise tasks: multivalue / m
     "niah_single_1": dict(type_haystack="repeat", type_needle_k="words", type_needle_v="numbers"),
     "niah_multikey_2": dict(type_haystack="needle", type_needle_k="words", type_needle_v="numbers"),
     "niah_multikey_3": dict(type_haystack="needle", type_needle_k="uuids", type_needle_v="uuids"),
-    "niah_multivalue_noise": dict(type_haystack="repeat", type_needle_k="words", type_needle_v="numbers",
-                                  num_needle_v=4),  # fmt: skip
-    "niah_multiquery_noise": dict(type_haystack="repeat", type_needle_k="words", type_needle_v="numbers",
-                                  num_needle_q=4),  # fmt: skip
+    "niah_multivalue_noise": dict(
+        type_haystack="repeat", type_needle_k="words", type_needle_v="numbers", num_needle_v=4
+    ),  # fmt: skip
+    "niah_multiquery_noise": dict(
+        type_haystack="repeat", type_needle_k="words", type_needle_v="numbers", num_needle_q=4
+    ),  # fmt: skip
 }
 
 
@@ -127,12 +128,15 @@ def test_niah_equals_lm_eval(prepare_niah, tok, task):
                                                max_seq_length=length, template=niah_utils.TEMPLATE, num_samples=5,
                                                TOKENIZER=tok, **kw)  # fmt: skip
         assert ruler.samples(task, tok, length, 5) == theirs
-        assert all(set(s["outputs"]) <= set(s["input"].split(" ")) | {o.rstrip(".") for o in s["outputs"]} for s in theirs)
+        assert all(
+            set(s["outputs"]) <= set(s["input"].split(" ")) | {o.rstrip(".") for o in s["outputs"]} for s in theirs
+        )
 
 
 def test_scoring_is_rulers():
     pytest.importorskip("lm_eval")
-    from lm_eval.tasks.ruler.common_utils import postprocess_pred, string_match_all as theirs
+    from lm_eval.tasks.ruler.common_utils import postprocess_pred
+    from lm_eval.tasks.ruler.common_utils import string_match_all as theirs
 
     preds = [" 1234567 and\x01 7654321 ", "nothing", "ABC, abd", ""]
     refs = [["1234567", "7654321"], ["1"], ["abc", "ABD", "x"], ["q"]]

@@ -27,8 +27,10 @@ __all__ = ["vt_samples", "cwe_samples", "fwe_samples"]
 
 VT_TEMPLATE = ("Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
                "{context}\nQuestion: Find all variables that are assigned the value {query} in the text above.")  # fmt: skip
-VT_ANSWER = (" Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
-             "assgined the value {query}, they are: ")  # fmt: skip  (RULER's spelling)
+VT_ANSWER = (
+    " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
+    "assgined the value {query}, they are: "
+)  # fmt: skip  (RULER's spelling)
 NOISE_LINE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
 CWE_TEMPLATE = ("Below is a numbered list of words. In these words, some appear more often than others. Memorize the "
                 "ones that appear most often.\n{context}\nQuestion: What are the 10 most common words in the above "
@@ -123,7 +125,9 @@ def _vt(tokenizer, length, num_samples, rng, np_rng, *, incremental, icl_example
     return out
 
 
-def vt_samples(tokenizer, length: int, num_samples: int, rng: random.Random, np_rng: np.random.RandomState) -> list[dict]:
+def vt_samples(
+    tokenizer, length: int, num_samples: int, rng: random.Random, np_rng: np.random.RandomState
+) -> list[dict]:
     """Variable tracking (1 chain, 4 hops, 30 generated tokens), with lm-eval's one-shot example
     (itself a 500-token sample drawn first from the same generators)."""
     example = _vt(tokenizer, 500, 1, rng, np_rng, incremental=5)[0]
@@ -218,7 +222,9 @@ def _fwe_input(rng, tokenizer, max_len, num_words, vocab_size, incremental, code
     return text, answer, num_words
 
 
-def fwe_samples(tokenizer, length: int, num_samples: int, rng: random.Random, *, tokens_to_generate: int = 50) -> list[dict]:
+def fwe_samples(
+    tokenizer, length: int, num_samples: int, rng: random.Random, *, tokens_to_generate: int = 50
+) -> list[dict]:
     """Frequent-words extraction: coded words drawn Zipf(2) from a vocabulary of ``length // 50``.
 
     As lm-eval sizes it, the prompt itself fills up to ``length`` tokens and the 50 generated

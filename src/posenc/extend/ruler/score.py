@@ -18,7 +18,7 @@ import torch
 
 from . import TASKS, samples
 
-__all__ = ["prompt_of", "postprocess", "string_match_all", "greedy", "task_score"]
+__all__ = ["prompt_of", "postprocess", "string_match_all", "greedy", "task_score", "ruler_cell"]
 
 
 def prompt_of(sample: dict, delimiter: str = " ") -> str:
@@ -83,3 +83,22 @@ def task_score(kind: str, model, tokenizer, task: str, length: int, n: int, *, c
         out = greedy(kind, model, ids, spec.max_gen_toks, chunk=chunk, eos=eos)
         total += string_match_all(postprocess(tokenizer.decode(out, skip_special_tokens=True)), s["outputs"])
     return {"score": 100 * total / len(made), "samples": len(made), "max_gen_toks": spec.max_gen_toks}
+
+
+def ruler_cell(kind: str, model, tokenizer, tasks: list[str], length: int, n: int, *, chunk: int, device,
+               made: dict) -> dict[str, dict]:  # fmt: skip
+    """``{task: {"score", "samples", "max_gen_toks"} or {"score": None, "why"}}`` at ``length``;
+    ``made`` keeps each ``(task, length)``'s samples for the next method (the same prompts for all)."""
+    out = {}
+    for task in tasks:
+        key = (task, length)
+        if key not in made:
+            try:
+                made[key] = samples(task, tokenizer, length, n)
+            except ValueError as e:
+                made[key] = str(e)
+        if isinstance(made[key], str):
+            out[task] = {"score": None, "why": made[key]}
+            continue
+        out[task] = task_score(kind, model, tokenizer, task, length, n, chunk=chunk, device=device, made=made[key])
+    return out
