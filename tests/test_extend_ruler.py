@@ -166,3 +166,31 @@ def test_unknown_task_and_short_length_are_one_line(tok):
         ruler.samples("ruler_vt", tok, 40, 1)
     with pytest.raises(ValueError, match=r"length 300 leaves no room.*ten common words"):
         ruler.samples("ruler_cwe", tok, 300, 1)
+
+
+@pytest.mark.real
+def test_generators_equal_lm_eval_with_smollm2s_tokenizer():
+    """The real tokenizer (SmolLM2's, cached by scripts/smollm2.py) at RULER's own shortest length, 4096:
+    variable tracking, common words (its 30-repeat branch) and frequent words."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("wonderwords")
+    from tests.test_real_smollm2 import smollm2
+    from transformers import AutoTokenizer
+
+    try:
+        path = smollm2.prepare(offline=True)
+    except smollm2.Unavailable as e:
+        pytest.skip(f"SmolLM2 checkpoint cannot be prepared: {e}")
+    tok = AutoTokenizer.from_pretrained(path)
+    vt = importlib.import_module("lm_eval.tasks.ruler.vt_utils")
+    cwe = importlib.reload(importlib.import_module("lm_eval.tasks.ruler.cwe_utils"))
+    fwe = importlib.import_module("lm_eval.tasks.ruler.fwe_utils")
+    _seed()
+    example = vt.sys_vartrack_w_noise_random(tokenizer=tok, num_samples=1, max_seq_length=500, incremental=5)[0]
+    assert ruler.samples("ruler_vt", tok, 4096, 3) == vt.sys_vartrack_w_noise_random(
+        tokenizer=tok, num_samples=3, max_seq_length=4096, icl_example=example
+    )
+    _seed()
+    assert ruler.samples("ruler_cwe", tok, 4096, 3) == cwe.sys_word_pair_random(3, 4096, tokenizer=tok)
+    _seed()
+    assert ruler.samples("ruler_fwe", tok, 4096, 3) == fwe.sys_kwext(tokenizer=tok, max_seq_length=4096, num_samples=3)

@@ -77,7 +77,7 @@ def test_tasks_cells_table_and_reading(model_dir, tmp_path, capsys):
 def test_tasks_at_two_lengths(model_dir, tmp_path):
     out = tmp_path / "r"
     tasks = "niah_single_1,niah_multikey_2,niah_multivalue_noise,niah_multiquery_noise,ruler_cwe,ruler_fwe"
-    assert run(model_dir, "--lengths", "500,800", "--methods", "none,yarn", "--tasks", tasks, "--task-samples", "2",
+    assert run(model_dir, "--lengths", "500,800", "--methods", "none", "--tasks", tasks, "--task-samples", "1",
                "--out", out, *FAST) == 0  # fmt: skip
     res = json.loads((out / "results.json").read_text())
     for c in res["cells"]:
