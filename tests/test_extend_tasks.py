@@ -167,3 +167,13 @@ def test_lm_eval_flag_adds_scores_to_every_output(model_dir, tmp_path):
     assert 0 <= cells["yarn"]["lm_eval"]["posenc_echo"]["acc,none"] <= 1
     assert "lm-eval (HF backend" in (out / "table.md").read_text()
     assert "lm-eval `posenc_echo` (acc,none) at L=64" in (out / "report.md").read_text()
+
+
+def test_lm_eval_missing_is_one_line_before_the_model_loads(model_dir, tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # an import of it now raises ImportError
+    monkeypatch.setattr("posenc.extend.model.load_subject", lambda *a, **k: pytest.fail("the model loaded"))
+    assert run(model_dir, "--lengths", "64", "--lm-eval", "anything", "--out", tmp_path / "o", *FAST) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--lm-eval: lm-eval is not installed" in err[0] and "posenc[lmeval]" in err[0]

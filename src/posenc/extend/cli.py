@@ -120,13 +120,15 @@ def _check_tasks_early(args) -> None:
         from .ruler import check_tasks
 
         check_tasks(args.tasks)
+    include = getattr(args, "lm_eval_include", None)
+    if include is not None and not (include.strip() and Path(include).is_dir()):
+        raise ValueError(f"--lm-eval-include {include!r} is not a folder; allowed: a folder of lm-eval task yaml files")
+    if include is not None and not args.lm_eval:
+        raise ValueError(f"--lm-eval-include {include!r} without --lm-eval; allowed: with --lm-eval TASKS")
     if getattr(args, "lm_eval", None):
         from .lmeval import check_lm_eval
 
         check_lm_eval()
-        if args.lm_eval_include is not None and not Path(args.lm_eval_include).is_dir():
-            raise ValueError(f"--lm-eval-include {args.lm_eval_include!r} is not a folder; allowed: a folder of "
-                             "lm-eval task yaml files")  # fmt: skip
 
 
 def _text(args, subject, need: int):
