@@ -177,3 +177,12 @@ def test_lm_eval_missing_is_one_line_before_the_model_loads(model_dir, tmp_path,
     assert run(model_dir, "--lengths", "64", "--lm-eval", "anything", "--out", tmp_path / "o", *FAST) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--lm-eval: lm-eval is not installed" in err[0] and "posenc[lmeval]" in err[0]
+
+
+@pytest.mark.slow
+def test_an_unknown_lm_eval_task_is_one_line_before_the_model_loads(model_dir, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("lm_eval")
+    monkeypatch.setattr("posenc.extend.model.load_subject", lambda *a, **k: pytest.fail("the model loaded"))
+    assert run(model_dir, "--lengths", "64", "--lm-eval", "ruler_vt,nosuch_task", "--out", tmp_path / "o", *FAST) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--lm-eval: 'nosuch_task' is not a task lm-eval knows" in err[0]

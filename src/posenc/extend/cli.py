@@ -128,7 +128,7 @@ def _check_tasks_early(args) -> None:
     if getattr(args, "lm_eval", None):
         from .lmeval import check_lm_eval
 
-        check_lm_eval()
+        check_lm_eval(args.lm_eval, include)
 
 
 def _text(args, subject, need: int):

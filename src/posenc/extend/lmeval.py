@@ -26,14 +26,26 @@ from typing import Any
 __all__ = ["lm_eval_scores", "check_lm_eval"]
 
 
-def check_lm_eval() -> None:
-    """One line when lm-eval is not installed (before any model is loaded)."""
+def check_lm_eval(tasks: list[str] | None = None, include: str | None = None) -> None:
+    """One line when lm-eval is not installed, or does not know one of ``tasks`` (a task, group or
+    tag name, or a yaml file; ``include``: a folder of more), before any model is loaded."""
     try:
         import lm_eval  # noqa: F401
     except ImportError:
         raise ValueError(
             "--lm-eval: lm-eval is not installed; install it with `pip install posenc[lmeval]` (lm-eval >= 0.4.9)"
         ) from None
+    if not tasks:
+        return
+    from pathlib import Path
+
+    from lm_eval.tasks import TaskManager
+
+    known = set(TaskManager(include_path=include).all_tasks)
+    bad = [t for t in tasks if t not in known and not Path(t).is_file()]
+    if bad:
+        raise ValueError(f"--lm-eval: {', '.join(map(repr, bad))} is not a task lm-eval knows; allowed: a name "
+                         "`lm_eval ls tasks` lists, a task yaml file, or one under --lm-eval-include")  # fmt: skip
 
 
 def lm_eval_scores(model, tokenizer, tasks: list[str], length: int, *, limit: int | None = None,
@@ -62,12 +74,8 @@ def lm_eval_scores(model, tokenizer, tasks: list[str], length: int, *, limit: in
     name = getattr(tokenizer, "name_or_path", "")
     if name:
         meta["tokenizer"] = name  # (RULER's generators read it; a folder extend already checked)
-    try:
-        out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=TaskManager(include_path=include),
-                                      metadata=meta, log_samples=False, bootstrap_iters=0)  # fmt: skip
-    except KeyError as e:  # lm-eval: a task name it does not know
-        raise ValueError(f"--lm-eval: task {e} is not one lm-eval knows; allowed: `lm_eval ls tasks`, or yaml files "
-                         "under --lm-eval-include") from None  # fmt: skip
+    out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=TaskManager(include_path=include),
+                                  metadata=meta, log_samples=False, bootstrap_iters=0)  # fmt: skip
     scores: dict[str, dict[str, Any]] = {}
     for task, res in (out or {}).get("results", {}).items():
         keep = {}
