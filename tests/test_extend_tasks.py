@@ -186,3 +186,15 @@ def test_an_unknown_lm_eval_task_is_one_line_before_the_model_loads(model_dir, t
     assert run(model_dir, "--lengths", "64", "--lm-eval", "ruler_vt,nosuch_task", "--out", tmp_path / "o", *FAST) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--lm-eval: 'nosuch_task' is not a task lm-eval knows" in err[0]
+
+
+@pytest.mark.slow
+def test_lm_eval_ruler_task_reports_the_evaluated_length_only(model_dir):
+    """lm-eval's own RULER generator, given the evaluated length and the model folder's tokenizer."""
+    pytest.importorskip("lm_eval")
+    from posenc.extend.lmeval import lm_eval_scores
+    from posenc.extend.model import load_subject
+
+    sub = load_subject(str(model_dir))
+    scores = lm_eval_scores(sub.model, sub.tokenizer, ["ruler_fwe"], 1000, limit=1)["ruler_fwe"]
+    assert 0 <= scores["1000,none"] <= 1 and "4096,none" not in scores

@@ -74,8 +74,9 @@ def lm_eval_scores(model, tokenizer, tasks: list[str], length: int, *, limit: in
     name = getattr(tokenizer, "name_or_path", "")
     if name:
         meta["tokenizer"] = name  # (RULER's generators read it; a folder extend already checked)
-    out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=TaskManager(include_path=include),
-                                  metadata=meta, log_samples=False, bootstrap_iters=0)  # fmt: skip
+    manager = TaskManager(include_path=include, metadata=meta)  # (simple_evaluate passes metadata only to its own)
+    out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=manager, log_samples=False,
+                                  bootstrap_iters=0)  # fmt: skip
     scores: dict[str, dict[str, Any]] = {}
     for task, res in (out or {}).get("results", {}).items():
         keep = {}
@@ -84,6 +85,8 @@ def lm_eval_scores(model, tokenizer, tasks: list[str], length: int, *, limit: in
                 continue
             if "_stderr" in k and (not math.isfinite(v)):
                 continue
+            if k.split(",")[0].isdigit() and k.split(",")[0] != str(length):
+                continue  # RULER's per-length metrics: -1 ("no sample of this length") at every other length
             keep[k] = float(v)
         scores[task] = keep
     return scores
