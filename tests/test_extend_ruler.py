@@ -194,3 +194,10 @@ def test_generators_equal_lm_eval_with_smollm2s_tokenizer():
     assert ruler.samples("ruler_cwe", tok, 4096, 3) == cwe.sys_word_pair_random(3, 4096, tokenizer=tok)
     _seed()
     assert ruler.samples("ruler_fwe", tok, 4096, 3) == fwe.sys_kwext(tokenizer=tok, max_seq_length=4096, num_samples=3)
+
+
+def test_tasks_without_wonderwords_are_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wonderwords", None)
+    with pytest.raises(ValueError, match=r"^--tasks: RULER's tasks draw words from the `wonderwords` package"):
+        ruler.check_tasks(["ruler_vt", "niah_single_1"])
+    assert ruler.check_tasks(["ruler_vt", "ruler_fwe", "niah_multikey_3"])  # (no word lists)

@@ -52,6 +52,7 @@ class Task:
     make: Callable
     max_gen_toks: int
     target_delimiter: str = " "
+    words: bool = True  # draws from wonderwords' lists
 
 
 def _niah(**kw) -> Callable:
@@ -61,16 +62,18 @@ def _niah(**kw) -> Callable:
 TASKS: dict[str, Task] = {
     "niah_single_1": Task(_niah(type_haystack="repeat", type_needle_k="words", type_needle_v="numbers"), 128),
     "niah_multikey_2": Task(_niah(type_haystack="needle", type_needle_k="words", type_needle_v="numbers"), 128),
-    "niah_multikey_3": Task(_niah(type_haystack="needle", type_needle_k="uuids", type_needle_v="uuids"), 128),
+    "niah_multikey_3": Task(
+        _niah(type_haystack="needle", type_needle_k="uuids", type_needle_v="uuids"), 128, words=False
+    ),
     "niah_multivalue_noise": Task(
         _niah(type_haystack="repeat", type_needle_k="words", type_needle_v="numbers", num_needle_v=4), 128
     ),
     "niah_multiquery_noise": Task(
         _niah(type_haystack="repeat", type_needle_k="words", type_needle_v="numbers", num_needle_q=4), 128
     ),
-    "ruler_vt": Task(lambda tok, length, n, rng, np_rng: vt_samples(tok, length, n, rng, np_rng), 30),
+    "ruler_vt": Task(lambda tok, length, n, rng, np_rng: vt_samples(tok, length, n, rng, np_rng), 30, words=False),
     "ruler_cwe": Task(lambda tok, length, n, rng, np_rng: cwe_samples(tok, length, n, rng), 120, "\n\n"),
-    "ruler_fwe": Task(lambda tok, length, n, rng, np_rng: fwe_samples(tok, length, n, rng), 50),
+    "ruler_fwe": Task(lambda tok, length, n, rng, np_rng: fwe_samples(tok, length, n, rng), 50, words=False),
 }
 
 
@@ -80,6 +83,13 @@ def check_tasks(names: list[str]) -> list[str]:
     if bad:
         raise ValueError(f"--tasks: {', '.join(map(repr, bad))} is not a RULER task posenc generates; allowed: "
                          f"{', '.join(TASKS)}")  # fmt: skip
+    if any(TASKS[n].words for n in names):
+        from .words import need_wonderwords
+
+        try:
+            need_wonderwords()
+        except ValueError as e:
+            raise ValueError(f"--tasks: {e}") from None
     return names
 
 
