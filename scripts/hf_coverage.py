@@ -16,7 +16,7 @@ defaults), and for each one whose class a family row covers:
 A model type no row covers, or whose tiny model cannot be built, gets its reason in one line.
 
     OMP_NUM_THREADS=1 python scripts/hf_coverage.py             # print the table
-    OMP_NUM_THREADS=1 python scripts/hf_coverage.py --write     # and write it into docs/hf.md
+    OMP_NUM_THREADS=1 python scripts/hf_coverage.py --write     # and write it into docs/hf-coverage.md
     OMP_NUM_THREADS=1 python scripts/hf_coverage.py llama olmo2 # some model types only (print)
 """
 
@@ -50,7 +50,7 @@ from transformers.models.auto.modeling_auto import (  # noqa: E402
 import posenc.hf as ph  # noqa: E402
 from posenc.hf.families import FAMILIES  # noqa: E402
 
-DOC = ROOT / "docs" / "hf.md"
+DOC = ROOT / "docs" / "hf-coverage.md"
 BEGIN, END = "<!-- coverage:begin -->", "<!-- coverage:end -->"
 V, L, PROMPT, NEW = 96, 20, 5, 8
 SMALL = dict(  # the sizes every tiny config takes where its class has the field
@@ -163,7 +163,8 @@ MIXED = dict(layer_types=["sliding_attention", "full_attention"], sliding_window
 
 
 def tiny_config(model_type: str):
-    """The config of the family's own tests (tests/test_hf_families.py) where it has one; else the
+    """The config of the family's own tests (tests/test_hf_families.py, test_hf_mla.py) where it
+    has one; else the
     config class's defaults with :data:`SMALL`'s sizes (on its text config for a composite one),
     built through the constructor so derived fields (``layer_types``, ...) follow. A class with
     sliding and full layers gets one of each (window 6) where it takes them."""
@@ -172,6 +173,12 @@ def tiny_config(model_type: str):
     for _, cfg in _configs().values():
         if cfg.model_type == model_type:
             return cfg
+    from tests import test_hf_mla as mla
+
+    own = {"deepseek_v3": mla.deepseek_config, "mistral4": mla.mistral4_config}
+    own |= {t: (lambda t=t: mla.shared_config(t)) for t in mla.SHARED if t != "kimi_k25"}
+    if model_type in own:  # (the MLA tests' configs: MLA's sizes follow each other)
+        return own[model_type]()
     cls = CONFIG_MAPPING[model_type]
     default = cls()
     text = default.get_text_config()
@@ -326,6 +333,11 @@ def train_step(model, ids, head: str) -> tuple[float, bool]:
     for n, p in model.named_parameters():
         if f".{fam.attention}.{q_name}." in n and n.endswith("weight"):
             moved.append(bool((p.detach() - before[n]).abs().amax() > 0))
+    if not moved:  # (MLA: the query through q_a_proj/q_b_proj, no q_proj)
+        for n, p in model.named_parameters():
+            inner = n.split(f".{fam.attention}.", 1)[-1]
+            if inner != n and inner.startswith("q_") and "norm" not in inner and n.endswith("weight"):
+                moved.append(bool((p.detach() - before[n]).abs().amax() > 0))
     return float(loss), bool(moved) and all(moved)
 
 
@@ -435,7 +447,7 @@ def write(text: str, path: pathlib.Path = DOC) -> None:
 
 
 def documented(path: pathlib.Path = DOC) -> str:
-    """The table between the markers of docs/hf.md."""
+    """The table between the markers of docs/hf-coverage.md."""
     doc = path.read_text(encoding="utf-8")
     return doc.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
 

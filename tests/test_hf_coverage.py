@@ -1,4 +1,4 @@
-"""The coverage table of docs/hf.md ("Every model type, measured") is what scripts/hf_coverage.py
+"""The coverage table of docs/hf-coverage.md is what scripts/hf_coverage.py
 computes: every ✓/✗ and every reason (the printed differences may move within their bound on
 another CPU). By default a few model types, one per mechanism a row names (interleaved pairs,
 NoPE layers by rule, partial cos/sin, a Llama-like row, a type no row covers); the whole walk

@@ -222,19 +222,27 @@ SHARED = {
 }
 
 
-def shared_stock(family: str) -> torch.nn.Module:
-    lm, config = SHARED[family]
-    torch.manual_seed(11)
+def shared_config(family: str):
+    """The tiny config of an MLA family of :data:`SHARED` (also scripts/hf_coverage.py's)."""
+    config = SHARED[family][1]
     if config is None:
-        cfg = _kimi()
-    else:
-        fields = {
-            k: v for k, v in deepseek_config().to_dict().items() if k in getattr(transformers, config)().to_dict()
-        }
-        cfg = getattr(transformers, config)(
-            **fields | dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4})
-        )
-    model = getattr(transformers, lm)(cfg).eval()
+        return _kimi()
+    fields = {k: v for k, v in deepseek_config().to_dict().items() if k in getattr(transformers, config)().to_dict()}
+    return getattr(transformers, config)(**fields | dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4}))
+
+
+def mistral4_config():
+    """Mistral 4's tiny config (its own head_dim: the whole q/k head), temperature from the fifth token."""
+    skip = ("rope_parameters", "head_dim")
+    fields = {k: v for k, v in deepseek_config().to_dict().items() if k in transformers.Mistral4Config().to_dict()}
+    cfg = transformers.Mistral4Config(**{k: v for k, v in fields.items() if k not in skip})
+    cfg.rope_parameters["original_max_position_embeddings"] = 4
+    return cfg
+
+
+def shared_stock(family: str) -> torch.nn.Module:
+    torch.manual_seed(11)
+    model = getattr(transformers, SHARED[family][0])(shared_config(family)).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 1:
@@ -281,10 +289,7 @@ def test_mistral4_keeps_its_query_temperature_and_converts():
     (``llama_4_scaling_beta``) that is no RoPE option: its row leaves that key to the module
     (``rope_elsewhere``). With ``orig = 4`` the temperature acts from the fifth token: stock logits,
     and cached = uncached greedy decoding with the stock model's tokens."""
-    skip = ("rope_parameters", "head_dim")  # (Mistral 4's head_dim is the whole q/k head: its own)
-    fields = {k: v for k, v in deepseek_config().to_dict().items() if k in transformers.Mistral4Config().to_dict()}
-    cfg = transformers.Mistral4Config(**{k: v for k, v in fields.items() if k not in skip})
-    cfg.rope_parameters["original_max_position_embeddings"] = 4
+    cfg = mistral4_config()
     torch.manual_seed(5)
     model = transformers.Mistral4ForCausalLM(cfg).eval()
     ours = ph.convert(model).eval()

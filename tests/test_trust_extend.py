@@ -348,6 +348,15 @@ FLAGS: dict[str, list[str]] = {
     "--device": ["", "tpu", "cuda:x", "cuda:99"],
     "--dtype": ["", "x"],
     "--out": ["", "<model>", "<file>"],
+    "--tasks": ["", ",", "nosuch", "niah_single_1,,ruler_vt", "niah_single_2"],  # (an essay haystack: a download)
+    "--task-samples": [*POS, "10001"],
+    "--lm-eval": ["", ",", "a,,b"],
+    "--lm-eval-limit": [*POS, "10001"],
+    "--lm-eval-include": ["", "<missing>", "<file>", "<dir>"],  # (<dir>: given without --lm-eval)
+    "--protocol": ["", ",", "nosuch", "sliding,,windows"],
+    "--save": ["", "<file>", "<model>"],  # (and without --method/--length)
+    "--method": ["", "nosuch"],
+    "--length": ["", "0", "abc"],
 }
 
 
@@ -383,7 +392,7 @@ def test_the_flag_table_covers_every_extend_flag():
     assert found == set(FLAGS)
     # the one list rule (issue 62 item 4): every comma flag is fuzzed with an empty item
     lists = {a.option_strings[-1] for a in sub._actions if isinstance(getattr(a.type, "__self__", None), ListOf)}
-    assert lists == {"--methods", "--lengths"}
+    assert lists == {"--methods", "--lengths", "--tasks", "--lm-eval", "--protocol"}
     assert all(any(",," in v[1:-1] for v in FLAGS[f]) for f in lists)
 
 

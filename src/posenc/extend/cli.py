@@ -68,6 +68,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens per prefill forward call (default 512)")  # fmt: skip
     parser.add_argument("--passkey-trials", type=Int(0, MAX_TRIALS).parse, default=5,
                         help="trials per length and depth; 0: no passkey")  # fmt: skip
+    parser.add_argument("--tasks", type=ListOf(Str(what="task"), dedupe=True).parse,
+                        help="RULER tasks generated here, as lm-eval names them: niah_single_1, niah_multikey_2, "
+                             "niah_multikey_3, niah_multivalue_noise, niah_multiquery_noise, ruler_vt, ruler_cwe, "
+                             "ruler_fwe (greedy answers; needs a tokenizer in MODEL)")  # fmt: skip
+    parser.add_argument("--task-samples", type=Int(1, MAX_TRIALS).parse, default=20,
+                        help="samples per RULER task and length (default 20)")  # fmt: skip
+    parser.add_argument("--lm-eval", metavar="TASKS", type=ListOf(Str(what="task"), dedupe=True).parse,
+                        help="lm-eval tasks run through its HF backend on each extended model (pip install "
+                             "posenc[lmeval])")  # fmt: skip
+    parser.add_argument("--lm-eval-limit", type=Int(1, MAX_TRIALS).parse, help="samples per lm-eval task (default all)")
+    parser.add_argument("--lm-eval-include", metavar="DIR", help="a folder of lm-eval task yaml files")
     parser.add_argument("--budget", metavar="DURATION",
                         help="time for the run (90s, 20m, 1h): cuts passkey trials, then windows, then widens the "
                              "stride until the estimate fits; refused before scoring if even the least does not")  # fmt: skip
@@ -107,9 +118,36 @@ def _settings(args, subject, lengths, device, text_fingerprint: str) -> dict[str
             "passkey_trials": args.passkey_trials, "encoding": args.encoding, "seed": args.seed,
             "device": str(device), "dtype": args.dtype, "model_fingerprint": subject.fingerprint,
             "text_fingerprint": text_fingerprint,
-            **({"budget": args.budget} if args.budget is not None else {}),
+            **({"budget": args.budget} if args.budget is not None else {}), **_task_settings(args),
             "ran_with": run_record(subject, args.methods, max(lengths), dtype=args.dtype,
                                    device=str(device))}  # fmt: skip
+
+
+def _task_settings(args) -> dict[str, Any]:
+    """``--tasks`` and ``--lm-eval`` (in the settings only when asked: older run folders resume)."""
+    out: dict[str, Any] = {}
+    if getattr(args, "tasks", None):
+        out.update(tasks=args.tasks, task_samples=args.task_samples)
+    if getattr(args, "lm_eval", None):
+        out.update(lm_eval=args.lm_eval, lm_eval_limit=args.lm_eval_limit, lm_eval_include=args.lm_eval_include)
+    return out
+
+
+def _check_tasks_early(args) -> None:
+    """Unknown RULER tasks, a missing lm-eval or --lm-eval-include: refused before the model loads."""
+    if getattr(args, "tasks", None):
+        from .ruler import check_tasks
+
+        check_tasks(args.tasks)
+    include = getattr(args, "lm_eval_include", None)
+    if include is not None and not (include.strip() and Path(include).is_dir()):
+        raise ValueError(f"--lm-eval-include {include!r} is not a folder; allowed: a folder of lm-eval task yaml files")
+    if include is not None and not args.lm_eval:
+        raise ValueError(f"--lm-eval-include {include!r} without --lm-eval; allowed: with --lm-eval TASKS")
+    if getattr(args, "lm_eval", None):
+        from .lmeval import check_lm_eval
+
+        check_lm_eval(args.lm_eval, include)
 
 
 def _text(args, subject, need: int):
@@ -270,6 +308,7 @@ def run(args: argparse.Namespace) -> int:
         if args.budget is not None:
             parse_budget(args.budget)  # (refused before the model loads)
         _check_text_early(args, spec)
+        _check_tasks_early(args)
         subject = load_subject(args.model, encoding=args.encoding, seed=args.seed, train_len=args.train_len,
                                device=device, dtype=getattr(torch, args.dtype))  # fmt: skip
         lengths = resolve_lengths(spec, subject.train_len)

@@ -18,6 +18,8 @@ import re
 from pathlib import Path
 
 from ..output import Column, Table, length_axis, pyplot, readable_log_axis, save_figure, write_csv, write_text
+from .lmeval import lm_eval_reading, lm_eval_rows, lm_eval_table
+from .ruler.report import average, ruler_reading, ruler_rows, ruler_table
 
 __all__ = ["tables", "write_outputs", "reading", "shown", "protocols", "protocol_keys", "FILES"]
 
@@ -134,7 +136,9 @@ def tables(results: dict) -> list[Table]:
     t2 = Table([Column("method", code=True), *(Column(h, "right") for h in heads)], pk_rows,
                title=f"passkey exact match (mean over depths, {s['passkey_trials']} trials per depth) · "
                      "prefill wall time per token (one pass on a possibly shared machine: not a benchmark)")  # fmt: skip
-    return [t1, t2]
+    t3 = ruler_table(methods, lengths, at, train, s.get("task_samples", 0))
+    t4 = lm_eval_table(methods, lengths, at, train)
+    return [t1, t2, *(t for t in (t3, t4) if t is not None)]
 
 
 def _cut(results: dict) -> str:
@@ -190,7 +194,7 @@ def reading(results: dict, within: float) -> list[str]:
         if ranked:
             out.append(f"At L={last}: " + _ranking(ranked) + ".")
     out += _passkey_reading(methods, lengths, at, inside)
-    return out
+    return out + ruler_reading(methods, lengths, at) + lm_eval_reading(methods, lengths, at)
 
 
 def _ranking(ranked: list[tuple[float, str]]) -> str:
@@ -289,11 +293,14 @@ def write_outputs(out: Path, results: dict, *, within: float, command: str) -> l
     tabs = tables(results)
     write_text(out / "table.md", "\n\n".join(t.markdown() for t in tabs) + "\n")
     cols = ("method", "setting", "length", "applicable", "why", "ppl", "ppl_windows", "ppl_truncated", "nll",
-            "nll_windows", "nll_truncated", "documents", "tokens", "stride", "windows", "passkey_mean",
-            "ms_per_token", "kv_bytes", "cuda_peak_bytes", "rss_peak_bytes")  # fmt: skip
-    rows = [{**c, "passkey_mean": _mean(c.get("passkey"))} for c in results["cells"]]
+            "nll_windows", "nll_truncated", "documents", "tokens", "stride", "windows", "passkey_mean", "ruler",
+            "lm_eval", "ms_per_token", "kv_bytes", "cuda_peak_bytes", "rss_peak_bytes")  # fmt: skip
+    rows = [
+        {**c, "passkey_mean": _mean(c.get("passkey")), "ruler": average(c), "lm_eval": None} for c in results["cells"]
+    ]
     rows += [{"method": c["method"], "length": c["length"], "setting": f"passkey depth {d}", "passkey_mean": v}
              for c in results["cells"] for d, v in (c.get("passkey") or {}).items()]  # fmt: skip
+    rows += ruler_rows(results["cells"]) + lm_eval_rows(results["cells"])
     write_csv(out / "results.csv", [{k: r.get(k) for k in cols} for r in rows], cols)
     subtitle = f"{shown(results['model'], out)} · trained at {results['train_len']} tokens"
     _plots(out, results, subtitle)

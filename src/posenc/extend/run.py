@@ -76,7 +76,7 @@ def run_cells(subject: Subject, settings: dict[str, Any], text: torch.Tensor, do
     cells = list(done)
     have = {(c["method"], c["length"]) for c in cells}
     lengths, longest = settings["lengths"], max(settings["lengths"])
-    tokens = None
+    tokens, made = None, {}  # made: each (task, length)'s RULER samples, shared by the methods
     if settings["passkey_trials"]:
         try:
             tokens = Tokens(subject.tokenizer, subject.vocab_size)
@@ -118,7 +118,9 @@ def run_cells(subject: Subject, settings: dict[str, Any], text: torch.Tensor, do
             if tokens is not None:
                 pk = passkey_accuracy(subject.kind, model, tokens, n, trials=settings["passkey_trials"],
                                       chunk=settings["chunk"], device=device, sink=sink, depths=DEPTHS)  # fmt: skip
-            cell.update(applicable=True, **ppl, passkey=pk, rss_peak_bytes=peak_rss_bytes())
+            cell.update(applicable=True, **ppl, passkey=pk)
+            cell.update(_tasks(subject, model, settings, n, sink, device, made, log))
+            cell["rss_peak_bytes"] = peak_rss_bytes()
             if device.type == "cuda":
                 cell["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device)
             cells.append(cell)
@@ -130,6 +132,30 @@ def run_cells(subject: Subject, settings: dict[str, Any], text: torch.Tensor, do
             done_cell(m, n)
             del model
     return cells
+
+
+def _tasks(subject: Subject, model, settings: dict[str, Any], n: int, sink, device, made: dict, log) -> dict:
+    """``{"ruler": ...}`` and ``{"lm_eval": ...}`` of one cell, for ``--tasks`` and ``--lm-eval``
+    (greedy generation: a tokenizer in MODEL; not under sink-window's cache policy)."""
+    out: dict[str, Any] = {}
+    if not (settings.get("tasks") or settings.get("lm_eval")):
+        return out
+    if subject.tokenizer is None or subject.kind != "hf" or sink is not None:
+        why = ("sink-window: generation under its cache policy is not implemented" if sink is not None
+               else "no tokenizer in MODEL (RULER sizes prompts in the model's tokens)")  # fmt: skip
+        log(f"tasks @ {n}: not run ({why})")
+        return {"tasks_why": why}
+    if settings.get("tasks"):
+        from .ruler.score import ruler_cell
+
+        out["ruler"] = ruler_cell(subject.kind, model, subject.tokenizer, settings["tasks"], n,
+                                  settings["task_samples"], chunk=settings["chunk"], device=device, made=made)  # fmt: skip
+    if settings.get("lm_eval"):
+        from .lmeval import lm_eval_scores
+
+        out["lm_eval"] = lm_eval_scores(model, subject.tokenizer, settings["lm_eval"], n,
+                                        limit=settings.get("lm_eval_limit"), include=settings.get("lm_eval_include"))  # fmt: skip
+    return out
 
 
 def log_stderr(msg: str) -> None:
