@@ -119,6 +119,23 @@ def test_one_window_is_scored_once(sink, monkeypatch):
     assert two["ppl_windows"] != two["ppl"]  # two protocols, two numbers
 
 
+def test_a_stride_of_a_whole_window_is_scored_once(monkeypatch):
+    """``--budget`` widens the stride up to the window: the sliding windows are then the
+    non-overlapping ones (same tokens, same context), scored once; the plan counts them once."""
+    import posenc.extend.evaluate as ev
+
+    model = ph.convert(llama())
+    text = torch.randint(0, 256, (96,))
+    calls = []
+    scores = ev.token_scores
+    monkeypatch.setattr(ev, "token_scores", lambda *a, **k: calls.append(1) or scores(*a, **k))
+    got = ev.perplexity("hf", model, text, L, stride=L, windows=2, chunk=16)
+    assert len(calls) == 2 and got["one_pass"] and got["ppl"] == got["ppl_windows"]
+    calls.clear()
+    slid = ev.perplexity("hf", model, text, L, stride=L // 2, windows=2, chunk=16)
+    assert len(calls) > 2 and not slid["one_pass"]
+
+
 def test_one_window_shows_one_perplexity_column(ckpt, tmp_path):
     out = tmp_path / "one"
     assert run(ckpt, "--lengths", "1x", "--methods", "none", "--windows", "1", "--passkey-trials", "0",

@@ -137,8 +137,9 @@ def perplexity(kind: str, model, text: Tensor, length: int, *, stride: int, wind
     windows as it has): the sliding one scores each of them once (the first token aside),
     the non-overlapping one ``length - 1`` per window. ``sink-window`` has no window of
     ``length``: its first column is one stream over those tokens (the authors' protocol),
-    each token seeing the sinks and the last ``window`` tokens. With one window the two
-    protocols are the same computation: it runs once (``one_pass``), both values its. Returns
+    each token seeing the sinks and the last ``window`` tokens. With one window, or a stride of
+    ``length``, the two protocols are the same computation: it runs once (``one_pass``), both
+    values its. Returns
     ``{"ppl", "ppl_windows", "nll", "nll_windows", "tokens", "ms_per_token", "kv_bytes",
     "stride", "windows"}``; a non-finite loss gives ``None`` perplexity and ``nonfinite: True``.
     ``sliding=False``: no sliding pass (no ``ppl``/``nll``; the non-overlapping one always runs:
@@ -147,7 +148,9 @@ def perplexity(kind: str, model, text: Tensor, length: int, *, stride: int, wind
     n_win = max(1, min(windows, len(text) // length))
     span = text[: n_win * length]
     total, count, prev_end = 0.0, 0, 0
-    once = n_win == 1  # one window: the sliding pass is the non-overlapping one (same tokens, same context)
+    # one window, or a stride of a whole window: the sliding pass is the non-overlapping one (same
+    # tokens, same context); sink-window's sliding pass is one stream, not windows
+    once = n_win == 1 or (sink is None and stride == length)
     if (
         sink is not None and not once and sliding
     ):  # StreamingLLM: one stream over the text, the cache bounded by its policy

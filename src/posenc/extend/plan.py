@@ -68,8 +68,8 @@ def plan(subject, settings: dict[str, Any], text_len: int, tokens, done: set) ->
             stride = stride_for(settings, n)
             protocols = settings.get("protocols", ("sliding", "windows"))
             docs = (settings.get("documents") or {}).get("count", 0) if "truncated" in protocols else 0
-            if n_win == 1 or "sliding" not in protocols:
-                slide = (0, 0)  # the one window is both protocols (scored once), or no sliding pass
+            if n_win == 1 or "sliding" not in protocols or (stride == n and m != "sink-window"):
+                slide = (0, 0)  # the windows are both protocols (scored once), or no sliding pass
             elif m == "sink-window":
                 slide = (1, n_win * n)
             else:
@@ -144,7 +144,7 @@ def describe_plan(p: dict[str, Any]) -> list[str]:
             out.append(f"plan: {head}: not run ({c['why']})")
             continue
         slide = (f"{c['windows']} non-overlapping (no sliding pass)" if not c.get("sliding", True) else
-                 "the same window for both protocols" if not c["sliding_windows"] else
+                 "the same windows for both protocols" if not c["sliding_windows"] else
                  f"{c['sliding_windows']} sliding (stride {c['stride']}) + {c['windows']} non-overlapping")  # fmt: skip
         if c.get("documents"):
             slide += f" + {c['documents']} document(s) truncated"
