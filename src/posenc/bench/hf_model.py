@@ -76,7 +76,10 @@ def _load(cfg: HFModelConfig, method: str):
     params = rope_parameters(config, method, cfg.factor)
     if params is not None:
         config.rope_parameters = params
-    config.max_position_embeddings = max(config.max_position_embeddings, max(cfg.lengths) + cfg.steps)
+    longest = max(cfg.lengths) + cfg.steps
+    if params is not None and method != "dynamic":  # (HF reads the extended length there: yarn's check)
+        longest = max(longest, int(config.max_position_embeddings * cfg.factor))
+    config.max_position_embeddings = max(config.max_position_embeddings, longest)
 
     def model():
         m = AutoModelForCausalLM.from_pretrained(
