@@ -125,6 +125,11 @@ FLAGS: dict[str, dict[str, list[str]]] = {
         "--train-depth": POS,
         "--out": [*PATH, "<file>"],
         "--markdown": [*PATH, "<dir>"],
+        "--hf-model": [*PATH, "<dir>"],  # (a folder without config.json)
+        "--hf-methods": [*NAMES, "rope,,yarn"],
+        "--hf-lengths": INTS,
+        "--hf-steps": POS,
+        "--hf-rounds": POS,
     },  # fmt: skip
     "compare": {
         "--out": PATH,

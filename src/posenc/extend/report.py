@@ -75,7 +75,8 @@ def _primary(results: dict) -> tuple[str, str]:
 
 def _columns(results: dict, at: dict, lengths: list[int]) -> list[tuple[int, list[str], str]]:
     """``[(length, cell keys, label)]``: a column per length and protocol. Where a length was scored
-    in one window (``one_pass``), sliding and non-overlapping are one computation: one column."""
+    in one window or at a stride of the whole window (``one_pass``), sliding and non-overlapping are one
+    computation: one column."""
     protos = protocols(results)
     out = []
     for n in lengths:
@@ -84,7 +85,7 @@ def _columns(results: dict, at: dict, lengths: list[int]) -> list[tuple[int, lis
         for p, key, label in protos:
             if once and {"sliding", "windows"} <= keys and p in ("sliding", "windows"):
                 if p == "sliding":
-                    out.append((n, [key], "sliding = non-overlapping (one window)"))
+                    out.append((n, [key], "sliding = non-overlapping (same windows)"))
                 continue
             out.append((n, [key], label))
     return out
@@ -126,8 +127,8 @@ def tables(results: dict) -> list[Table]:
     said = {"sliding": f"sliding: sliding window, {stride}", "windows": "non-overlapping: windows of L",
             "truncated": "truncated per document: the first L tokens of each of "
                          f"{(s.get('documents') or {}).get('count', 0)} documents"}  # fmt: skip
-    once = "; one window: the two are the same computation, shown once" if any(
-        "one window" in label for _, _, label in cols) else ""  # fmt: skip
+    once = ("; one window, or a stride of a whole window: the two are the same computation, shown once"
+            if any("same windows" in label for _, _, label in cols) else "")  # fmt: skip
     how = "; ".join(said[p] for p, _, _ in protocols(results))
     t1 = Table([Column("method", code=True), Column("setting"),
                 *(Column(f"L={n}{' (train)' if n == train else ''} {label}", "right") for n, _, label in cols)],
