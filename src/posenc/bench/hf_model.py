@@ -45,25 +45,23 @@ class HFModelConfig:
 
 
 def rope_parameters(config, method: str, factor: float) -> dict | None:
-    """The stock ``rope_parameters`` of ``method`` on ``config`` (None: the checkpoint's own).
+    """The stock ``rope_parameters`` of ``method`` on ``config`` (None: the checkpoint's own): the
+    options ``posenc extend`` runs the method with (:func:`posenc.extend.methods.method_options`
+    at ``factor`` times the trained length) as a stock config writes them
+    (:func:`posenc.extend.save.stock_parameters`; ``ntk``: a new ``rope_theta``, bloc97 2023)."""
+    from ..extend.methods import method_options
+    from ..extend.save import stock_parameters
 
-    ``ntk`` is NTK-aware scaling as a new θ (``θ · s^(d/(d-2))``, bloc97 2023), which a stock
-    config expresses with ``rope_theta``; the others are HF's own ``rope_type``s.
-    """
     if method == "rope":
         return None
     own = dict(config.rope_parameters or {})
-    theta = own.get("rope_theta")
-    if theta is None:
+    if own.get("rope_theta") is None:
         raise ValueError(f"{config.model_type}: rope_parameters has no rope_theta")
     trained = int(getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings)
-    if method == "ntk":
-        d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return {"rope_type": "default", "rope_theta": theta * factor ** (d / (d - 2))}
-    out = {"rope_type": method, "rope_theta": theta, "factor": factor}
-    if method == "yarn":
-        out["original_max_position_embeddings"] = trained
-    return out
+    d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    opts = method_options(method, train_tokens=trained, longest_tokens=int(trained * factor),
+                          base=own["rope_theta"], rotary_dim=d)  # fmt: skip
+    return stock_parameters(own, opts)
 
 
 def _load(cfg: HFModelConfig, method: str):
@@ -77,7 +75,8 @@ def _load(cfg: HFModelConfig, method: str):
     if params is not None:
         config.rope_parameters = params
     longest = max(cfg.lengths) + cfg.steps
-    if params is not None and method != "dynamic":  # (HF reads the extended length there: yarn's check)
+    if params is not None and method != "dynamic":  # (yarn checks the extended length there; dynamic
+        # reads its trained length there)
         longest = max(longest, int(config.max_position_embeddings * cfg.factor))
     config.max_position_embeddings = max(config.max_position_embeddings, longest)
 

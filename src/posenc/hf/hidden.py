@@ -25,16 +25,15 @@ import torch
 from torch import Tensor, nn
 
 from ..base import PositionEncoding
+from .history import cache_of
 
 __all__ = ["HiddenReads", "capture"]
 
 
 def capture(module: nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook of an attention module: keep its hidden states and cache for this call."""
-    from transformers.cache_utils import Cache
-
     x = args[0] if args else kwargs.get("hidden_states")
-    cache = next((a for a in (*args[1:], *kwargs.values()) if isinstance(a, Cache)), None)
+    cache = cache_of(args, kwargs)
     module.__dict__["posenc_input"] = (x, cache)
 
 

@@ -20,9 +20,13 @@ from torch import nn
 __all__ = ["PositionHistory"]
 
 
-def _cache_of(args: tuple, kwargs: dict):
+def cache_of(args: tuple, kwargs: dict):
+    """The HF ``Cache`` among a module call's arguments (its ``cache`` keyword first), or None."""
     from transformers.cache_utils import Cache
 
+    cache = kwargs.get("cache")
+    if isinstance(cache, Cache):
+        return cache
     for a in (*args, *kwargs.values()):
         if isinstance(a, Cache):
             return a
@@ -46,7 +50,7 @@ class PositionHistory:
 
     def _before(self, module, args, kwargs) -> None:
         self.rotary.past = None
-        cache = _cache_of(args, kwargs)
+        cache = cache_of(args, kwargs)
         self._call = None if cache is None else (cache, cache.get_seq_length())
         if self._call is not None and self._call[1]:
             past = self.by_cache.get(cache)

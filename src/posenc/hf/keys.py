@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from ..base import PositionEncoding
 from ..layer.cache import CachePolicy
+from .history import cache_of
 
 __all__ = ["MARK", "RotatedRows", "capture_cache", "keeps_rotated", "rotated_rows"]
 
@@ -65,11 +66,7 @@ def keeps_rotated(enc: PositionEncoding, shares_keys: bool) -> bool:
 def capture_cache(module: nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook of an attention module that keeps rotated keys: the call's cache, for the
     attention function of the same call (HF does not hand it the cache)."""
-    from transformers.cache_utils import Cache
-
-    cache = kwargs.get("cache")
-    if not isinstance(cache, Cache):
-        cache = next((a for a in (*args[1:], *kwargs.values()) if isinstance(a, Cache)), None)
+    cache = cache_of(args, kwargs)
     index, layers = getattr(module, "layer_idx", None), getattr(cache, "layers", None)
     held = None  # the key tensor the cache layer holds before this call's update
     if layers is not None and index is not None and 0 <= index < len(layers):
