@@ -107,10 +107,6 @@ class RotatedRows(CachePolicy):
     def update(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Write the new rotated keys ``k`` over the raw ones; returns every key, value and position."""
         c, key = self.cached, self.key
-        if k.shape != key[:, :, c:].shape:
-            raise ValueError(
-                f"encoding {self.enc.name!r} changed the keys' shape {tuple(key.shape)} -> {tuple(k.shape)}"
-            )
         if torch.is_grad_enabled() and (key.requires_grad or k.requires_grad):
             # (autograd: a new tensor; the layer keeps its last rows, as HF's update kept them)
             kept = self.layer.keys.shape[2]
