@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import pathlib
+import re
 import sys
 
 import pytest
@@ -77,11 +78,35 @@ def test_bad_model_type_is_refused(capsys):
     assert "unknown model type(s) ['no_such_type']" in capsys.readouterr().out
 
 
+def _documented_version() -> str:
+    return re.search(r"\(transformers ([^,]+),", cov.documented()).group(1)
+
+
 @pytest.mark.slow
 def test_documented_table_equals_the_whole_walk(documented):
+    """With the transformers the table was written with (the newest of the range pyproject.toml
+    pins, which a fresh install gets), the walk equals the table; with another version of the
+    range, every documented converting type the installed version has still converts (new types
+    and reworded upstream errors are the next ``--write``'s)."""
     found = _measure(None)
-    assert {r.model_type: r.verdicts() for r in found} == documented
     assert sum(r.ok for r in found) >= 60
+    got = {r.model_type: r.verdicts() for r in found}
+    if transformers.__version__ == _documented_version():
+        assert got == documented
+    else:
+        ok = [
+            t for t, v in documented.items() if len(v) == 6 and v[2] and v[3] is not False and all(v[4:]) and t in got
+        ]
+        assert [t for t in ok if got[t] != documented[t]] == []
+
+
+def test_the_table_names_a_version_of_the_pinned_range():
+    """The documented table is of a transformers version that pyproject.toml's range admits."""
+    from packaging.specifiers import SpecifierSet
+
+    pins = pathlib.Path(__file__).resolve().parents[1].joinpath("pyproject.toml").read_text(encoding="utf-8")
+    spec = re.search(r'"transformers([^"]+)"', pins).group(1)
+    assert _documented_version() in SpecifierSet(spec), (spec, _documented_version())
 
 
 @pytest.mark.parametrize(
