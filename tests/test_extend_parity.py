@@ -110,10 +110,9 @@ def test_chunked_prefill_equals_full_forward(method):
         nll, pred, kv = token_scores("hf", model, ids, chunk=chunk)
         assert_close(nll, want, n=n_of(stock.config, 4 * L), magnitude=float(want.abs().max()), dtype=torch.float32)
         assert torch.equal(pred, full.argmax(-1)) or chunk == 1  # argmax ties aside
-        # layers · (k, v) · kv heads · tokens · head_dim · 4 bytes, and where the cache holds rotated
-        # keys (posenc.hf.keys) the check of its rows: layers · kv heads · 4 bytes
-        flags = 2 * 2 * 4 if method in ("none", "yarn") else 0
-        assert kv == 2 * 2 * 2 * (4 * L) * 8 * 4 + flags
+        # layers · (k, v) · kv heads · tokens · head_dim · 4 bytes (a cache holding rotated keys keeps
+        # no flag tensor while its rows are known finite: posenc.hf.keys)
+        assert kv == 2 * 2 * 2 * (4 * L) * 8 * 4
 
 
 def test_sink_window_equals_full_forward_until_it_evicts():

@@ -171,3 +171,53 @@ def test_a_nan_written_to_the_cache_stays_reported():
     for layer in cache.layers:  # what the rows written held, per batch row
         flag = layer.__dict__["posenc_nonfinite"]
         assert torch.isnan(flag[0]).all() and torch.equal(flag[1], torch.zeros_like(flag[1]))
+
+
+def test_an_inf_after_finite_steps_stays_reported():
+    """Steps whose rows are all finite keep no flag tensor (CPU: posenc.kernels.flash.known_finite);
+    an inf in a later step's keys makes that batch row NaN from then on, as the full forward does."""
+    _, ours = _pair(_llama())
+    ids = torch.randint(0, 90, (2, 12), generator=torch.Generator().manual_seed(2))
+    ids[0, 10] = 95  # (the one token whose embedding turns inf)
+    with torch.no_grad():
+        cache = DynamicCache(config=ours.config)
+        ours(ids[:, :8], cache=cache, use_cache=True)
+        ours(ids[:, 8:10], cache=cache, use_cache=True)
+        assert all(layer.__dict__["posenc_nonfinite"] == "finite" for layer in cache.layers)
+        ours.model.embed_tokens.weight[95] = float("inf")
+        steps = [ours(ids[:, i : i + 1], cache=cache, use_cache=True).logits for i in (10, 11)]
+        full = ours(ids[:, :12]).logits[:, 10:12]
+    assert torch.isnan(full[0]).all() and torch.isfinite(full[1]).all()
+    step = torch.cat(steps, 1)
+    assert torch.equal(torch.isnan(step), torch.isnan(full))
+    torch.testing.assert_close(step[1], full[1], rtol=0, atol=1e-5)
+
+
+def test_sink_window_stream_follows_its_evictions():
+    """``posenc extend``'s sink-window stream evicts rows and gives positions inside the cache
+    (StreamingLLM's pos_shift): every block's logits equal the stock model run without a cache
+    on the tokens the cache kept plus the block, at positions 0, 1, ... (its cache keeps raw keys:
+    posenc.hf.keys.keep_raw_keys). One layer, so that a kept token's keys do not depend on the
+    tokens evicted before it (with more, StreamingLLM keeps what they were computed with)."""
+    from posenc.extend.evaluate import _hf_stream, sink_block
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    stock, ours = _pair(LlamaForCausalLM(cfg).eval())
+    sink = {"sinks": 2, "window": 8}
+    ids = torch.randint(0, 96, (30,), generator=torch.Generator().manual_seed(1))
+    kept, s, block = [], 0, sink_block(sink["window"])
+    with torch.no_grad():
+        for logits, _ in _hf_stream(ours, ids, 4, sink):
+            if len(kept) >= sink["sinks"] + sink["window"]:  # (the stream's eviction, replayed)
+                kept = kept[: sink["sinks"]] + kept[len(kept) - (sink["window"] - block) :]
+            m = logits.shape[0]
+            seq = torch.tensor(kept + ids[s : s + m].tolist())[None]
+            want = stock(seq, position_ids=torch.arange(seq.shape[1])[None]).logits[0, -m:]
+            torch.testing.assert_close(logits, want, rtol=0, atol=1e-5)
+            kept += ids[s : s + m].tolist()
+            s += m
+    assert s == 30 and len(kept) < 30  # (it evicted)

@@ -257,6 +257,8 @@ def score_setting(name: str, value: Any) -> float | None:
 def check_dropout(p, name: str = "dropout") -> float:
     """``p`` when it is a dropout probability (:data:`posenc.fields.DROPOUT`, a finite number in
     ``[0, 1)``); else ``ValueError``."""
+    if type(p) is float and 0.0 <= p < 1.0:  # (every call of every attention layer: the common case first)
+        return p
     DROPOUT.check(name, p)
     return float(p)
 

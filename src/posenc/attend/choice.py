@@ -20,8 +20,21 @@ __all__ = [
 ]
 
 
+# (class, capped) -> backends: stages are class facts (base.PositionEncoding), the soft-cap
+# the one option that changes the list; kept because attend asks at every call of every layer
+_SUPPORTED: dict[tuple[type, bool], tuple[str, ...]] = {}
+
+
 def supported_backends(enc: PositionEncoding) -> list[str]:
     """Backends able to run ``enc`` (every one of them equals ``eager``)."""
+    key = (type(enc), enc.softcap is not None)
+    found = _SUPPORTED.get(key)
+    if found is None:
+        found = _SUPPORTED[key] = tuple(_supported(enc))
+    return list(found)
+
+
+def _supported(enc: PositionEncoding) -> list[str]:
     st = enc.stages
     vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES | Stage.NORM)) or enc.defines("rotate_value")
     if enc.softcap is not None:  # only a score_mod or the materialised scores can cap
@@ -93,9 +106,10 @@ def select_backend(
     if causal is not None and not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool or None, got {causal!r}")
     check_device_type(device_type)
-    ok = supported_backends(enc)
+    ok = _SUPPORTED.get((type(enc), enc.softcap is not None)) or supported_backends(enc)
     if "sdpa" in ok:
         return "sdpa"
+    ok = list(ok)
     if dropout or enc.head_dim < FLEX_MIN_HEAD_DIM or (q_len is not None and q_len < FLEX_MIN_QUERIES):
         ok = [b for b in ok if b != "flex"]
     if "flex" in ok and (enc.defines("score_mod") or not enc.stages & Stage.BIAS) and device_type == "cuda":

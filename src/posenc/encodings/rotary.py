@@ -221,15 +221,23 @@ class Rotary(PositionEncoding):
         """
         if self.rope_mixed:
             return None
+        built, now = self.__dict__.get("_built", ()), tuple(self._buffers.values())
+        memo = self.__dict__.get("_table_key_memo")  # (buffers, options, key): set an option, and it is dropped
+        if memo is not None and len(memo[0]) == len(now) and all(a is b for a, b in zip(memo[0], now)):
+            return memo[2]
         fields = type(self).__dict__.get("_table_fields")
-        built, now = getattr(self, "_built", ()), tuple(self._buffers.values())
         if fields is None or len(built) != len(now) or any(a is not b for a, b in zip(built, now)):
             return self, self.name
         values = (self.inv_freq.device, *(getattr(self, f) for f in fields))
-        memo = self.__dict__.get("_table_key_memo")
-        if memo is None or memo[0] != values:  # (the repr once per change of the options, not per call)
-            memo = self.__dict__["_table_key_memo"] = (values, f"{self.name}:{values[0]}:{repr(values[1:])}")
-        return type(self), memo[1]
+        if memo is None or memo[1] != values:  # (the repr once per change of the options, not per call)
+            memo = (now, values, (type(self), f"{self.name}:{values[0]}:{repr(values[1:])}"))
+        self.__dict__["_table_key_memo"] = (now, values, memo[2])
+        return memo[2]
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in (type(self).__dict__.get("_table_fields") or ()):
+            self.__dict__.pop("_table_key_memo", None)  # (table_key looks at the options again)
+        super().__setattr__(name, value)
 
     def _tables(self, ctx, pos: Tensor, length: int, seq_len: int) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """``(positions with axes, (cos, sin))`` of ``pos`` for a tensor of ``length`` tokens, once
@@ -306,13 +314,20 @@ class Rotary(PositionEncoding):
         cos, sin = tables
         r = self.rotary_dim
         xr = x[..., :r].float() if r < x.shape[-1] else x.float()
-        out = (xr * cos + self._swap(xr) * sin).to(x.dtype)
+        out = (xr * cos + self._swap(xr) * sin).to(x.dtype)  # (two products and a sum: HF's rounding, bit for bit)
         return out if r == x.shape[-1] else torch.cat((out, x[..., r:]), dim=-1)
 
     def _seq_len(self, *positions: Tensor) -> int:
         if not self.length_dependent:
             return 0
         return max(int(p.max()) for p in positions if p.numel()) + 1
+
+
+# Queries and keys of at most this many elements together (a decoding step's new rows) are
+# rotated as one tensor: each elementwise op on CPU costs a few microseconds to launch whatever
+# its size, so one rotation instead of two is what counts there (a copy of both is the price,
+# which only small tensors can afford).
+JOINT_MAX = 1 << 14
 
 
 @register
@@ -342,8 +357,15 @@ class RoPE(Rotary):
         seq_len = self._seq_len(q_pos, k_pos)  # (length-dependent types only: none with axes)
         qp, q_tab = self._tables(ctx, q_pos, q.shape[-2], seq_len)
         # without a cache the keys are the queries: one table
-        kp, k_tab = (qp, q_tab) if k_pos is q_pos else self._tables(ctx, k_pos, k.shape[-2], seq_len)
-        return self._rotate_one(q, qp, q_tab), self._rotate_one(k, kp, k_tab)
+        if k_pos is not q_pos:
+            kp, k_tab = self._tables(ctx, k_pos, k.shape[-2], seq_len)
+            return self._rotate_one(q, qp, q_tab), self._rotate_one(k, kp, k_tab)
+        cos = q_tab[0]  # (one table for every head; RoPE-Mixed's differ per head)
+        same = q.shape[0] == k.shape[0] and q.shape[2:] == k.shape[2:] and q.dtype == k.dtype
+        if same and q.numel() + k.numel() <= JOINT_MAX and (cos.dim() < 4 or cos.shape[1] == 1):
+            both = self._rotate_one(torch.cat((q, k), 1), qp, q_tab)  # (one pass: decoding's few rows)
+            return both[:, : q.shape[1]], both[:, q.shape[1] :]
+        return self._rotate_one(q, qp, q_tab), self._rotate_one(k, qp, q_tab)
 
 
 @register

@@ -74,12 +74,16 @@ def cache_bytes(cache: Any) -> int:
 def _hf_stream(model, ids: Tensor, chunk: int, sink: dict | None):
     from transformers import DynamicCache
 
+    from ..hf.keys import keep_raw_keys
+
     cache = DynamicCache(config=model.config)
     n = ids.shape[-1]
     if sink is None:
         for s in range(0, n, chunk):
             yield model(input_ids=ids[None, s : s + chunk], cache=cache, use_cache=True).logits[0], cache
         return
+    # raw keys: eviction moves the kept rows to other positions, which rotated keys would not follow
+    keep_raw_keys(cache)
     keep_first, window = sink["sinks"], sink["window"]
     block = sink_block(window)
     s = 0

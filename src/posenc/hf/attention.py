@@ -44,7 +44,7 @@ What the attention interface does not carry, and how it is rebuilt here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -175,20 +175,19 @@ def attention_forward(
     if rec.rotary_last:  # MLA: [nope | rope] -> [rope | nope] in q and k alike (every q·k unchanged)
         query, key = _rotary_first(query, rec.rotary_last), _rotary_first(key, rec.rotary_last)
     qk_proj = rec.qk_proj
+    # the q/k side, written once for posenc's layer and this one; grouped heads stay grouped:
+    # attend expands them. HF's cache holds rotated keys (rows: only the new ones are rotated,
+    # into the cache's tensor; they sit at the queries' positions) or raw ones (every key is rotated here)
+    rows = rotated_rows(module, enc, key, value, k_pos, mask) if rec.keeps_rotated else None
     if enc.defines("read_input"):  # FoX, Inkling: read_input on the module's hidden states (posenc.hf.hidden)
         key, value, q_state, k_state, x = rec.hidden.read(module, enc, key, value, mask, documents)
         ctx = Context(q_pos, k_pos, x=x, q_state=q_state, k_state=k_state, qk_proj=qk_proj, tables=mask.tables)
     else:
-        ctx = Context(q_pos, k_pos, qk_proj=qk_proj, tables=mask.tables)
+        ctx = Context(q_pos, k_pos if rows is None else q_pos, qk_proj=qk_proj, tables=mask.tables)
     if enc.needs.per_head_keys:  # key-side stages with per-head parameters see every query head's keys
         key, value = expand_kv(key, value, H)
-    # the q/k side, written once for posenc's layer and this one; grouped heads stay grouped:
-    # attend expands them. HF's cache holds rotated keys (rows: only the new ones are rotated,
-    # into the cache's tensor) or raw ones (every key is rotated here)
-    rows = rotated_rows(module, enc, key, value, k_pos, mask) if rec.keeps_rotated else None
-    if rows is not None:  # the new keys sit at the queries' positions
+    if rows is not None:
         c = rows.cached
-        ctx = replace(ctx, k_pos=q_pos)
         query, key, value, q_pos, k_pos, ctx = encode(enc, query, key[:, :, c:], value[:, :, c:], ctx, cache=rows)
     else:
         query, key, value, q_pos, k_pos, ctx = encode(enc, query, key, value, ctx)
@@ -212,9 +211,8 @@ def attention_forward(
     )
     # the layer's own attend step; HF passes the attention dropout in training and 0 otherwise
     out = attend(enc, query, key, value, q_pos, k_pos, amask, ctx=ctx, sinks=sinks, dropout=dropout, backend=backend)
-    found = None if rows is None else rows.nonfinite(H)
-    if found is not None:  # NaN in the heads whose cached rows held a NaN or an inf
-        out = out + found.to(out.dtype)
+    if rows is not None:  # NaN in the heads whose cached rows held a NaN or an inf
+        out = rows.mark_nonfinite(out)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -19,9 +19,12 @@ The backends' rule for non-finite input (a NaN or an infinity in ``q``, ``k`` or
 the head's output NaN: :func:`posenc.kernels.flash.propagate_nonfinite`) would read the whole
 cache again at every step; instead each call checks the rows it writes, keeps the result on
 the cache layer (per batch row and key head) and adds what earlier calls found to its output,
-and the backends read only the new rows (``AttentionMask.checked_keys``). When the layer's
-tensor is not the one posenc last wrote (HF reordered the batch for beam search, or cropped
-it), the call checks every row again and keeps that.
+and the backends read only the new rows (``AttentionMask.checked_keys``). On CPU, where reading
+a sum back costs no device sync, rows known finite (:func:`posenc.kernels.flash.known_finite`)
+keep the flag ``CLEAN`` and nothing is added. When the layer's tensor is not the one posenc last
+wrote (HF reordered the batch for beam search, or cropped it), the call checks every row again
+and keeps that. A caller that moves rows to other positions (StreamingLLM's eviction) asks for
+raw keys with :func:`keep_raw_keys`.
 
 It applies to HF's dynamic caches (:class:`~transformers.cache_utils.DynamicLayer`,
 ``DynamicSlidingWindowLayer``), whose update returns the tensor the layer keeps (or a tensor
@@ -33,21 +36,25 @@ whose layers share keys (Gemma 4) keep the exact path: raw keys in the cache, al
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
 from torch import Tensor, nn
 
 from ..base import PositionEncoding
+from ..kernels.flash import known_finite
 from ..layer.cache import CachePolicy
 from .history import cache_of
 
-__all__ = ["MARK", "RotatedRows", "capture_cache", "keeps_rotated", "rotated_rows"]
+__all__ = ["MARK", "RotatedRows", "capture_cache", "keep_raw_keys", "keeps_rotated", "rotated_rows"]
 
 MARK = "posenc_rotated_by"  # the attribute of an HF cache layer: the encoding whose rotation its keys carry
-FLAG = "posenc_nonfinite"  # and (B, Hk, 1, 1) float32: NaN where a row written held a NaN or an inf
+FLAG = "posenc_nonfinite"  # and (B, Hk, 1, 1) float32: NaN where a row written held a NaN or an inf, or CLEAN
+CLEAN = "finite"  # FLAG's value when every row written was known finite (posenc.kernels.flash.known_finite)
 WROTE = "posenc_wrote"  # and a weak reference to the key tensor it held after posenc's last write
-_CAPTURED = "posenc_cache"  # the attribute of an attention module: the cache of its current call
+_CAPTURED = "posenc_cache"
+RAW = "posenc_raw_keys"  # the attribute of an HF cache whose keys stay raw (keep_raw_keys)  # the attribute of an attention module: the cache of its current call
 
 
 def keeps_rotated(enc: PositionEncoding, shares_keys: bool) -> bool:
@@ -74,6 +81,25 @@ def capture_cache(module: nn.Module, args: tuple, kwargs: dict) -> None:
     module.__dict__[_CAPTURED] = (cache, held)
 
 
+def keep_raw_keys(cache):
+    """``cache`` (an HF cache, before its first call), set to hold raw keys: every call rotates
+    every key again at the positions it is given. For a caller that moves rows to other
+    positions between calls (StreamingLLM's eviction with positions inside the cache, as
+    ``posenc extend``'s ``sink-window`` runs it), which rotated keys would not follow."""
+    if any(layer.__dict__.get(MARK) is not None for layer in getattr(cache, "layers", ())):
+        raise ValueError("keep_raw_keys: this cache already holds rotated keys; call it before the cache's first call")
+    setattr(cache, RAW, True)
+    return cache
+
+
+@functools.cache
+def _dynamic_layers() -> tuple[type, ...]:
+    """HF's dynamic cache layer classes (imported on first use: transformers is the adapter's, not posenc's)."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    return DynamicLayer, DynamicSlidingWindowLayer
+
+
 class RotatedRows(CachePolicy):
     """The cache policy of one call that writes its rotated keys into HF's key tensor.
 
@@ -88,7 +114,7 @@ class RotatedRows(CachePolicy):
         # tensor posenc wrote (None: nothing cached, or HF moved the rows since: all are checked again)
         self.checked = layer.__dict__.get(FLAG) if cached and intact else None
 
-        self.found: Tensor | None = None  # and after update: what every row the layer holds held
+        self.found: Tensor | str | None = None  # and after update: what every row the layer holds held
 
     @property
     def checked_keys(self) -> int:
@@ -96,13 +122,17 @@ class RotatedRows(CachePolicy):
         :meth:`update` checked the rows it wrote (and, with the layer's tensor moved, every row)."""
         return self.key.shape[2] if self.found is not None else 0
 
-    def nonfinite(self, heads: int) -> Tensor | None:
-        """``(B, heads, 1, 1)``: NaN where a row of the layer held a NaN or an inf, else 0 (what the
-        output adds for the rows the backends do not read); None before :meth:`update`."""
+    def mark_nonfinite(self, out: Tensor) -> Tensor:
+        """``out`` ``(B, H, Lq, Dh)`` with NaN in the heads whose key head's rows (every row the layer
+        holds) held a NaN or an inf, ``+ 0`` elsewhere (bit for bit): what the backends, which read
+        only the new rows, leave out; ``out`` as it is before :meth:`update`."""
         flag = self.found
-        if flag is None:
-            return None
-        return flag if flag.shape[1] == heads else flag.repeat_interleave(heads // flag.shape[1], 1)
+        if flag is None or flag is CLEAN:
+            return out
+        B, H, Lq, Dh = out.shape
+        Hk = flag.shape[1]
+        flag = flag.to(out.dtype)
+        return out + flag if Hk == H else (out.view(B, Hk, H // Hk, Lq, Dh) + flag[:, :, None]).view(B, H, Lq, Dh)
 
     def update(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Write the new rotated keys ``k`` over the raw ones; returns every key, value and position."""
@@ -114,11 +144,19 @@ class RotatedRows(CachePolicy):
             self.layer.keys = key[:, :, key.shape[2] - kept :]
         else:
             key[:, :, c:] = k
-        with torch.no_grad():  # the check of the rows not checked before, kept for the calls to come
-            start = c if self.checked is not None else 0
-            found = (key[:, :, start:].sum((2, 3), keepdim=True, dtype=torch.float32)
-                     + self.value[:, :, start:].sum((2, 3), keepdim=True, dtype=torch.float32)).mul_(0.0)  # fmt: skip
-        self.found = found if self.checked is None else self.checked + found
+        # the check of the rows not checked before, kept for the calls to come
+        start = c if self.checked is not None else 0
+        k_new, v_new = key[:, :, start:], self.value[:, :, start:]
+        if (self.checked is None or self.checked is CLEAN) and known_finite(k_new, v_new):
+            found = CLEAN  # (CPU: every row finite, nothing to add to any output)
+        else:
+            with torch.no_grad():
+                found = k_new.sum((2, 3), keepdim=True, dtype=torch.float32)
+                found += v_new.sum((2, 3), keepdim=True, dtype=torch.float32)
+                found.mul_(0.0)  # (B, Hk, 1, 1): NaN where a new row held a NaN or an inf
+                if isinstance(self.checked, Tensor):
+                    found += self.checked
+        self.found = found
         self.layer.__dict__[FLAG] = self.found
         self.layer.__dict__[WROTE] = weakref.ref(self.layer.keys)
         self.layer.__dict__[MARK] = self.enc
@@ -137,15 +175,13 @@ def rotated_rows(
         ValueError: a cache layer whose keys this encoding rotated, in a call that cannot add
             rotated keys to it (rows cut off the call, a layer HF changed in between).
     """
-    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
-
     cache, held_before = module.__dict__.pop(_CAPTURED, (None, None))
     index = getattr(module, "layer_idx", None)
     layers = getattr(cache, "layers", None)
-    if cache is None or index is None or layers is None or not 0 <= index < len(layers):
+    if cache is None or index is None or layers is None or not 0 <= index < len(layers) or cache.__dict__.get(RAW):
         return None
     layer = layers[index]
-    if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+    if type(layer) not in _dynamic_layers():
         return None
     c, mark = mask.cached, layer.__dict__.get(MARK)
     held = getattr(layer, "keys", None)

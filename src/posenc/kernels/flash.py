@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 
 import torch
 from torch import Tensor
@@ -24,6 +25,7 @@ __all__ = [
     "flash_forward",
     "flash_backward",
     "flush_denormals",
+    "known_finite",
     "merge_into",
     "needs_upcast",
     "propagate_nonfinite",
@@ -146,6 +148,20 @@ def merge_into(
     lse[:, heads, rows] = new
 
 
+def known_finite(*tensors: Tensor) -> bool:
+    """True when every element of ``tensors`` is finite, read on the host where that costs no
+    device sync (CPU tensors, outside ``torch.compile``): one float32 sum each, so an overflow
+    reads as not finite, and so does every tensor off the CPU (False: check per head)."""
+    if not all(t.is_cpu for t in tensors) or torch.compiler.is_compiling():
+        return False
+    total = 0.0
+    for t in tensors:
+        if t.numel():
+            t = t.detach() if t.requires_grad else t
+            total += float(t.sum() if t.dtype == torch.float32 else t.sum(dtype=torch.float32))
+    return math.isfinite(total)
+
+
 def propagate_nonfinite(out: Tensor, q: Tensor, k: Tensor, v: Tensor, checked: int = 0) -> Tensor:
     """``out`` ``(B, H, Lq, Dh)`` with NaN in every (batch row, head) whose ``q``, ``k`` or ``v`` holds a
     NaN or an infinity (``k``/``v`` may have ``H/g`` heads: grouped, query head ``h`` reads key
@@ -155,16 +171,20 @@ def propagate_nonfinite(out: Tensor, q: Tensor, k: Tensor, v: Tensor, checked: i
     The kernels alone would not agree: this flash kernel treats a query row whose scores are
     all NaN like a row that sees no key and returns zeros where ``eager`` returns NaN, and
     which rows a NaN key or value reaches depends on each kernel's masking and block
-    skipping. The cost: three reductions over ``q``, ``k``, ``v`` and one add, no host sync.
+    skipping. The cost: three reductions over ``q``, ``k``, ``v`` and one add, no host sync; on
+    CPU, where reading the sums back costs no sync, a call whose input is all finite returns
+    ``out`` itself after the three sums (:func:`known_finite`).
     ``checked``: key rows a cache checked when it wrote them (``AttentionMask.checked_keys``),
     left out of the reductions (a decoding step then reads only its new keys).
     """
     if checked:
         k, v = k[:, :, checked:], v[:, :, checked:]
-        if not k.shape[2]:  # (every key checked: the query alone)
-            with torch.no_grad():
-                flag = q.sum((-2, -1), keepdim=True, dtype=torch.float32).mul_(0.0)
-            return out + flag.to(out.dtype)
+    if known_finite(q, k, v):  # (CPU: the common case in one sum per tensor, nothing added)
+        return out
+    if not k.shape[2]:  # (every key checked: the query alone)
+        with torch.no_grad():
+            flag = q.sum((-2, -1), keepdim=True, dtype=torch.float32).mul_(0.0)
+        return out + flag.to(out.dtype)
     with torch.no_grad():  # a constant: 0 or NaN per (b, h), summed in float32 (no overflow to inf)
         flag = q.sum((-2, -1), keepdim=True, dtype=torch.float32)
         for t in (k, v):  # grouped k/v (fewer heads): each key head stands for its group of query heads
