@@ -23,7 +23,11 @@ prompts at the training length measure in-window retrieval before ``posenc exten
 anything past it.
 
 The model is a stock ``LlamaForCausalLM`` (HF's own RoPE, nothing of posenc in it):
-``posenc extend`` converts it when it reads it. Prints the tables and the wall times.
+``posenc extend`` converts it when it reads it. It is saved with a byte-level tokenizer
+(:func:`byte_tokenizer`: token id = byte value, no merges, no special tokens), so that
+``--tasks`` (RULER's tasks, sized in the model's tokens) runs on it; every other measurement
+reads the same ids as bytes would be. Options the script does not know (``--windows``,
+``--tasks``, ``--task-samples``, ...) go to ``posenc extend``. Prints the tables and the wall times.
 """
 
 from __future__ import annotations
@@ -55,6 +59,21 @@ def build(seq_len: int, dim: int, layers: int, heads: int) -> LlamaForCausalLM:
         pad_token_id=None,
     )
     return LlamaForCausalLM(config)
+
+
+def byte_tokenizer():
+    """A ``PreTrainedTokenizerFast`` whose token ids are the UTF-8 bytes (0-255): GPT-2's byte-level
+    alphabet (each byte a printable character) as a BPE vocabulary with no merges, so every byte
+    is one token, the id its value; no special tokens (greedy answers run to their budget)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    printable = {*range(33, 127), *range(161, 173), *range(174, 256)}  # GPT-2's bytes_to_unicode
+    others = [b for b in range(256) if b not in printable]
+    char = {b: chr(b) if b in printable else chr(256 + others.index(b)) for b in range(256)}
+    t = Tokenizer(models.BPE(vocab={char[b]: b for b in range(256)}, merges=[]))
+    t.pre_tokenizer, t.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=t)
 
 
 def eval_keys(lengths: list[int], trials: int) -> set[str]:
@@ -193,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer.train()
     trained = time.perf_counter() - t0
     model.save_pretrained(f"{args.out}/model")
+    byte_tokenizer().save_pretrained(f"{args.out}/model")  # ids = bytes: what the model was trained on
     print(f"trained {args.steps} steps at {args.seq_len} bytes in {trained:.0f} s; saved {args.out}/model")
     if check:
         acc = in_window_check(model, args.seq_len, check)

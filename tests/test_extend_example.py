@@ -84,3 +84,13 @@ def test_the_loss_is_the_mean_over_all_tokens_plus_the_weighted_mean_over_the_an
     trainer.answer_weight = 3.0
     got = trainer.compute_loss(model, {"input_ids": ids, "labels": ids.clone(), "answer": answer})
     assert_close(got, want, n=256 + 2 * 11)  # the same logits; log-softmax over 256, means over <= 22
+
+
+def test_the_saved_tokenizer_reads_bytes_as_their_values():
+    """The example saves a tokenizer (for ``--tasks``) that gives the ids the model was trained on."""
+    tok = example().byte_tokenizer()
+    text = "The pass key is 68513.\n\tÜber € \x00\x7f end"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids == list(text.encode("utf-8")) and tok.decode(ids) == text
+    assert len(tok) == 256 and tok.eos_token_id is None and tok.bos_token_id is None
+    assert Tokens(tok, 256)(text) == Tokens()(text)

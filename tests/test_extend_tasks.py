@@ -198,3 +198,108 @@ def test_lm_eval_ruler_task_reports_the_evaluated_length_only(model_dir):
     sub = load_subject(str(model_dir))
     scores = lm_eval_scores(sub.model, sub.tokenizer, ["ruler_fwe"], 1000, limit=1)["ruler_fwe"]
     assert 0 <= scores["1000,none"] <= 1 and "4096,none" not in scores
+
+
+def test_the_estimate_counts_a_ruler_sample_as_its_prefill_and_decode_steps():
+    """A sample of ``p`` prompt tokens and budget ``g``: the prefill ``a·p + m·b·p²/2`` and ``g - 1``
+    decode steps (the first answer token comes from the prefill), each the timed step plus ``m·b``
+    per token of context ``p + i`` (``m`` score maps: ReRoPE 2)."""
+    from posenc.extend.plan import estimate
+
+    a, b, step = 1e-3, 1e-6, 5e-3
+    warm = {"tokens": 100, "seconds": 100 * a, "step_seconds": step}  # one point: b = 0 ...
+    cells = [{"method": "rerope", "length": 1000, "runs": True, "tokens_read": 1000, "cost": 2000,
+              "tasks": [[900, 50, 3], [700, 128, 2]]}]  # fmt: skip
+    got = estimate({"cells": cells, "tokens_read": 1000}, warm)["cells"][0]
+    want = 3 * (a * 900 + 49 * step) + 2 * (a * 700 + 127 * step)
+    assert got["tasks_estimate_s"] == pytest.approx(want) and got["estimate_s"] == pytest.approx(a * 1000 + want)
+    warm = {
+        "tokens": 100,
+        "seconds": 100 * a + b * 100**2 / 2,
+        "long_tokens": 400,
+        "long_seconds": 400 * a + b * 400**2 / 2,
+        "step_seconds": step,
+    }  # ... two points: b as given
+    got = estimate({"cells": cells, "tokens_read": 1000}, warm)["cells"][0]
+
+    def sample(p, g):
+        return a * p + 2 * b * p * p / 2 + sum(step + 2 * b * (p + i) for i in range(1, g))
+
+    assert got["tasks_estimate_s"] == pytest.approx(3 * sample(900, 50) + 2 * sample(700, 128))
+
+
+@pytest.fixture
+def fixed_rates(monkeypatch):
+    """The warm-ups at fixed rates (1 ms a token, 20 ms a decode step), so the estimate is exact."""
+    import posenc.extend.plan as planmod
+
+    monkeypatch.setattr(planmod, "warm_up", lambda subject, text, chunk: {"tokens": 1000, "seconds": 1.0})
+    monkeypatch.setattr(planmod, "decode_warm_up", lambda subject, text, chunk: {"step_seconds": 0.02})
+    return 1e-3, 0.02
+
+
+@pytest.mark.slow
+def test_the_plan_counts_the_prompts_and_budgets_the_run_generates(model_dir, tmp_path, capsys, fixed_rates,
+                                                                    monkeypatch):  # fmt: skip
+    import posenc.extend.ruler.score as score
+
+    calls, real = [], score.greedy
+
+    def counted(kind, model, ids, max_new, **k):
+        calls.append((len(ids), max_new))
+        return real(kind, model, ids, max_new, **k)
+
+    monkeypatch.setattr(score, "greedy", counted)
+    out = tmp_path / "r"
+    assert run(model_dir, "--lengths", "300,500", "--methods", "rerope,sink-window", "--tasks",
+               "ruler_fwe,niah_multikey_3", "--task-samples", "1", "--out", out, *FAST) == 0  # fmt: skip
+    res, err = json.loads((out / "results.json").read_text()), capsys.readouterr().err
+    plan = {(c["method"], c["length"]): c for c in res["plan"]["cells"]}
+    assert plan[("sink-window", 300)]["tasks"] == []  # (not generated under its cache policy)
+    # niah_multikey_3 does not fit 300 (named in the plan) and fits 500; fwe fits both
+    assert "plan: niah_multikey_3 @ 300: not run (length 300 leaves no room" in err
+    assert [len(plan[("rerope", n)]["tasks"]) for n in (300, 500)] == [1, 2]
+    planned = [(p, g) for n in (300, 500) for p, g, k in plan[("rerope", n)]["tasks"]]
+    assert sorted(calls) == sorted(planned)  # the run's prompts and budgets, one sample each
+    assert res["plan"]["task_tokens"] == sum(p + g for p, g in calls)
+    assert "RULER samples" in err and "RULER tokens (prompts and generation budgets; decode step 20.00 ms" in err
+    a, step = fixed_rates  # (one warm-up point: no cost of context, so ReRoPE's second map costs nothing)
+    c = plan[("rerope", 500)]
+    assert c["tasks_estimate_s"] == pytest.approx(sum(a * p + (g - 1) * step for p, g, _ in c["tasks"]))
+    assert c["estimate_s"] == pytest.approx(a * c["tokens_read"] + c["tasks_estimate_s"])
+
+
+@pytest.mark.slow
+def test_a_budget_cuts_ruler_samples_after_passkey_trials(model_dir, tmp_path, capsys, fixed_rates):
+    """At fixed rates: a budget between the estimates of 2 and 3 samples per task keeps 2, says so in
+    the plan, the table's title and results.json, and the run generates 2 per task and length."""
+    from posenc.extend.model import load_subject
+    from posenc.extend.plan import estimate, plan, task_prompts
+
+    sub = load_subject(str(model_dir))
+    s = {"methods": ["yarn"], "lengths": [500], "tasks": ["ruler_fwe", "niah_multikey_3"], "windows": 1,
+         "stride": None, "passkey_trials": 0, "chunk": 64}  # fmt: skip
+    ruler, _ = task_prompts(sub, s)
+    warm = {"tokens": 1000, "seconds": 1.0, "step_seconds": 0.02}
+    cost = [estimate(plan(sub, {**s, "task_samples": k}, 10**6, None, set(), ruler), warm)["estimate_s"]
+            for k in (2, 3)]  # fmt: skip
+    budget = f"{(cost[0] + cost[1]) / 2:.3f}s"
+    out = tmp_path / "r"
+    assert run(model_dir, "--lengths", "500", "--methods", "yarn", "--tasks", "ruler_fwe,niah_multikey_3",
+               "--task-samples", "5", "--budget", budget, "--out", out, *FAST) == 0  # fmt: skip
+    res, err = json.loads((out / "results.json").read_text()), capsys.readouterr().err
+    assert res["budget"]["chosen"]["task_samples"] == 2 and res["settings"]["task_samples"] == 2
+    assert res["budget"]["cuts"] == ["RULER samples 5 -> 2 per task and length"]
+    assert f"budget: RULER samples 5 -> 2 per task and length to fit --budget {budget}" in err
+    assert "RULER samples 5 -> 2 per task and length" in (out / "table.md").read_text()
+    assert {c["ruler"][t]["samples"] for c in res["cells"] for t in ("ruler_fwe", "niah_multikey_3")} == {2}
+
+
+def test_a_budget_too_short_for_one_ruler_sample_is_refused(model_dir, tmp_path, capsys, fixed_rates):
+    out = tmp_path / "r"
+    assert run(model_dir, "--lengths", "500", "--methods", "none", "--tasks", "ruler_fwe", "--budget", "0.1s",
+               "--out", out, *FAST) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("posenc extend: error: --budget 0.1s: even the least (1 passkey trial per depth, "
+                              "1 RULER sample per task, 1 window per length")  # fmt: skip
+    assert not out.exists()

@@ -5,14 +5,15 @@ The estimate is the plan's (posenc.extend.plan: a timed warm-up scaled by the to
 When the settings asked for do not fit, they are cut in this order, each only as far as needed:
 
 1. passkey trials per depth, down to 1;
-2. windows per length, down to 2;
-3. the sliding protocol's stride, widened (doubled, up to the window: then it is the
+2. RULER samples per task and length (``--task-samples``), down to 1;
+3. windows per length, down to 2;
+4. the sliding protocol's stride, widened (doubled, up to the window: then it is the
    non-overlapping protocol's cost);
-4. windows per length, down to 1 (one window is both protocols, so there is no stride to widen:
+5. windows per length, down to 1 (one window is both protocols, so there is no stride to widen:
    that is why the stride is widened before the last window goes).
 
-No method and no length is ever dropped; when even 1 trial and 1 window do not fit, the run is
-refused before any scoring.
+No method, length or task is ever dropped; when even 1 trial, 1 sample and 1 window do not fit,
+the run is refused before any scoring.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def fit(settings: dict[str, Any], cost: Callable[[dict[str, Any]], float], budge
     """The settings to run within ``budget_s`` seconds, ``cost(settings)`` being the estimate.
 
     Returns ``{"settings", "estimate_s", "cuts", "fits"}``; ``fits`` is False when even the least
-    (1 trial per depth, 1 window, the widest stride) is estimated over the budget.
+    (1 trial per depth, 1 sample per task, 1 window, the widest stride) is estimated over the budget.
     """
     s = {**settings, "stride_factor": settings.get("stride_factor", 1)}
 
@@ -67,6 +68,8 @@ def fit(settings: dict[str, Any], cost: Callable[[dict[str, Any]], float], budge
 
     if settings["passkey_trials"]:
         most("passkey_trials", 1)
+    if settings.get("tasks"):
+        most("task_samples", 1)
     most("windows", 2)
     widest = max(settings["lengths"])
     while not ok() and s["windows"] > 1 and any(stride_for(s, n) < n for n in settings["lengths"]):
@@ -83,6 +86,8 @@ def describe_cuts(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     out = []
     if after["passkey_trials"] != before["passkey_trials"]:
         out.append(f"passkey trials {before['passkey_trials']} -> {after['passkey_trials']} per depth")
+    if after.get("task_samples") != before.get("task_samples"):
+        out.append(f"RULER samples {before['task_samples']} -> {after['task_samples']} per task and length")
     if after["windows"] != before["windows"]:
         out.append(f"windows {before['windows']} -> {after['windows']} per length")
     if after.get("stride_factor", 1) != before.get("stride_factor", 1) and after["windows"] > 1:

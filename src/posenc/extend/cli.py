@@ -80,8 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lm-eval-limit", type=Int(1, MAX_TRIALS).parse, help="samples per lm-eval task (default all)")
     parser.add_argument("--lm-eval-include", metavar="DIR", help="a folder of lm-eval task yaml files")
     parser.add_argument("--budget", metavar="DURATION",
-                        help="time for the run (90s, 20m, 1h): cuts passkey trials, then windows, then widens the "
-                             "stride until the estimate fits; refused before scoring if even the least does not")  # fmt: skip
+                        help="time for the run (90s, 20m, 1h): cuts passkey trials, then RULER samples, then windows, "
+                             "then widens the stride until the estimate fits; refused before scoring if even the "
+                             "least does not")  # fmt: skip
     parser.add_argument("--within", type=Float(0, 1000, lo_open=True, hi_open=True).parse, default=10.0,
                         help="the reading's tolerance: perplexity within this %% of the in-window value (default 10)")  # fmt: skip
     parser.add_argument("--train-len", type=Int(8, MAX_LENGTH).parse,
@@ -217,7 +218,7 @@ def _plan(subject, settings, text, done: list[dict], log, chosen: dict | None = 
     """
     from .budget import fit, parse_budget
     from .passkey import Tokens
-    from .plan import describe_plan, estimate, plan, warm_up
+    from .plan import decode_warm_up, describe_plan, estimate, plan, task_prompts, warm_up
 
     try:
         tokens = Tokens(subject.tokenizer, subject.vocab_size) if settings["passkey_trials"] else None
@@ -225,27 +226,32 @@ def _plan(subject, settings, text, done: list[dict], log, chosen: dict | None = 
         tokens = None
     have = {(c["method"], c["length"]) for c in done}
     warm = warm_up(subject, text, settings["chunk"])
+    ruler, unfit = task_prompts(subject, settings)  # (one sample per task and length; {} without --tasks)
+    if ruler:
+        warm = {**warm, **decode_warm_up(subject, text, settings["chunk"])}
     record = None
     if settings.get("budget") is not None:
         limit = parse_budget(settings["budget"])
         if chosen is None:
 
             def cost(s):
-                return estimate(plan(subject, s, len(text), tokens, have), warm)["estimate_s"]
+                return estimate(plan(subject, s, len(text), tokens, have, ruler), warm)["estimate_s"]
 
             got = fit(settings, cost, limit)
             if not got["fits"]:
-                raise ValueError(f"--budget {settings['budget']}: even the least (1 passkey trial per depth, 1 window "
-                                 f"per length, every method and length) is estimated at {got['estimate_s']:.3g} s; "
-                                 "allowed: a longer --budget, or fewer --methods or --lengths")  # fmt: skip
-            chosen = {k: got["settings"][k] for k in ("passkey_trials", "windows", "stride_factor")}
+                least = "1 passkey trial per depth, " + ("1 RULER sample per task, " if ruler else "")
+                raise ValueError(f"--budget {settings['budget']}: even the least ({least}1 window per length, every "
+                                 f"method and length) is estimated at {got['estimate_s']:.3g} s; allowed: a longer "
+                                 "--budget, or fewer --methods or --lengths")  # fmt: skip
+            keys = ("passkey_trials", "windows", "stride_factor", *(("task_samples",) if ruler else ()))
+            chosen = {k: got["settings"][k] for k in keys}
             record = {"budget": settings["budget"], "budget_s": limit, "chosen": chosen, "cuts": got["cuts"]}
         else:
             record = {"budget": settings["budget"], "budget_s": limit, **chosen}
             chosen = chosen["chosen"]
         settings = {**settings, **chosen}
-    p = estimate(plan(subject, settings, len(text), tokens, have), warm)
-    for line in describe_plan(p):
+    p = estimate(plan(subject, settings, len(text), tokens, have, ruler), warm)
+    for line in [*unfit, *describe_plan(p)]:
         log(line)
     for cut in (record or {}).get("cuts", []):
         log(f"budget: {cut} to fit --budget {record['budget']}")

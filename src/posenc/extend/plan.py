@@ -8,6 +8,13 @@ fits a cost per token and a cost per token of context to two warm-up forwards (`
 ``4n`` tokens), so a length past the warm-up pays the attention its context costs: a forward
 over ``L`` tokens takes ``a·L + b·L²/2`` seconds, and ReRoPE and Self-Extend compute two score
 maps (twice the attention), DCA three.
+
+RULER's tasks (``--tasks``) are counted the same way: one sample of each task at each length is
+made before the run (a task that does not fit a length is not counted, and the plan says why),
+and each of the cell's samples costs the prefill of that prompt plus its generation budget in
+decode steps (every step to the budget: an end-of-sequence token stops earlier, so this is an
+upper bound). A decode step is timed in the warm-up (one token a call after a short prefill,
+:func:`decode_warm_up`) and pays ``b`` per token of context, like the prefill.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from .evaluate import token_scores
 from .methods import applies, method_options
 from .passkey import DEPTHS, passkey_ids
 
-__all__ = ["plan", "sliding_tokens", "describe_plan"]
+__all__ = ["plan", "sliding_tokens", "describe_plan", "task_prompts", "decode_warm_up"]
 
 _SCORE_MAPS = {"rerope": 2, "leaky-rerope": 2, "self-extend": 2, "dca": 3}  # q·k maps per layer (else 1)
 
@@ -47,8 +54,35 @@ def _applies(subject, method: str, longest: int) -> bool:
     return True
 
 
-def plan(subject, settings: dict[str, Any], text_len: int, tokens, done: set) -> dict[str, Any]:
-    """The cells still to run, each with its windows, tokens read and passkey prompts."""
+def task_prompts(subject, settings: dict[str, Any]) -> tuple[dict[int, list[tuple[str, int, int]]], list[str]]:
+    """``({length: [(task, prompt tokens, generation budget), ...]}, lines)``: one sample of each
+    ``--tasks`` task at each length, made as the run makes them, and a line for each task that
+    does not fit a length. ``({}, [])`` when the run generates nothing (no tasks, no tokenizer,
+    not an HF model: what :func:`posenc.extend.run._tasks` requires)."""
+    if not settings.get("tasks") or subject.tokenizer is None or subject.kind != "hf":
+        return {}, []
+    from .ruler import TASKS, samples
+    from .ruler.score import prompt_of
+
+    out: dict[int, list[tuple[str, int, int]]] = {}
+    lines = []
+    for n in settings["lengths"]:
+        out[n] = []
+        for task in settings["tasks"]:
+            try:
+                one = samples(task, subject.tokenizer, n, 1)[0]
+            except ValueError as e:
+                lines.append(f"plan: {task} @ {n}: not run ({e})")
+                continue
+            prompt = len(subject.tokenizer(prompt_of(one, TASKS[task].target_delimiter)).input_ids)
+            out[n].append((task, prompt, TASKS[task].max_gen_toks))
+    return out, lines
+
+
+def plan(subject, settings: dict[str, Any], text_len: int, tokens, done: set,
+         ruler: dict[int, list[tuple[str, int, int]]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The cells still to run, each with its windows, tokens read, passkey prompts and (``ruler``:
+    :func:`task_prompts`) RULER samples: ``tasks`` is ``[[prompt tokens, budget, samples], ...]``."""
     from .run import stride_for
 
     lengths, longest, cells = settings["lengths"], max(settings["lengths"]), []
@@ -78,11 +112,14 @@ def plan(subject, settings: dict[str, Any], text_len: int, tokens, done: set) ->
             if tokens is not None and settings["passkey_trials"] and passkey_ids(tokens, n, 0.0, "00000"):
                 prompts = settings["passkey_trials"] * len(DEPTHS)
             read = slide[1] + n_win * n + docs * n + prompts * n
+            tasks = [] if m == "sink-window" else [[p, g, settings["task_samples"]] for _, p, g in
+                                                   (ruler or {}).get(n, [])]  # fmt: skip
             cells.append({**cell, "runs": True, "windows": n_win, "sliding_windows": slide[0], "stride": stride,
                           "sliding": "sliding" in protocols, "documents": docs, "passkey_prompts": prompts,
-                          "tokens_read": read,
+                          "tokens_read": read, "tasks": tasks, "task_tokens": sum(k * (p + g) for p, g, k in tasks),
                           "cost": read * _SCORE_MAPS.get(m, 1)})  # fmt: skip
-    return {"cells": cells, "tokens_read": sum(c.get("tokens_read", 0) for c in cells)}
+    return {"cells": cells, "tokens_read": sum(c.get("tokens_read", 0) for c in cells),
+            "task_tokens": sum(c.get("task_tokens", 0) for c in cells)}  # fmt: skip
 
 
 @torch.no_grad()
@@ -102,6 +139,23 @@ def warm_up(subject, text: torch.Tensor, chunk: int) -> dict[str, float]:
     return out
 
 
+@torch.no_grad()
+def decode_warm_up(subject, text: torch.Tensor, chunk: int, steps: int = 16) -> dict[str, float]:
+    """Seconds of one greedy decode step (a token a call on the model's cache, as RULER's answers
+    are generated): a greedy run of ``1 + steps`` tokens after a short prefill, less one of 1
+    token after the same prefill, over ``steps`` (after an untimed one)."""
+    from .ruler.score import greedy
+
+    ids = text[: max(1, min(64, subject.train_len - steps - 1, len(text)))]
+    greedy(subject.kind, subject.model, ids[:8], 2, chunk=chunk)  # untimed: lazy set-up
+    t0 = time.perf_counter()
+    greedy(subject.kind, subject.model, ids, 1, chunk=chunk)
+    t1 = time.perf_counter()
+    greedy(subject.kind, subject.model, ids, 1 + steps, chunk=chunk)
+    t2 = time.perf_counter()
+    return {"decode_steps": steps, "step_seconds": max(0.0, (t2 - t1) - (t1 - t0)) / steps}
+
+
 def rates(warm: dict[str, float]) -> tuple[float, float]:
     """``(a, b)`` of a forward over ``n`` tokens taking ``a·n + b·n²/2`` seconds: ``a`` what a token
     costs (the weights), ``b`` what each token of context adds to it (attention), from the two
@@ -117,14 +171,19 @@ def rates(warm: dict[str, float]) -> tuple[float, float]:
 def estimate(p: dict[str, Any], warm: dict[str, float]) -> dict[str, Any]:
     """The plan with each cell's ``estimate_s`` and their sum: every token read lies in a forward of
     the cell's length (sliding and non-overlapping windows, documents, passkey prompts), whose
-    attention is ``maps`` score maps (ReRoPE, Self-Extend: 2, DCA: 3)."""
+    attention is ``maps`` score maps (ReRoPE, Self-Extend: 2, DCA: 3); a RULER sample is the
+    prefill of its ``p`` prompt tokens and ``g - 1`` decode steps (the first answer token comes
+    from the prefill) at ``warm["step_seconds"]`` each plus the attention over their context."""
     a, b = rates(warm)
+    step = warm.get("step_seconds", 0.0)
     cells = []
     for c in p["cells"]:
         if c.get("runs"):
             n, read = c["length"], c["tokens_read"]
-            maps = c["cost"] / read if read else 1
-            c = {**c, "estimate_s": read / n * (a * n + maps * b * n * n / 2)}
+            maps = c["cost"] / read if read else _SCORE_MAPS.get(c["method"], 1)
+            gen = sum(k * (a * q + maps * b * q * q / 2 + (g - 1) * step + maps * b * (g - 1) * (q + g / 2))
+                      for q, g, k in c.get("tasks", []))  # fmt: skip
+            c = {**c, "estimate_s": read / n * (a * n + maps * b * n * n / 2) + gen, "tasks_estimate_s": gen}
         cells.append(c)
     return {
         **p,
@@ -148,13 +207,21 @@ def describe_plan(p: dict[str, Any]) -> list[str]:
                  f"{c['sliding_windows']} sliding (stride {c['stride']}) + {c['windows']} non-overlapping")  # fmt: skip
         if c.get("documents"):
             slide += f" + {c['documents']} document(s) truncated"
+        tasks = ""
+        if c.get("tasks"):
+            k = sum(t[2] for t in c["tasks"])
+            tasks = f"; {k} RULER samples ({c['task_tokens']} tokens, prompts and generation budgets)"
         out.append(f"plan: {head}: {c['windows']} window(s) of {c['length']} tokens, {slide}; "
-                   f"{c['passkey_prompts']} passkey prompts; {c['tokens_read']} tokens read")  # fmt: skip
+                   f"{c['passkey_prompts']} passkey prompts; {c['tokens_read']} tokens read{tasks}")  # fmt: skip
     w, (a, b) = p["warmup"], p["rates"]
     timed = f"{w['tokens']} tokens in {w['seconds']:.2f} s"
     if "long_tokens" in w:
         timed += f", {w['long_tokens']} in {w['long_seconds']:.2f} s"
-    out.append(f"plan: {p['tokens_read']} tokens read in all; warm-up {timed}: {1000 * a:.3f} ms per token "
+    gen = ""
+    if p.get("task_tokens"):
+        gen = (f", {p['task_tokens']} RULER tokens (prompts and generation budgets; "
+               f"decode step {1000 * w.get('step_seconds', 0.0):.2f} ms + the context's attention)")  # fmt: skip
+    out.append(f"plan: {p['tokens_read']} tokens read in all{gen}; warm-up {timed}: {1000 * a:.3f} ms per token "
                f"+ {1e6 * b:.3f} µs per token of context; estimate {_duration(p['estimate_s'])}")  # fmt: skip
     return out
 
