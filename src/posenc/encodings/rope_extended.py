@@ -18,7 +18,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..registry import register
-from .rope_extension import check_extension, extended_qk_scores
+from .rope_extension import check_extension, extended_qk_scores, score_maps
 from .rotary import Rotary
 
 __all__ = ["RoPEExtension"]
@@ -83,3 +83,7 @@ class RoPEExtension(Rotary):
     def qk_scores(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
         """The merged score maps, float32 ``(B, H, Lq, Lk)`` (unrotated ``q``, ``k``)."""
         return extended_qk_scores(self, q, k, q_pos, k_pos)
+
+    def score_maps(self, ctx=None):
+        """The same term as its score maps, each with the pairs it holds (the ``maps`` backend)."""
+        return score_maps(self)
