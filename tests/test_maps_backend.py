@@ -121,3 +121,18 @@ def test_the_kernel_declines_what_it_cannot_run():
         assert score_map_attention(enc, q, k, v, q_pos, k_pos, mask) is None
     plain = posenc.build("rope", heads=2, head_dim=8)
     assert score_map_attention(plain, q, k, v, run, run, posenc.AttentionMask(causal=True)) is None
+
+
+def test_a_block_reads_each_map_in_unmasked_parts():
+    """For a block of 16 rows inside ReRoPE's window of 40, both maps run without a mask: the near
+    map's band as a reversed triangle, a full part and the diagonal triangle; the far map's as a full
+    part and a triangle (key positions inclusive, from the window, not from the implementation)."""
+    from posenc.kernels.maps import _parts
+
+    enc = posenc.build("rope-extension", heads=2, head_dim=8, rope_extension={"type": "rerope", "window": 40})
+    near, far = enc.score_maps()
+    p0, p1 = 100, 115  # rows at positions 100 .. 115; near: keys p - 39 .. p; far: keys 0 .. p - 40
+    assert _parts(near, p0, p1, 0) == [(61, 76, "flipped"), (77, 99, "full"), (100, 115, "causal")]
+    assert _parts(far, p0, p1, 0) == [(0, 59, "full"), (60, 75, "causal")]
+    assert _parts(far, 20, 35, 0) == []  # no row is 40 tokens from a key yet
+    assert _parts(near, 0, 15, 0) == [(0, 15, "causal")]

@@ -69,20 +69,26 @@ def _blocks(m: ScoreMap, p_first: int, n: int, rows: int) -> list[tuple[int, int
 
 
 def _parts(m: ScoreMap, p0: int, p1: int, k0: int) -> list[tuple[int, int, str]]:
-    """Key positions ``[a, b]`` (inclusive) and how the rows ``p0 .. p1`` read them: ``"full"``,
-    ``"causal"`` (row ``t`` reads ``a .. a + t``) or ``"masked"``."""
+    """Key positions ``[a, b]`` (inclusive) and how the rows ``p0 .. p1`` read them: ``"full"``;
+    ``"causal"``: row ``t`` reads ``a .. a + t`` (the kernel's causal flag); ``"flipped"``: row ``t``
+    reads ``a + t .. b`` (the causal flag on rows and keys in reverse order); ``"masked"``."""
     a0, a1 = max(k0, m.first_key(p0)), max(k0, m.first_key(p1))
     b0, b1 = m.last_key(p0), m.last_key(p1)
     if b1 < a0:
         return []
     if a1 > b0:  # no key every row reads
         return [(a0, b1, "masked")]
-    diagonal = m.lo is None or m.lo <= 0  # last_key(p) = p: the causal triangle
-    parts = [(a0, a1 - 1, "masked")] if a0 < a1 else []
-    if diagonal:
-        parts += [(a1, b0 - 1, "full"), (b0, b1, "causal")]
+    # an end that moves one key per row: a triangle the kernel's causal flag skips by itself
+    slide_hi = m.unit == 1 or m.lo is None or m.lo <= 0  # last_key(p) = p - max(lo, 0)
+    slide_lo = m.unit == 1 and m.hi is not None and m.first_key(p0) >= k0 and (a1 < b0 or not slide_hi)
+    parts = []
+    if a0 < a1:
+        parts.append((a0, a1, "flipped") if slide_lo else (a0, a1 - 1, "masked"))
+    start = a1 + 1 if a0 < a1 and slide_lo else a1
+    if slide_hi:
+        parts += [(start, b0 - 1, "full"), (b0, b1, "causal")]
     else:
-        parts += [(a1, b0, "full"), (b0 + 1, b1, "masked")]
+        parts += [(start, b0, "full"), (b0 + 1, b1, "masked")]
     return [(a, b, how) for a, b, how in parts if a <= b]
 
 
@@ -134,7 +140,11 @@ def score_map_attention(enc, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_p
                     keep = (cols >= first[:, None]) & (cols <= last[:, None])  # (R, b - a + 1)
                     add = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(~keep, float("-inf"))
                     empty = ~keep.any(-1)
-                o, s = flash_forward(qb, kb, vb, scale=enc.scale, causal=how == "causal", mask=add)
+                if how == "flipped":  # row t reads keys t.. of the part: in reverse order, top-left causal
+                    o, s = flash_forward(qb.flip(2), kb.flip(2), vb.flip(2), scale=enc.scale, causal=True)
+                    o, s = o.flip(2), s.flip(-1)
+                else:
+                    o, s = flash_forward(qb, kb, vb, scale=enc.scale, causal=how == "causal", mask=add)
                 if empty is not None and bool(empty.any()):  # the kernel gives a row without keys lse 0
                     s = s.masked_fill(empty, float("-inf"))
                 merge_into(out, lse, slice(r0, r1), o, s)
