@@ -12,27 +12,35 @@ from posenc.cli import main
 def test_bench_extension_rows(tmp_path, one_thread):
     """Every length has rope's row and each method × backend's, with a time and the ratio to rope;
     the printed table and the Markdown report show them."""
+    pytest.importorskip("transformers")
     out, md = tmp_path / "out", tmp_path / "R.md"
     argv = ["bench", "--encodings", "rope", "--lengths", "16", "--warmup", "0", "--repeats", "1", "--no-throughput"]
-    argv += ["--no-references", "--no-memory", "--extension", "--extension-lengths", "48,64"]
+    argv += ["--no-references", "--no-memory", "--extension", "--extension-lengths", "48,64", "--extension-hf"]
     argv += ["--extension-chunk", "16", "--extension-rounds", "1", "--device", "cpu", "--out", str(out)]
     argv += ["--markdown", str(md), "--quiet"]
     assert main(argv) == 0
     rows = json.loads((out / "extension.json").read_text())["rows"]
-    cases = [("rope", "auto")] + [(m, b) for m in ("rerope", "self-extend", "dca") for b in ("auto", "chunked")]
-    assert [(r["method"], r["backend"], r["tokens"]) for r in rows] == [(*c, n) for n in (48, 64) for c in cases]
+    methods = ("rerope", "self-extend", "dca")
+    cases = {"layer": [("rope", "auto")] + [(m, b) for m in methods for b in ("auto", "chunked")],
+             "hf": [("rope", "auto")] + [(m, "auto") for m in methods]}  # fmt: skip
+    want = [(p, *c, n) for p in ("layer", "hf") for n in (48, 64) for c in cases[p]]
+    assert [(r["path"], r["method"], r["backend"], r["tokens"]) for r in rows] == want
     for r in rows:
         assert r["status"] == "ok" and r["ms_per_token"] > 0 and r["ratio"] > 0
         assert (r["chunk"], r["heads"], r["kv_heads"], r["dim"]) == (16, 9, 3, 576)
     assert all(r["ratio"] == 1.0 for r in rows if r["method"] == "rope")  # (its own baseline)
     assert (out / "extension.csv").read_text().startswith("chunk,")
     text = md.read_text()
-    assert "## Two-map extension methods against plain RoPE" in text and "| `self-extend` | chunked | 64 |" in text
+    assert (
+        "## Two-map extension methods against plain RoPE" in text and "| layer | `self-extend` | chunked | 64 |" in text
+    )
 
 
 def test_bench_extension_flags(tmp_path, capsys):
     base = ["bench", "--out", str(tmp_path / "o"), "--quiet"]
     assert main([*base, "--extension-lengths", "64"]) == 2
+    assert "set the --extension run; add --extension" in capsys.readouterr().err
+    assert main([*base, "--extension-hf"]) == 2
     assert "set the --extension run; add --extension" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main([*base, "--extension", "--extension-chunk", "0"])

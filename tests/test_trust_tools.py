@@ -308,6 +308,7 @@ def test_every_comma_flag_is_fuzzed_with_an_empty_item():
         (["bench", "--no-throughput", "--train-hf"], "--train-hf"),
         (["bench", "--memory-only", "--memory-lengths", "8", "--profile"], "--profile"),
         (["bench", "--extension-rounds", "3"], "--extension"),  # sets a run that is not asked for
+        (["bench", "--extension-hf"], "--extension"),
         # issue 61: a value that only the other flags make wrong, refused before the work
         (["compare", "--encodings", "rope", "--steps", "20", "--warmup", "1000"], "--warmup"),  # item 1
         (["compare", "--encodings", "rope", "--config", "<quick>", "--steps", "20"], "warmup in"),  # the file's 100

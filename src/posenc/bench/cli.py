@@ -169,6 +169,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extension-lengths", type=LENGTHS.parse, default=[2048, 4096, 8192],
                    help="tokens of the --extension prefills (default 2048,4096,8192)")  # fmt: skip
     p.add_argument("--extension-chunk", type=Int(1, MAX_L).parse, default=512, help="tokens per call of --extension")
+    p.add_argument("--extension-hf", action="store_true",
+                   help="also the --extension prefills through posenc.hf.convert on a one-layer HF Llama")  # fmt: skip
     p.add_argument("--extension-rounds", type=Int(1, 1000).parse, default=2, help="interleaved rounds of --extension")
     p.add_argument("--out", type=nonempty_path, default=Path("bench-results"), help="output folder")
     p.add_argument(
@@ -222,10 +224,13 @@ def _check(args: argparse.Namespace) -> str:
         if importlib.util.find_spec("transformers") is None:
             raise ValueError("--hf-model needs the 'transformers' package (pip install 'posenc[hf]')")
     ext_flags = args.extension_lengths != [2048, 4096, 8192] or args.extension_chunk != 512
-    if (ext_flags or args.extension_rounds != 2) and not args.extension:
+    if (ext_flags or args.extension_rounds != 2 or args.extension_hf) and not args.extension:
         raise ValueError(
-            "--extension-lengths/--extension-chunk/--extension-rounds set the --extension run; add --extension"
+            "--extension-lengths/--extension-chunk/--extension-rounds/--extension-hf set the --extension run; "
+            "add --extension"
         )
+    if args.extension_hf and importlib.util.find_spec("transformers") is None:
+        raise ValueError("--extension-hf needs the 'transformers' package (pip install 'posenc[hf]')")
     if args.profile and not timed:
         raise ValueError("--profile profiles the timed lengths, which --memory-only skips")
     if args.markdown is not None:
@@ -314,7 +319,8 @@ def _run(args: argparse.Namespace, encodings: list[str], device: str) -> int:
     erows = []
     if args.extension:
         ecfg = ExtensionConfig(lengths=tuple(args.extension_lengths), chunk=args.extension_chunk,
-                               rounds=args.extension_rounds, device=device, dtype=args.dtype)  # fmt: skip
+                               rounds=args.extension_rounds, device=device, dtype=args.dtype,
+                               paths=("layer", "hf") if args.extension_hf else ("layer",))  # fmt: skip
         erows = run_extension(ecfg, progress=say)
         config["extension"] = asdict(ecfg)
     paths = write_outputs(args.out, rows, trows, machine, config, breaks, krows, hrows)
@@ -360,9 +366,8 @@ def _run(args: argparse.Namespace, encodings: list[str], device: str) -> int:
     errors += [
         f"hf model {r['method']} {r['tokens']} {r['phase']}: {r['status']}" for r in hrows if r["status"] != "ok"
     ]
-    errors += [
-        f"extension {r['method']} {r['backend']} {r['tokens']}: {r['status']}" for r in erows if r["status"] != "ok"
-    ]
+    errors += [f"extension {r['path']} {r['method']} {r['backend']} {r['tokens']}: {r['status']}"
+               for r in erows if r["status"] != "ok"]  # fmt: skip
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
     return 1 if errors else 0
