@@ -15,8 +15,9 @@ a map's keys fall into
 The parts' normalised outputs and log-sum-exps are merged into one softmax exactly
 (:func:`posenc.kernels.flash.merge_into`, FlashAttention's split-KV merge), so the maps cost
 what their pairs cost: ReRoPE's near band and far triangle together are one causal triangle,
-plus one block-wide strip per block where they meet. Each map's keys are placed (rotated) once
-per call, over only the keys it reads; grouped keys are placed before they are repeated.
+plus the triangles' halves the kernel skips. Each map's keys are placed (rotated) once per call,
+over only the keys it reads, on the grouped heads; a part every row reads whole stacks the query
+heads of a key head as rows of one call, the smaller parts repeat their keys.
 
 Only causal calls on one run of positions (every batch row alike: ``k_pos = k0 + arange(Lk)``,
 the queries the last ``Lq`` keys), with no padding, window, chunk or documents, and on the CPU:
@@ -103,6 +104,16 @@ def _row_bounds(m: ScoreMap, pos: Tensor, k0: int) -> tuple[Tensor, Tensor]:
     return first, torch.minimum(pos, (torch.div(pos, m.unit, rounding_mode="floor") - m.lo + 1) * m.unit - 1)
 
 
+def _grouped(q: Tensor, k: Tensor, v: Tensor, g: int, scale: float) -> tuple[Tensor, Tensor]:
+    """One unmasked fused call of ``q`` ``(B, H, R, Dh)`` over grouped ``k``, ``v`` ``(B, H/g, n, Dh)``: the
+    ``g`` query heads of a key head stacked as rows of one call (no copy of the keys)."""
+    if g == 1:
+        return flash_forward(q, k, v, scale=scale, causal=False)
+    B, H, R, D = q.shape
+    o, s = flash_forward(q.reshape(B, H // g, g * R, D), k, v, scale=scale, causal=False)
+    return o.reshape(B, H, R, -1), s.reshape(B, H, R)
+
+
 def score_map_attention(enc, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, mask: AttentionMask,
                         *, rows: int = MAP_ROWS) -> Tensor | None:  # fmt: skip
     """Attention of ``enc``'s score maps (``enc.score_maps()``) over ``q`` ``(B, H, Lq, Dh)``, ``k``,
@@ -120,19 +131,25 @@ def score_map_attention(enc, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_p
     run = torch.arange(p_first, p_first + Lq, device=q.device)
     out = q.new_zeros(B, H, Lq, v.shape[-1], dtype=torch.float32)
     lse = q.new_full((B, H, Lq), float("-inf"), dtype=torch.float32)
+    g = H // k.shape[1]  # grouped heads: query head h reads key head h // g (HF's repeat_kv)
     for m in maps:
         lo, hi = max(k0, m.first_key(p_first)), m.last_key(p_first + Lq - 1)  # the keys this map reads
         if hi < lo:
             continue
         qm = m.query(q, run[None]).to(q.dtype)
-        km = k[:, :, lo - k0 : hi - k0 + 1]
-        if m.key is not None:  # placed on the grouped heads, then repeated
+        km, vm = k[:, :, lo - k0 : hi - k0 + 1], v[:, :, lo - k0 : hi - k0 + 1]
+        if m.key is not None:  # placed on the grouped heads
             km = m.key(km, torch.arange(lo, hi + 1, device=q.device)[None])
-        g = H // k.shape[1]  # grouped heads: query head h reads key head h // g (HF's repeat_kv)
-        km, vm = (t.repeat_interleave(g, 1) if g > 1 else t for t in (km.to(q.dtype), v[:, :, lo - k0 : hi - k0 + 1]))
+        km = km.to(q.dtype)
         for r0, r1 in _blocks(m, p_first, Lq, rows):
             for a, b, how in _parts(m, p_first + r0, p_first + r1 - 1, k0):
                 kb, vb, qb = km[:, :, a - lo : b - lo + 1], vm[:, :, a - lo : b - lo + 1], qm[:, :, r0:r1]
+                if how == "full":
+                    o, s = _grouped(qb, kb, vb, g, enc.scale)
+                    merge_into(out, lse, slice(r0, r1), o, s)
+                    continue
+                if g > 1:  # a part at most a block (and a window) wide: its keys repeated
+                    kb, vb = kb.repeat_interleave(g, 1), vb.repeat_interleave(g, 1)
                 add, empty = None, None
                 if how == "masked":
                     first, last = _row_bounds(m, run[r0:r1], k0)
