@@ -7,7 +7,8 @@ The methods themselves (the score maps merged by distance or by chunk, the refer
 checked against) are in :mod:`.rope_extension`. They change what the encoding *is*: there
 is no q/k stage (the KV cache holds raw keys) and the whole ``q·k`` term comes from
 :meth:`RoPEExtension.qk_scores`, the ``SCORES`` stage, which only the backends that
-materialise scores run (``chunked``, ``eager``). So they are a registered class of their
+materialise scores run (``chunked``, ``eager``), and :meth:`RoPEExtension.score_maps`, the same
+maps one by one for the ``maps`` backend (the CPU's fused kernel). So they are a registered class of their
 own, built by its name (``posenc.build("rope-extension", rope_extension=...)``), beside
 ``rope`` on the common base :class:`~posenc.encodings.rotary.Rotary` (RoPE's tables,
 no stage).

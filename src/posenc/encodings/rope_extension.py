@@ -45,7 +45,9 @@ The maps are computed from *unrotated* queries and keys, so ``rope-extension`` h
 and their positions, as both references' caches do) and it supplies the whole
 ``q·k`` term through :meth:`~posenc.PositionEncoding.qk_scores`, which every backend that
 materialises scores (``chunked``, ``eager``) runs; the fused ones (``sdpa``, ``flex``,
-``dense``) cannot. Every pair's score depends on its two positions only, so cached decoding
+``dense``) cannot. The same maps one by one, each with the pairs it holds (:func:`score_maps`),
+run on the CPU's fused kernel over only their own keys (the ``maps`` backend,
+:mod:`posenc.kernels.maps`): what their pairs cost, no ``L×L`` scores. Every pair's score depends on its two positions only, so cached decoding
 equals the full forward exactly (bojone's decoding path rotates the raw cached keys by the
 clipped distance; LongLM's by the grouped one; ChunkLlama's picks the three maps by the
 cached keys' chunks: the same numbers). Causal (decoder) models
