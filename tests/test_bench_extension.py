@@ -46,3 +46,23 @@ def test_bench_extension_flags(tmp_path, capsys):
         main([*base, "--extension", "--extension-chunk", "0"])
     assert e.value.code == 2
     assert "--extension-chunk: must be an integer in 1..1048576, got '0'" in capsys.readouterr().err
+
+
+def test_bench_extension_on_a_checkpoint(tmp_path, one_thread):
+    """``--extension-model DIR``: the hf path on that checkpoint (its vocabulary), every row measured."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "out"
+    argv = ["bench", "--encodings", "rope", "--lengths", "16", "--warmup", "0", "--repeats", "1", "--no-throughput"]
+    argv += ["--no-references", "--no-memory", "--extension", "--extension-lengths", "40", "--extension-hf"]
+    argv += ["--extension-model", str(tmp_path / "tiny"), "--extension-chunk", "16", "--extension-rounds", "1"]
+    assert main([*argv, "--device", "cpu", "--out", str(out), "--quiet"]) == 0
+    rows = [r for r in json.loads((out / "extension.json").read_text())["rows"] if r["path"] == "hf"]
+    assert [r["method"] for r in rows] == ["rope", "rerope", "self-extend", "dca"]
+    assert all(r["status"] == "ok" and r["ms_per_token"] > 0 and r["model"] == str(tmp_path / "tiny") for r in rows)

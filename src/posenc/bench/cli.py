@@ -171,6 +171,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extension-chunk", type=Int(1, MAX_L).parse, default=512, help="tokens per call of --extension")
     p.add_argument("--extension-hf", action="store_true",
                    help="also the --extension prefills through posenc.hf.convert on a one-layer HF Llama")  # fmt: skip
+    p.add_argument("--extension-model", type=nonempty_path, default=None,
+                   help="the --extension-hf path on this local HF checkpoint instead of a one-layer random Llama")  # fmt: skip
     p.add_argument("--extension-rounds", type=Int(1, 1000).parse, default=2, help="interleaved rounds of --extension")
     p.add_argument("--out", type=nonempty_path, default=Path("bench-results"), help="output folder")
     p.add_argument(
@@ -229,6 +231,13 @@ def _check(args: argparse.Namespace) -> str:
             "--extension-lengths/--extension-chunk/--extension-rounds/--extension-hf set the --extension run; "
             "add --extension"
         )
+    if args.extension_model is not None:
+        if not args.extension_hf:
+            raise ValueError("--extension-model sets the --extension-hf path; add --extension --extension-hf")
+        if not (args.extension_model / "config.json").is_file():
+            raise ValueError(
+                f"--extension-model {str(args.extension_model)!r}: no config.json there (a local HF checkpoint folder)"
+            )
     if args.extension_hf and importlib.util.find_spec("transformers") is None:
         raise ValueError("--extension-hf needs the 'transformers' package (pip install 'posenc[hf]')")
     if args.profile and not timed:
@@ -320,7 +329,8 @@ def _run(args: argparse.Namespace, encodings: list[str], device: str) -> int:
     if args.extension:
         ecfg = ExtensionConfig(lengths=tuple(args.extension_lengths), chunk=args.extension_chunk,
                                rounds=args.extension_rounds, device=device, dtype=args.dtype,
-                               paths=("layer", "hf") if args.extension_hf else ("layer",))  # fmt: skip
+                               paths=("layer", "hf") if args.extension_hf else ("layer",),
+                               model=None if args.extension_model is None else str(args.extension_model))  # fmt: skip
         erows = run_extension(ecfg, progress=say)
         config["extension"] = asdict(ecfg)
     paths = write_outputs(args.out, rows, trows, machine, config, breaks, krows, hrows)

@@ -11,6 +11,8 @@ KV cache, as ``posenc extend`` scores a window (:mod:`posenc.extend.evaluate`). 
 With ``--extension-hf`` the same prefills also run through :func:`posenc.hf.convert` on a one-layer
 HF Llama of the same attention (MLP width 1536, vocabulary 256, random weights), as ``posenc extend``
 runs an HF checkpoint: path ``hf``, backend ``auto`` only (the adapter picks its backend itself).
+``--extension-model DIR`` runs that path on a local checkpoint instead (SmolLM2-135M itself:
+``scripts/smollm2.py``), with its own RoPE base and its vocabulary.
 
 Each row is one path (``layer``, ``hf``) and one method on one backend: ``auto`` (what the layer picks: ``sdpa`` for ``rope``,
 ``maps`` for the others on CPU) and ``chunked`` (every score map materialised in query blocks:
@@ -47,6 +49,7 @@ class ExtensionConfig:
     methods: tuple[str, ...] = EXTENSION_METHODS
     backends: tuple[str, ...] = ("auto", "chunked")
     paths: tuple[str, ...] = ("layer",)
+    model: str | None = None  # the hf path's checkpoint (None: the one-layer random Llama)
     dim: int = 576
     heads: int = 9
     kv_heads: int = 3
@@ -64,7 +67,15 @@ def _subject(cfg: ExtensionConfig, path: str, method: str, length: int):
                                                       longest_tokens=length)  # fmt: skip
     name = "rope" if method == "rope" else method_classes(method).get("rope", "rope")
     torch.manual_seed(0)
-    if path == "hf":
+    if path == "hf" and cfg.model is not None:
+        from transformers import AutoModelForCausalLM
+
+        import posenc.hf as ph
+
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=_DTYPES[cfg.dtype], local_files_only=True,
+                                                     trust_remote_code=False)  # fmt: skip
+        model = ph.convert(model, encoding=name, **opts)
+    elif path == "hf":
         from transformers import LlamaConfig, LlamaForCausalLM
 
         import posenc.hf as ph
@@ -78,6 +89,14 @@ def _subject(cfg: ExtensionConfig, path: str, method: str, length: int):
 
         model = Attention(cfg.dim, cfg.heads, name, kv_heads=cfg.kv_heads, causal=True, base=cfg.base, **opts)
     return model.to(device=cfg.device, dtype=_DTYPES[cfg.dtype]).eval()
+
+
+def _vocab(cfg: ExtensionConfig) -> int:
+    if cfg.model is None:
+        return _VOCAB
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(cfg.model, local_files_only=True, trust_remote_code=False).vocab_size
 
 
 def _clock(device: torch.device) -> Callable[[], float]:
@@ -127,7 +146,7 @@ def run_extension(cfg: ExtensionConfig, progress: Callable[[str], None] | None =
                 progress(f"extension ({path}): {len(cases)} cases at {n} tokens, chunks of {cfg.chunk}")
             g = torch.Generator().manual_seed(n)
             if path == "hf":
-                x = torch.randint(0, _VOCAB, (1, n), generator=g).to(device)
+                x = torch.randint(0, _vocab(cfg), (1, n), generator=g).to(device)
             else:
                 x = torch.randn(1, n, cfg.dim, generator=g).to(device, _DTYPES[cfg.dtype])
             rows += _measure(cfg, path, cases, x, clock)
@@ -184,7 +203,12 @@ def extension_markdown(rows: list[dict], table: str) -> list[str]:
         "extension. CPU time of the calling thread per token (CUDA: synchronised wall time), interleaved rounds; "
         "`/ rope` is the median of the rounds' ratios to `rope` on `auto` (SDPA) at the same length. `auto` runs "
         "the `maps` backend on CPU; `chunked` materialises every score map. Path `hf`: the same through "
-        "`posenc.hf.convert` on a one-layer HF Llama of that attention (MLP 1536, vocabulary 256).",
+        "`posenc.hf.convert` on "
+        + (
+            f"`{r['model']}`."
+            if r.get("model")
+            else "a one-layer HF Llama of that attention (MLP 1536, vocabulary 256)."
+        ),
         "",
         table,
         "",
