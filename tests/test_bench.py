@@ -25,7 +25,7 @@ def _small(name: str, causal: bool = True):
 @pytest.mark.parametrize("name", posenc.available())
 def test_select_backend_dispatch(name):
     """auto picks sdpa (flash on GPU) / flex on CUDA / blockwise on CPU where the terms are
-    per distance / dense / chunked, by stages."""
+    per distance / maps on CPU where the scores are maps / dense / chunked, by stages."""
     enc = _small(name)
     st = enc.stages
     vector = bool(st & (Stage.TERMS | Stage.VALUE | Stage.SCORES | Stage.NORM)) or enc.defines("rotate_value")
@@ -33,7 +33,7 @@ def test_select_backend_dispatch(name):
     cpu = posenc.select_backend(enc, "cpu")
     cuda = posenc.select_backend(enc, "cuda")
     if vector:
-        assert cpu == ("blockwise" if per_distance else "chunked")
+        assert cpu == ("blockwise" if per_distance else "maps" if enc.defines("score_maps") else "chunked")
         assert cuda == "chunked"
     elif st & Stage.BIAS:
         assert cpu == ("blockwise" if per_distance else "dense")

@@ -28,7 +28,7 @@ import pytest
 import torch
 from tests.conftest import assert_close, attention_n
 from tests.test_contract import assert_backend_equals_eager
-from tests.test_rope_extension import make_attn, out_proj, qkv
+from tests.test_rope_extension import count_fast_maps, make_attn, out_proj, qkv
 
 import posenc
 
@@ -150,14 +150,16 @@ def test_scores_are_vllms_position_maps(c, local):
 
 
 @pytest.mark.parametrize("c,local", SETTINGS)
-@pytest.mark.parametrize("backend", ["eager", "chunked"])
-def test_prefill_equals_chunkllama(c, local, backend):
+@pytest.mark.parametrize("backend", ["eager", "chunked", "maps"])
+def test_prefill_equals_chunkllama(c, local, backend, monkeypatch):
+    ran = count_fast_maps(monkeypatch)
     attn = make_attn(dca(c, local), chunk_size=5)
     x = _x()
     with torch.no_grad():
         q, k, v = (t.double() for t in qkv(attn, x))
         want = out_proj(attn, chunkllama_prefill(q, k, v, c, local).float())
         assert_close(attn(x, backend=backend), want, n=N)
+    assert ran == ([True] if backend == "maps" else [])  # (maps: the fused maps ran, no fallback)
 
 
 @pytest.mark.parametrize("c,local", SETTINGS)
@@ -207,7 +209,7 @@ def test_within_one_chunk_size_it_is_rope_and_past_it_no_distance_exceeds_chunk_
 def test_every_backend_that_runs_it_equals_eager(c, local):
     attn = make_attn(dca(c, local), chunk_size=3)
     enc = attn.encoding
-    assert posenc.supported_backends(enc) == ["chunked", "eager"] and not enc.relative
+    assert posenc.supported_backends(enc) == ["maps", "chunked", "eager"] and not enc.relative
     pos = torch.stack([torch.arange(L), torch.arange(L) + 3])
     n_grad = attention_n(dim=DIM, head_dim=HEAD_DIM, length=L, grad=True)
     for b in posenc.supported_backends(enc):

@@ -112,6 +112,38 @@ def test_prefill_equals_official_attention(ext, backend):
         assert_close(attn(x, pos=pos, backend=backend), reference(ext, attn, x, pos), n=N, msg=str(ext))
 
 
+def count_fast_maps(monkeypatch) -> list[bool]:
+    """Record, per ``maps`` call, whether its fused path ran (True) or it fell back to ``chunked``."""
+    import posenc.attend.backends as backends
+
+    ran, inner = [], backends.score_map_attention
+
+    def counted(*args, **kw):
+        out = inner(*args, **kw)
+        ran.append(out is not None)
+        return out
+
+    monkeypatch.setattr(backends, "score_map_attention", counted)
+    return ran
+
+
+@pytest.mark.parametrize("ext", PARITY, ids=_id)
+def test_maps_backend_equals_official_attention(ext, monkeypatch):
+    """The fused score maps (one run of positions, not starting at 0) against the official prefill,
+    whole and as a chunked prefill through the cache (grouped keys: tests/test_maps_backend.py)."""
+    ran = count_fast_maps(monkeypatch)
+    attn = make_attn(ext)
+    x = _x()
+    pos = torch.arange(L) + 3
+    with torch.no_grad():
+        want = reference(ext, attn, x, pos.expand(2, L))
+        assert_close(attn(x, pos=pos, backend="maps"), want, n=N, msg=str(ext))
+        cache = attn.init_cache(2, L)
+        got = [attn(x[:, s : s + 7], cache=cache, backend="maps") for s in range(0, L, 7)]
+        assert_close(torch.cat(got, 1), reference(ext, attn, x, torch.arange(L).expand(2, L)), n=N, msg=str(ext))
+    assert ran and all(ran)
+
+
 @pytest.mark.parametrize("ext", PARITY, ids=_id)
 def test_cached_decoding_equals_official_decoding_and_full_forward(ext):
     """The references cache raw keys with their positions and, for ``q_len == 1``, rotate the
@@ -188,8 +220,9 @@ def test_declarations():
     ):
         enc = posenc.build("rope-extension", heads=HEADS, head_dim=HEAD_DIM, max_len=TRAIN, rope_extension=ext)
         assert enc.stages == Stage.SCORES and enc.relative is relative, ext
-        assert posenc.supported_backends(enc) == ["chunked", "eager"]
-        assert posenc.select_backend(enc, "cuda") == "chunked"
+        assert posenc.supported_backends(enc) == ["maps", "chunked", "eager"]
+        assert posenc.select_backend(enc, "cuda") == "chunked"  # (maps' fused calls are the CPU kernel's)
+        assert posenc.select_backend(enc, "cpu") == "maps"
         assert enc.rope_extension.get("scale_base") == ext.get(
             "scale_base", TRAIN if ext["type"] in ("rerope", "leaky-rerope") else None
         )

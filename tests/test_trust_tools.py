@@ -130,6 +130,10 @@ FLAGS: dict[str, dict[str, list[str]]] = {
         "--hf-lengths": INTS,
         "--hf-steps": POS,
         "--hf-rounds": POS,
+        "--extension-lengths": INTS,
+        "--extension-chunk": POS,
+        "--extension-rounds": POS,
+        "--extension-model": [*PATH, "<dir>"],  # (a folder without config.json)
     },  # fmt: skip
     "compare": {
         "--out": PATH,
@@ -304,6 +308,9 @@ def test_every_comma_flag_is_fuzzed_with_an_empty_item():
         (["bench", "--memory-method", "rss"], "--memory-lengths"),
         (["bench", "--no-throughput", "--train-hf"], "--train-hf"),
         (["bench", "--memory-only", "--memory-lengths", "8", "--profile"], "--profile"),
+        (["bench", "--extension-rounds", "3"], "--extension"),  # sets a run that is not asked for
+        (["bench", "--extension-hf"], "--extension"),
+        (["bench", "--extension", "--extension-model", "."], "--extension-hf"),
         # issue 61: a value that only the other flags make wrong, refused before the work
         (["compare", "--encodings", "rope", "--steps", "20", "--warmup", "1000"], "--warmup"),  # item 1
         (["compare", "--encodings", "rope", "--config", "<quick>", "--steps", "20"], "warmup in"),  # the file's 100

@@ -146,7 +146,7 @@ class PositionEncoding(nn.Module):
     def defines(cls, method: str) -> bool:
         """The class (or a parent below :class:`PositionEncoding`) defines ``method``: a stage
         method (``"score_mod"``: a real elementwise form, not the dense fallback;
-        ``"read_input"``: the layer calls it) or ``"distance_terms"`` (the ``blockwise`` backend)."""
+        ``"read_input"``: the layer calls it), ``"distance_terms"`` (``blockwise``) or ``"score_maps"`` (``maps``)."""
         if method in cls._defined:
             return True
         if method not in contract.HOOKS:
@@ -365,10 +365,9 @@ class PositionEncoding(nn.Module):
     def qk_scores(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
         """Pair score stage: float32 ``(B, H, Lq, Lk)`` that *replaces* ``q̃·k̃`` (before ``scale``).
 
-        For encodings whose ``q·k`` term is not one rotation of the queries and keys, e.g.
-        two score maps merged by distance (ReRoPE, Self-Extend). ``q``, ``k`` come from the
-        q/k stage (the identity for such an encoding, so the KV cache holds raw keys).
-        """
+        For encodings whose ``q·k`` term is not one rotation of the queries and keys, e.g. two score
+        maps merged by distance (ReRoPE, Self-Extend; their maps themselves: :meth:`score_maps`).
+        ``q``, ``k`` come from the q/k stage (the identity here, so the KV cache holds raw keys)."""
         raise NotImplementedError
 
     def weights(self, s: Tensor, ctx=None) -> Tensor:
@@ -386,10 +385,12 @@ class PositionEncoding(nn.Module):
         raise NotImplementedError
 
     def distance_terms(self, q: Tensor, k: Tensor, ctx=None):
-        """The stages as tables per distance ``d = k_pos - q_pos`` (a :class:`posenc.terms.DistanceTerms`,
-        run by the ``blockwise`` backend), or None: not a function of ``d`` alone. ``q``, ``k``
-        after the q/k stage.
-        """
+        """The stages as tables per distance ``d = k_pos - q_pos`` (a :class:`posenc.terms.DistanceTerms`, run by
+        the ``blockwise`` backend), or None: not a function of ``d`` alone. ``q``, ``k`` after the q/k stage."""
+        return None
+
+    def score_maps(self, ctx=None):
+        """``qk_scores`` as maps picked by positions (:class:`posenc.terms.ScoreMap`s: the ``maps`` backend)."""
         return None
 
     # ------------------------------------------------------------------ helpers

@@ -72,8 +72,9 @@ STAGE_OF: dict[str, Stage] = {
     "value_term": Stage.VALUE,
     "weights": Stage.NORM,
 }
-# what PositionEncoding.defines answers for: the stage methods, and the blockwise backend's tables
-HOOKS = (*STAGE_OF, "distance_terms")
+# what PositionEncoding.defines answers for: the stage methods, the blockwise backend's tables
+# and the maps backend's score maps
+HOOKS = (*STAGE_OF, "distance_terms", "score_maps")
 
 # kind: the first of these whose stages a class has (the stage that decides how it computes)
 KINDS: tuple[tuple[str, Stage], ...] = (

@@ -1,8 +1,9 @@
 """Shared term types on the ground floor: an encoding's terms as functions of the distance.
 
 :class:`DistanceTerms` is what an encoding's ``distance_terms`` returns and what
-:func:`posenc.kernels.distance_attention` consumes; it lives here, below both, so the
-encodings do not import the kernels (DESIGN.md, "Floors").
+:func:`posenc.kernels.distance_attention` consumes; :class:`ScoreMap` is what its
+``score_maps`` returns and :func:`posenc.kernels.maps.score_map_attention` consumes. They live
+here, below both, so the encodings do not import the kernels (DESIGN.md, "Floors").
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["DistanceTerms", "Table", "saturation"]
+__all__ = ["DistanceTerms", "ScoreMap", "Table", "saturation"]
 
 Table = Callable[[Tensor], Tensor]
 
@@ -54,6 +55,34 @@ class DistanceTerms:
         if self.rows is None:
             return d, None
         return torch.unique(self.rows(d), return_inverse=True)
+
+
+@dataclass(frozen=True)
+class ScoreMap:
+    """One score map of an encoding whose ``q·k`` term is several maps, each over the pairs its
+    positions pick (ReRoPE, Self-Extend, Dual Chunk Attention)::
+
+        pair (i, j), j <= i, takes this map where  lo <= i // unit - j // unit <= hi
+        s_ij = query(q, q_pos)_i · key(k, k_pos)_j        (before scale)
+
+    ``lo``/``hi`` None: unbounded. The maps of an encoding give every causal pair exactly one
+    map. ``query``/``key`` take ``(B, H, L, Dh)`` and positions ``(B|1, L)`` int64 and return the
+    map's queries/keys, the same shape (any float dtype); ``key`` None: the keys as they are.
+    """
+
+    unit: int
+    lo: int | None
+    hi: int | None
+    query: Callable[[Tensor, Tensor], Tensor]
+    key: Callable[[Tensor, Tensor], Tensor] | None = None
+
+    def first_key(self, p: int) -> int:
+        """The first key position a query at position ``p`` reads in this map (may be negative)."""
+        return -(1 << 62) if self.hi is None else (p // self.unit - self.hi) * self.unit
+
+    def last_key(self, p: int) -> int:
+        """The last key position a query at position ``p`` reads in this map (causal: at most ``p``)."""
+        return p if self.lo is None else min(p, (p // self.unit - self.lo + 1) * self.unit - 1)
 
 
 def saturation(rows: Table, limit: int, device=None) -> tuple[int, int]:

@@ -34,6 +34,9 @@ backend       runs                                    how
                                                       diagonal, recomputed in backward
 ``dense``     + scalar ``bias``                       SDPA with the bias as a float mask,
                                                       in query blocks
+``maps``      ``score_maps`` (ReRoPE, Self-Extend,    :mod:`posenc.kernels.maps` (CPU): each
+              DCA: the ``SCORES`` stage as maps       map fused over only its own keys,
+              picked by positions)                    merged by log-sum-exp
 ``chunked``   every stage                             :func:`scores` in query blocks:
                                                       per-distance logits gathered into
                                                       place (memory O(chunk·Lk + L·Dh),
@@ -66,6 +69,7 @@ from torch import Tensor
 from ..base import PositionEncoding
 from ..kernels.backend import blockwise_attention
 from ..kernels.flash import needs_upcast, propagate_nonfinite
+from ..kernels.maps import score_map_attention
 from ..mask import AttentionMask
 from ..mask import in_query_blocks as _in_query_blocks
 from ..validate import check_dropout
@@ -293,11 +297,28 @@ def blockwise(
     return general(enc, q, k, v, q_pos, k_pos, mask, **kw)
 
 
+def maps(
+    enc, q, k, v, q_pos, k_pos, mask: AttentionMask, *, ctx=None, qk_proj=None, options=None, sinks=None, dropout=0.0
+) -> Tensor:
+    """The encoding's score maps (``score_maps``) through the CPU's fused kernel, each over only the
+    keys it holds, merged by log-sum-exp (:mod:`posenc.kernels.maps`); ``k``/``v`` may be grouped.
+    Where that does not apply (another device, positions that are not one causal run, padding,
+    a window, learned ``sinks``, dropout, a gradient), ``chunked`` runs."""
+    if sinks is None and not dropout and not _needs_grad(q, k, v):
+        out = score_map_attention(enc, q, k, v, q_pos, k_pos, mask)
+        if out is not None:
+            return propagate_nonfinite(out, q, k, v, mask.checked_keys)
+    k, v = expand_kv(k, v, q.shape[1])
+    kw = {"ctx": ctx, "qk_proj": qk_proj, "options": options, "sinks": sinks, "dropout": dropout}
+    return chunked(enc, q, k, v, q_pos, k_pos, mask, **kw)
+
+
 BACKENDS: dict[str, AttendFn] = {
     "sdpa": sdpa,
     "flex": flex,
     "blockwise": blockwise,
     "dense": dense,
+    "maps": maps,
     "chunked": chunked,
     "eager": eager,
 }
@@ -337,7 +358,8 @@ def attend(
     after the q/k stage -> ``(B, H, Lq, Dh)``. ``k``/``v`` may have ``Hk`` heads, ``Hk`` dividing
     ``H`` (grouped- and multi-query attention): query head ``h`` reads key head ``h // (H/Hk)``;
     this is the one place they are expanded (:func:`posenc.attend.scores.expand_kv`; ``sdpa`` passes
-    ``enable_gqa=True`` instead), so every backend and every encoding's score side sees ``H``.
+    ``enable_gqa=True`` instead, ``maps`` places the grouped keys first and repeats them after), so
+    every backend and every encoding's score side sees ``H``.
 
     ``dropout``: attention-probability dropout in ``[0, 1)``, applied as given (the caller passes
     0 outside training, as HF's attention modules do); every backend but ``flex`` runs it.
@@ -348,7 +370,7 @@ def attend(
         name = select_backend(enc, q.device.type, q.shape[2], k.shape[2], causal=mask.causal, dropout=dropout > 0)
     else:
         require_backend(enc, name)
-    if k.shape[1] != q.shape[1] and name != "sdpa":  # grouped k/v (sdpa: enable_gqa)
+    if k.shape[1] != q.shape[1] and name not in ("sdpa", "maps"):  # grouped k/v (sdpa: enable_gqa; maps: its own)
         k, v = expand_kv(k, v, q.shape[1])
     extra = {"dropout": dropout} if dropout else {}  # (a backend written before dropout existed still runs)
     return BACKENDS[name](enc, q, k, v, q_pos, k_pos, mask, ctx=ctx, options=options, sinks=sinks, **extra)

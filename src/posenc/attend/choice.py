@@ -46,6 +46,8 @@ def _supported(enc: PositionEncoding) -> list[str]:
         out.append("blockwise")
     if st & Stage.BIAS and not vector:
         out += ["flex", "dense"]
+    if enc.defines("score_maps"):
+        out.append("maps")
     return out + ["chunked", "eager"]
 
 
@@ -98,6 +100,7 @@ def select_backend(
     :data:`FLEX_MIN_HEAD_DIM` channels (``enc.head_dim``), which its compiled kernel needs, and
     for at least :data:`FLEX_MIN_QUERIES` queries (``q_len``; None counts as long): a shorter
     call (KV-cache decoding) runs ``dense`` instead of compiling FlexAttention for each new key count.
+    ``maps`` (an encoding's score maps through the CPU's fused kernel) is chosen on CPU only.
     ``blockwise`` is chosen on CPU only (its fused calls are CPU SDPA's flash kernel), and only from
     :data:`BLOCKWISE_MIN_SCORES` scores per head (:data:`BLOCKWISE_MIN_SCORES_BIDIR` when
     ``causal`` is False), where it measured faster. ``causal=None`` (not known) takes the
@@ -118,6 +121,8 @@ def select_backend(
     short = q_len is not None and k_len is not None and q_len * k_len < least
     if "blockwise" in ok and device_type == "cpu" and not short:
         return "blockwise"
+    if "maps" in ok and device_type == "cpu":
+        return "maps"
     if "dense" in ok:
         return "dense"
     return "chunked"

@@ -27,9 +27,10 @@ from ..allocator import tune_allocator
 from ..attend.backends import backend_names
 from ..cli_types import device_name, nonempty_path
 from ..fields import Choice, Float, Int, ListOf
-from ..output import OutputFolder, check_creatable, write_text
+from ..output import OutputFolder, Table, check_creatable, make_console, write_csv, write_json, write_text
 from ..registry import available
 from .compile import graph_breaks
+from .extension import ExtensionConfig, extension_markdown, extension_table, run_extension
 from .hf_model import HF_METHODS, HFModelConfig, run_hf_model
 from .kv_cache import KVCacheConfig, run_kv_cache
 from .markdown import markdown_report
@@ -159,6 +160,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hf-lengths", type=LENGTHS.parse, default=[2048, 8192], help="prompt tokens of --hf-model")
     p.add_argument("--hf-steps", type=Int(1, 10_000).parse, default=8, help="tokens decoded per --hf-model round")
     p.add_argument("--hf-rounds", type=Int(1, 1000).parse, default=2, help="interleaved rounds of --hf-model")
+    p.add_argument(
+        "--extension",
+        action="store_true",
+        help="also ReRoPE, Self-Extend and DCA against plain RoPE on one SmolLM2-sized attention layer, chunked "
+        "prefill as posenc extend runs it (maps and chunked backends; ratio to rope in the same run)",
+    )
+    p.add_argument("--extension-lengths", type=LENGTHS.parse, default=[2048, 4096, 8192],
+                   help="tokens of the --extension prefills (default 2048,4096,8192)")  # fmt: skip
+    p.add_argument("--extension-chunk", type=Int(1, MAX_L).parse, default=512, help="tokens per call of --extension")
+    p.add_argument("--extension-hf", action="store_true",
+                   help="also the --extension prefills through posenc.hf.convert on a one-layer HF Llama")  # fmt: skip
+    p.add_argument("--extension-model", type=nonempty_path, default=None,
+                   help="the --extension-hf path on this local HF checkpoint instead of a one-layer random Llama")  # fmt: skip
+    p.add_argument("--extension-rounds", type=Int(1, 1000).parse, default=2, help="interleaved rounds of --extension")
     p.add_argument("--out", type=nonempty_path, default=Path("bench-results"), help="output folder")
     p.add_argument(
         "--markdown", type=nonempty_path, default=None, help="also write a Markdown report (RESULTS.md) here"
@@ -210,6 +225,21 @@ def _check(args: argparse.Namespace) -> str:
             raise ValueError(f"--hf-model {str(args.hf_model)!r}: no config.json there (a local HF checkpoint folder)")
         if importlib.util.find_spec("transformers") is None:
             raise ValueError("--hf-model needs the 'transformers' package (pip install 'posenc[hf]')")
+    ext_flags = args.extension_lengths != [2048, 4096, 8192] or args.extension_chunk != 512
+    if (ext_flags or args.extension_rounds != 2 or args.extension_hf) and not args.extension:
+        raise ValueError(
+            "--extension-lengths/--extension-chunk/--extension-rounds/--extension-hf set the --extension run; "
+            "add --extension"
+        )
+    if args.extension_model is not None:
+        if not args.extension_hf:
+            raise ValueError("--extension-model sets the --extension-hf path; add --extension --extension-hf")
+        if not (args.extension_model / "config.json").is_file():
+            raise ValueError(
+                f"--extension-model {str(args.extension_model)!r}: no config.json there (a local HF checkpoint folder)"
+            )
+    if args.extension_hf and importlib.util.find_spec("transformers") is None:
+        raise ValueError("--extension-hf needs the 'transformers' package (pip install 'posenc[hf]')")
     if args.profile and not timed:
         raise ValueError("--profile profiles the timed lengths, which --memory-only skips")
     if args.markdown is not None:
@@ -295,9 +325,24 @@ def _run(args: argparse.Namespace, encodings: list[str], device: str) -> int:
                              steps=args.hf_steps, rounds=args.hf_rounds, device=device, dtype=args.dtype)  # fmt: skip
         hrows = run_hf_model(hcfg, progress=say)
         config["hf_model"] = asdict(hcfg)
+    erows = []
+    if args.extension:
+        ecfg = ExtensionConfig(lengths=tuple(args.extension_lengths), chunk=args.extension_chunk,
+                               rounds=args.extension_rounds, device=device, dtype=args.dtype,
+                               paths=("layer", "hf") if args.extension_hf else ("layer",),
+                               model=None if args.extension_model is None else str(args.extension_model))  # fmt: skip
+        erows = run_extension(ecfg, progress=say)
+        config["extension"] = asdict(ecfg)
     paths = write_outputs(args.out, rows, trows, machine, config, breaks, krows, hrows)
+    if erows:
+        write_json(args.out / "extension.json", {"machine": machine, "rows": erows})
+        write_csv(args.out / "extension.csv", erows)
+        paths += [args.out / "extension.json", args.out / "extension.csv"]
     if not args.quiet:
         print_tables(rows, trows, breaks=breaks, krows=krows, hrows=hrows)
+        if erows:
+            title = "two-map extension methods: chunked prefill, thread CPU ms per token, ratio to rope (same run)"
+            Table(*extension_table(erows), title=title).print(make_console())
         print(f"wrote {', '.join(str(p) for p in paths)}")
     if args.markdown:
         command = "posenc bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else ""
@@ -315,6 +360,12 @@ def _run(args: argparse.Namespace, encodings: list[str], device: str) -> int:
             krows=krows,
             hrows=hrows,
         )
+        if erows:
+            text = (
+                text.rstrip("\n")
+                + "\n\n"
+                + "\n".join(extension_markdown(erows, Table(*extension_table(erows)).markdown().rstrip("\n")))
+            )
         write_text(args.markdown, text)
         if not args.quiet:
             print(f"wrote {args.markdown}")
@@ -325,6 +376,8 @@ def _run(args: argparse.Namespace, encodings: list[str], device: str) -> int:
     errors += [
         f"hf model {r['method']} {r['tokens']} {r['phase']}: {r['status']}" for r in hrows if r["status"] != "ok"
     ]
+    errors += [f"extension {r['path']} {r['method']} {r['backend']} {r['tokens']}: {r['status']}"
+               for r in erows if r["status"] != "ok"]  # fmt: skip
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
     return 1 if errors else 0

@@ -7,7 +7,8 @@ The methods themselves (the score maps merged by distance or by chunk, the refer
 checked against) are in :mod:`.rope_extension`. They change what the encoding *is*: there
 is no q/k stage (the KV cache holds raw keys) and the whole ``q·k`` term comes from
 :meth:`RoPEExtension.qk_scores`, the ``SCORES`` stage, which only the backends that
-materialise scores run (``chunked``, ``eager``). So they are a registered class of their
+materialise scores run (``chunked``, ``eager``), and :meth:`RoPEExtension.score_maps`, the same
+maps one by one for the ``maps`` backend (the CPU's fused kernel). So they are a registered class of their
 own, built by its name (``posenc.build("rope-extension", rope_extension=...)``), beside
 ``rope`` on the common base :class:`~posenc.encodings.rotary.Rotary` (RoPE's tables,
 no stage).
@@ -18,7 +19,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..registry import register
-from .rope_extension import check_extension, extended_qk_scores
+from .rope_extension import check_extension, extended_qk_scores, score_maps
 from .rotary import Rotary
 
 __all__ = ["RoPEExtension"]
@@ -83,3 +84,7 @@ class RoPEExtension(Rotary):
     def qk_scores(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx=None) -> Tensor:
         """The merged score maps, float32 ``(B, H, Lq, Lk)`` (unrotated ``q``, ``k``)."""
         return extended_qk_scores(self, q, k, q_pos, k_pos)
+
+    def score_maps(self, ctx=None):
+        """The same term as its score maps, each with the pairs it holds (the ``maps`` backend)."""
+        return score_maps(self)

@@ -45,7 +45,9 @@ The maps are computed from *unrotated* queries and keys, so ``rope-extension`` h
 and their positions, as both references' caches do) and it supplies the whole
 ``q·k`` term through :meth:`~posenc.PositionEncoding.qk_scores`, which every backend that
 materialises scores (``chunked``, ``eager``) runs; the fused ones (``sdpa``, ``flex``,
-``dense``) cannot. Every pair's score depends on its two positions only, so cached decoding
+``dense``) cannot. The same maps one by one, each with the pairs it holds (:func:`score_maps`),
+run on the CPU's fused kernel over only their own keys (the ``maps`` backend,
+:mod:`posenc.kernels.maps`): what their pairs cost, no ``L×L`` scores. Every pair's score depends on its two positions only, so cached decoding
 equals the full forward exactly (bojone's decoding path rotates the raw cached keys by the
 clipped distance; LongLM's by the grouped one; ChunkLlama's picks the three maps by the
 cached keys' chunks: the same numbers). Causal (decoder) models
@@ -63,7 +65,9 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["EXTENSION_TYPES", "check_extension", "extended_qk_scores"]
+from ..terms import ScoreMap
+
+__all__ = ["EXTENSION_TYPES", "check_extension", "extended_qk_scores", "score_maps"]
 
 EXTENSION_TYPES = ("rerope", "leaky-rerope", "self-extend", "dca")
 _KEYS = {
@@ -161,6 +165,51 @@ def extended_qk_scores(rope, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor)
     d = q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)  # (B|1, Lq, Lk)
     inside = (d.abs() < w) if kind != "self-extend" else (d < w)
     return torch.where(inside.unsqueeze(1), near, far)  # (B, H, Lq, Lk)
+
+
+def score_maps(rope) -> tuple[ScoreMap, ...]:
+    """The maps of :func:`extended_qk_scores` one by one, each with the pairs it holds (the ``maps``
+    backend runs each through the fused kernel over only its own keys and merges them by their
+    log-sum-exp): ReRoPE's, Leaky ReRoPE's and Self-Extend's near map ``d < w`` and far map
+    ``d >= w``; DCA's intra-, successive- and inter-chunk maps (chunks ``0``, ``1``, ``>= 2`` apart).
+    """
+    ext, inv = rope.rope_extension, rope.inv_freq
+    if ext["type"] == "dca":
+        c = ext["chunk_size"]
+        n = c - ext["local_size"]
+
+        def key(k, p):  # every map reads the keys at j mod n
+            return _at(rope, k, p % n, inv)
+
+        return (
+            ScoreMap(n, None, 0, lambda q, p: _at(rope, q, p % n, inv), key),
+            ScoreMap(n, 1, 1, lambda q, p: _at(rope, q, (p % n + n).clamp(max=c), inv), key),
+            ScoreMap(n, 2, None, lambda q, p: _at(rope, q, torch.full_like(p, min(2 * n - 1, c)), inv), key),
+        )
+    kind, w, base = ext["type"], ext["window"], ext["scale_base"]
+
+    def gained(q, p):  # log-n: max(1, log(i + 1)/log(base)) per query
+        if base is None:
+            return q
+        return q * (torch.log(p.double() + 1) / math.log(base)).clamp(min=1).float().unsqueeze(1).unsqueeze(-1)
+
+    near = ScoreMap(1, None, w - 1, lambda q, p: _at(rope, gained(q, p), p, inv), lambda k, p: _at(rope, k, p, inv))
+    if kind == "rerope":  # the query at position w, the key at 0 (as it is)
+        far = ScoreMap(1, w, None, lambda q, p: _at(rope, gained(q, p), torch.full_like(p, w), inv))
+    elif kind == "leaky-rerope":
+        f = ext["factor"]
+        far = ScoreMap(1, w, None, lambda q, p: _at(rope, gained(q, p), p + w * (f - 1), inv / f),
+                       lambda k, p: _at(rope, k, p, inv / f))  # fmt: skip
+    else:  # self-extend
+        g = ext["group_size"]
+        far = ScoreMap(
+            1,
+            w,
+            None,
+            lambda q, p: _at(rope, gained(q, p), torch.div(p, g, rounding_mode="floor").double() + (w - w / g), inv),
+            lambda k, p: _at(rope, k, torch.div(p, g, rounding_mode="floor"), inv),
+        )
+    return near, far
 
 
 def _dual_chunk_scores(rope, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
