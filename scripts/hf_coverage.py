@@ -164,7 +164,7 @@ MIXED = dict(layer_types=["sliding_attention", "full_attention"], sliding_window
 
 def tiny_config(model_type: str):
     """The config of the family's own tests (tests/test_hf_families.py, test_hf_mla.py,
-    test_inkling2.py) where it has one; else the
+    test_inkling2.py, test_hf_dsa.py) where it has one; else the
     config class's defaults with :data:`SMALL`'s sizes (on its text config for a composite one),
     built through the constructor so derived fields (``layer_types``, ...) follow. A class with
     sliding and full layers gets one of each (window 6) where it takes them."""
@@ -173,11 +173,12 @@ def tiny_config(model_type: str):
     for _, cfg in _configs().values():
         if cfg.model_type == model_type:
             return cfg
+    from tests import test_hf_dsa, test_inkling2
     from tests import test_hf_mla as mla
-    from tests import test_inkling2
 
     own = {"deepseek_v3": mla.deepseek_config, "mistral4": mla.mistral4_config}
     own["inkling2_text"] = lambda: test_inkling2.config(vocab_size=V, unpadded_vocab_size=V)
+    own["mistral_large4"] = test_hf_dsa.config
     own |= {t: (lambda t=t: mla.shared_config(t)) for t in mla.SHARED if t != "kimi_k25"}
     if model_type in own:  # (the MLA and Inkling-2 tests' configs: their sizes follow each other)
         return own[model_type]()

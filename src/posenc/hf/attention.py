@@ -209,6 +209,7 @@ def attention_forward(
         chunk=rec.chunk,
         key_start=mask.kv_offset,
         checked_keys=0 if rows is None else rows.checked_keys,  # (their check is on the cache)
+        selected=_selected(kwargs.get("indices"), B, Lq, Lk),
     )
     # the layer's own attend step; HF passes the attention dropout in training and 0 otherwise
     out = attend(enc, query, key, value, q_pos, k_pos, amask, ctx=ctx, sinks=sinks, dropout=dropout, backend=backend)
@@ -216,6 +217,28 @@ def attention_forward(
     if found is not None:  # NaN in the heads whose cached rows held a NaN or an inf
         out = out + found.to(out.dtype)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _selected(indices, batch: int, q_len: int, k_len: int) -> Tensor | None:
+    """DeepSeek Sparse Attention's top-k key slots per query ``(B, Lq, k)`` (HF hands them to any
+    attention function but eager and SDPA as ``indices``, flash-MLA's input) as the
+    :class:`posenc.AttentionMask` ``selected`` field ``(B, Lq, Lk)`` bool; None without them.
+
+    Raises:
+        ValueError: indices of another shape, or a slot outside the ``Lk`` keys.
+    """
+    if indices is None:
+        return None
+    if not isinstance(indices, Tensor) or indices.dim() != 3 or indices.shape[:2] not in ((batch, q_len), (1, q_len)):
+        raise ValueError(
+            f"indices (the keys a sparse-attention indexer selected) must be (B, Lq, k) = ({batch}, {q_len}, k), got "
+            f"{getattr(indices, 'dtype', type(indices).__name__)} {tuple(getattr(indices, 'shape', ()))}"
+        )
+    idx = indices.long()
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= k_len):
+        raise ValueError(f"indices select key slots in [{int(idx.min())}, {int(idx.max())}], outside [0, {k_len - 1}]")
+    out = torch.zeros(indices.shape[0], q_len, k_len, dtype=torch.bool, device=indices.device)
+    return out.scatter_(-1, idx, True)
 
 
 def _rotary_first(x: Tensor, width: int) -> Tensor:
