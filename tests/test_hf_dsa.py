@@ -79,6 +79,28 @@ def config(**kw):
     )
 
 
+# the other DeepSeek Sparse Attention rows: (LM class, config class); MLA behind q-LoRA, an indexer
+# on every layer reading the q latent, RoPE on the indexer's first qk_rope_head_dim channels (halves)
+DSA_ROWS = {
+    "deepseek_v32": ("DeepseekV32ForCausalLM", "DeepseekV32Config"),
+    "glm_moe_dsa": ("GlmMoeDsaForCausalLM", "GlmMoeDsaConfig"),
+}
+
+
+def dsa_config(model_type: str):
+    """The tiny config of a :data:`DSA_ROWS` type (also scripts/hf_coverage.py's): Mistral Large 4's
+    sizes where the class has them, 2 layers, a q-LoRA of 24, one key head per query head (MLA
+    expands its latent so; HF's SDPA would repeat fewer)."""
+    text = config().text_config.to_dict()
+    cls = getattr(transformers, DSA_ROWS[model_type][1])
+    fields = set(cls().to_dict())
+    keep = {
+        k: v for k, v in text.items() if k in fields and k not in ("indexer_types", "layer_types", "mlp_layer_types")
+    }
+    keep |= dict(num_hidden_layers=2, q_lora_rank=24, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    return cls(**{k: v for k, v in keep.items() if k not in ("model_type", "transformers_version", "architectures")})
+
+
 def stock(**kw) -> torch.nn.Module:
     torch.manual_seed(11)
     model = transformers.MistralLarge4ForConditionalGeneration(config(**kw)).eval()
@@ -282,3 +304,36 @@ def test_mistral_large4_preset_reproduces_the_stock_model():
     ours = ph.convert(model, encoding="mistral-large4").eval()
     ids = torch.randint(1, V - 1, (2, L))
     assert_close(logits(ours, ids), logits(model, ids), n=dsa_n(model.config, L))
+
+
+def _dsa_stock(model_type: str) -> torch.nn.Module:
+    torch.manual_seed(5)
+    model = getattr(transformers, DSA_ROWS[model_type][0])(dsa_config(model_type)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("model_type", list(DSA_ROWS))
+def test_deepseek_v32_and_glm5_convert_through_the_same_mechanism(model_type, monkeypatch):
+    """DeepSeek-V3.2 and GLM-5 (``glm_moe_dsa``): rope on the decoupled part, the indexer on the
+    model's own RoPE, its top-k as ``selected``: stock logits and greedy tokens (cached), and the
+    indexer's RoPE matters (without the tap the logits move)."""
+    model = _dsa_stock(model_type)
+    assert model.config.index_topk < L and model.model.layers[0].self_attn.indexer is not None
+    ours = ph.convert(model).eval()
+    ids = torch.randint(1, V - 1, (2, L))
+    n = dsa_n(model.config, L)
+    want = logits(model, ids)
+    assert_close(logits(ours, ids), want, n=n)
+    prompt = ids[:, :5]
+    got, got_logits = greedy(ours, prompt, 9, cache=DynamicCache(config=ours.config))
+    stock_tokens, stock_logits = greedy(model, prompt, 9, cache=DynamicCache(config=model.config))
+    assert torch.equal(got, stock_tokens)
+    assert_close(got_logits, stock_logits, n=dsa_n(model.config, 14))
+    from posenc.hf.off import RotaryTap
+
+    monkeypatch.setattr(RotaryTap, "give", lambda self, *a: None)  # the indexers get the identity too
+    assert (logits(ph.convert(model), ids) - want).abs().max() > 1e-2

@@ -168,6 +168,10 @@ FAMILIES: dict[str, Family] = {
             sub="text_config",
             **_MLA,
         ),
+        # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): MLA whose indexer (its own RoPE, half layout,
+        # from the model's cos/sin) selects each query's top-k keys (posenc.AttentionMask.selected)
+        Family("deepseek_v32", "DeepseekV32ForCausalLM", own_rotation=("indexer",), **_MLA),
+        Family("glm_moe_dsa", "GlmMoeDsaForCausalLM", own_rotation=("indexer",), **_MLA),
         Family(  # Mistral Large 4 (models/mistral_large4): MLA, LeRoPE under YaRN, NoPE every 4th layer,
             # DeepSeek Sparse Attention (the indexer keeps the model's RoPE; its top-k reaches the attention
             # function as `indices`: posenc.AttentionMask.selected), key/value sharing between layers
