@@ -79,7 +79,8 @@ class LayerRecord:
     ``(W_Q, W_K)``; ``scores``: HF's ``(scaling, softcap)`` at conversion, which calls must keep;
     ``keeps_rotated``: HF's dynamic caches hold this layer's keys rotated (:mod:`posenc.hf.keys`);
     ``rotary_last``: the width of the rotary part HF puts last in each q/k head (MLA), moved to
-    the front before the encoding runs (0: none).
+    the front before the encoding runs (0: none); ``qk_norms``: the module's q/k norms that run after
+    the rotation (HunYuan: ``Family.norms_after``), or None.
     """
 
     encoding: PositionEncoding
@@ -92,6 +93,7 @@ class LayerRecord:
     scores: tuple = (None, None)
     keeps_rotated: bool = False
     rotary_last: int = 0
+    qk_norms: tuple | None = None
 
 
 def layer_record(module: nn.Module) -> LayerRecord:
@@ -189,9 +191,10 @@ def attention_forward(
     if rows is not None:  # the new keys sit at the queries' positions
         c = rows.cached
         ctx = replace(ctx, k_pos=q_pos)
-        query, key, value, q_pos, k_pos, ctx = encode(enc, query, key[:, :, c:], value[:, :, c:], ctx, cache=rows)
+        new = (key[:, :, c:], value[:, :, c:])
+        query, key, value, q_pos, k_pos, ctx = encode(enc, query, *new, ctx, cache=rows, norms=rec.qk_norms)
     else:
-        query, key, value, q_pos, k_pos, ctx = encode(enc, query, key, value, ctx)
+        query, key, value, q_pos, k_pos, ctx = encode(enc, query, key, value, ctx, norms=rec.qk_norms)
     windows = [w for w in (mask.window, rec.window) if w is not None]
     sinks, backend = kwargs.get("s_aux"), "auto"
     per_query = kwargs.get("sinks")  # Inkling-2: one sink logit per query row, (B, H, Lq, 1)

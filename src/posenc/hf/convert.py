@@ -100,7 +100,8 @@ def convert(model: nn.Module, encoding=None, *, share: bool | None = None, **opt
     blocks = list(getattr(new_base, family.layers))
     attns = [getattr(b, family.attention) for b in blocks]
     rotary = rotary_stand_in(new_base, family)
-    new_base.posenc.wire(blocks, attns, family.qk, rotary, new_base if family.default == "mrope" else None)
+    mrope = new_base if family.default == "mrope" else None
+    new_base.posenc.wire(blocks, attns, family.qk, rotary, mrope, family.norms_after)
     _carry_buffers(model, new, device)
     _take_over(family, base, [getattr(b, family.attention) for b in getattr(base, family.layers)], new_base.posenc)
     if family.default == "gpt2" and specs[0]["encoding"] == "learned":

@@ -107,6 +107,9 @@ FAMILIES: dict[str, Family] = {
             )
         ),
         Family("gemma4_unified_text", "Gemma4UnifiedForCausalLM"),
+        # q/k norms after RoPE (modeling_hunyuan_v1_dense.py: rotate, then query_layernorm/key_layernorm)
+        Family("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", norms_after=("query_layernorm", "key_layernorm")),
+        Family("hunyuan_v1_moe", "HunYuanMoEV1ForCausalLM", norms_after=("query_layernorm", "key_layernorm")),
         Family("smollm3", "SmolLM3ForCausalLM", rope_layers="no_rope_layers"),
         Family("exaone4", "Exaone4ForCausalLM", rope_layers="sliding_or_all"),
         Family("exaone_moe", "ExaoneMoeForCausalLM", rope_layers="sliding_or_all"),

@@ -77,6 +77,11 @@ class Family:
             (with its parameters), the layers get the identity rotation from it and these
             sub-modules its stock ``cos``/``sin`` (:class:`posenc.hf.off.RotaryTap`; the DSA
             ``indexer``, which selects each query's keys with its own RoPE).
+        norms_after: ``(q norm, k norm)``: attributes of an attention module holding the q/k norms
+            the model applies *after* its RoPE (HunYuan's ``query_layernorm``/``key_layernorm``);
+            the module's own call of them becomes the identity and
+            the attention function runs them after posenc's rotation (empty: the norms, if any, run
+            where the module has them, before the rotation).
         plain: class names of other modules that call HF's attention interface and carry no
             position (Inkling-2's attention residuals over layers): they keep HF's SDPA.
         rope_elsewhere: keys of ``rope_parameters`` that the model reads for something other than
@@ -117,6 +122,7 @@ class Family:
     plain: tuple = ()
     rope_elsewhere: tuple = ()
     own_rotation: tuple = ()
+    norms_after: tuple = ()
 
     @property
     def rotary_off(self) -> bool:

@@ -71,7 +71,7 @@ class _PosencModel:
                 module.__dict__[RECORD] = PLAIN
         dims = fam.layer_dims(config, len(blocks))
         base.posenc = PosencStack(layers, dims, config.posenc_share, causal=fam.causal)
-        base.posenc.wire(blocks, attns, fam.qk, rotary, base if fam.default == "mrope" else None)
+        base.posenc.wire(blocks, attns, fam.qk, rotary, base if fam.default == "mrope" else None, fam.norms_after)
         self.set_attn_implementation({fam.sub: NAME} if fam.sub else NAME)  # (a vision tower keeps its own)
         base.register_forward_pre_hook(_check_implementation)
 

@@ -9,7 +9,10 @@ with positions is switched off where it happens:
   which picks each query's keys with its own RoPE), the rotary module stays and a
   :class:`RotaryTap` hands the layers the identity and those sub-modules the stock ``cos``/``sin``;
 * an absolute table (GPT-2's ``wpe``): :class:`PositionsOff` adds nothing;
-* parts of the attention modules (:attr:`~posenc.hf.families.Family.off_parts`): :class:`PartOff`.
+* parts of the attention modules (:attr:`~posenc.hf.families.Family.off_parts`): :class:`PartOff`;
+* q/k norms a model applies after its RoPE (:attr:`~posenc.hf.families.Family.norms_after`): their
+  call from the module returns its input (a forward hook; the weights stay where they are), and the
+  attention function runs them after posenc's rotation (:func:`norms_after`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["RotaryOff", "RotaryTap", "PositionsOff", "PartOff", "switch_off", "switch_off_parts", "rotary_stand_in"]
+__all__ = [
+    "RotaryOff",
+    "RotaryTap",
+    "PositionsOff",
+    "PartOff",
+    "norms_after",
+    "switch_off",
+    "switch_off_parts",
+    "rotary_stand_in",
+]
 
 TAP = "posenc_tap"  # the attribute of a kept rotary module: its RotaryTap
 
@@ -138,7 +150,23 @@ def switch_off(base: nn.Module, attentions: list[nn.Module], family, width) -> R
     elif family.off != "none":
         setattr(base, family.positions, PositionsOff())
     switch_off_parts(attentions, family.off_parts)
+    for attn in attentions:
+        for norm in norms_after(attn, family.norms_after) or ():
+            norm.register_forward_hook(_input_unchanged)
     return off
+
+
+def _input_unchanged(module: nn.Module, args: tuple, output):
+    """Forward hook of a q/k norm the attention function runs instead: the module's call is the identity."""
+    return args[0]
+
+
+def norms_after(attn: nn.Module, names: tuple) -> tuple[nn.Module, nn.Module] | None:
+    """The ``(q norm, k norm)`` modules ``names`` of ``attn`` (None: no names, or a module without them)."""
+    if not names:
+        return None
+    found = tuple(getattr(attn, n, None) for n in names)
+    return found if all(isinstance(m, nn.Module) for m in found) else None
 
 
 def rotary_stand_in(base: nn.Module, family) -> RotaryOff | None:

@@ -38,7 +38,7 @@ from .hidden import HiddenReads, capture
 from .history import PositionHistory
 from .keys import capture_cache, keeps_rotated
 from .masks import PosencMask
-from .off import PartOff, PositionsOff, RotaryOff, switch_off_parts
+from .off import PartOff, PositionsOff, RotaryOff, norms_after, switch_off_parts
 
 __all__ = ["PosencStack", "RotaryOff", "PositionsOff", "PartOff", "Dims", "switch_off_parts"]
 
@@ -101,6 +101,11 @@ def qk_projections(attn: nn.Module, how: tuple[str, str], dims: Dims) -> tuple |
         fused = getattr(attn, name)
         return _RowSlice(fused, 0, q_width), _RowSlice(fused, q_width, q_width + k_width)
     return getattr(attn, kind), getattr(attn, name)
+
+
+def _unhooked(norms: tuple | None) -> tuple | None:
+    """The norms' ``forward`` (their call from the module is the identity: :mod:`posenc.hf.off`)."""
+    return None if norms is None else tuple(n.forward for n in norms)
 
 
 def _find(kind, args: tuple, kwargs: dict):
@@ -185,6 +190,7 @@ class PosencStack(nn.Module):
         qk: tuple[str, str] = ("q_proj", "k_proj"),
         rotary: nn.Module | None = None,
         base: nn.Module | None = None,
+        norms: tuple = (),
     ) -> None:
         """Attach each layer's encoding to its attention module and hook the input stages in.
 
@@ -193,7 +199,8 @@ class PosencStack(nn.Module):
         :meth:`posenc.PositionEncoding.set_scores`. ``qk``: how the family stores ``W_Q``/``W_K``
         (:func:`qk_projections`); ``rotary``: the model's rotary stand-in (multimodal positions);
         ``base``: the language model, hooked to keep the multimodal positions of cached tokens
-        (:class:`posenc.hf.history.PositionHistory`; given for M-RoPE families only).
+        (:class:`posenc.hf.history.PositionHistory`; given for M-RoPE families only); ``norms``: the
+        attributes of the q/k norms the model runs after its RoPE (``Family.norms_after``).
 
         Raises:
             ValueError: an ``input_at`` block index outside the model; layers sharing one
@@ -257,6 +264,7 @@ class PosencStack(nn.Module):
                 scores=hf_scores,
                 keeps_rotated=rotated,
                 rotary_last=self.layer_dims[i].rotary_last,
+                qk_norms=_unhooked(norms_after(attn, norms)),
             )
         for at, which in before.items():
             hook = functools.partial(self._input_hook, which, at)
