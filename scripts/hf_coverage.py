@@ -372,10 +372,7 @@ MISSED = {
 
 
 # types whose plain row passes parity but fails another check, found by running it (no row for them)
-BLOCKED = {
-    "falcon_h1": "a plain row reaches stock parity, but from_pretrained of the converted model leaves Mamba's "
-    "non-persistent `mup_vector` uninitialised (NaN logits): no row until that is fixed",
-}
+BLOCKED: dict[str, str] = {}
 
 
 def no_row_reason(stock, head: str) -> str:

@@ -167,3 +167,36 @@ def test_qk_norms_after_rope_run_after_posencs_rotation(model_type, monkeypatch)
     monkeypatch.setitem(FAMILIES, model_type, dataclasses.replace(FAMILIES[model_type], norms_after=()))
     monkeypatch.delitem(models._CLASSES, model_type, raising=False)
     assert (logits(ph.convert(stock), ids) - want).abs().max() > 1e-2
+
+
+def test_falcon_h1_round_trip_rebuilds_the_mambas_non_persistent_buffer(tmp_path):
+    """Falcon-H1's Mamba mixers scale their projections by ``mup_vector``, a non-persistent buffer only
+    the stock ``_init_weights`` computes (on the base model, which has no parameters of its own): the
+    converted model, loaded back, rebuilds it as the stock one does and gives the same logits."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = transformers.FalconH1Config(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        ssm_multipliers=[0.5, 2.0, 0.25, 1.5, 3.0],
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    torch.manual_seed(1)
+    stock = transformers.FalconH1ForCausalLM(cfg).eval()
+    ours = ph.convert(stock).eval()
+    ids = torch.randint(1, V, (2, 12))
+    assert_close(logits(ours, ids), logits(stock, ids), n=family_n(stock.config, 12))
+    ours.save_pretrained(tmp_path)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    want = stock.model.layers[0].mamba.mup_vector
+    assert not torch.equal(want, torch.ones_like(want))
+    assert torch.equal(back.model.layers[1].mamba.mup_vector, stock.model.layers[1].mamba.mup_vector)
+    assert torch.equal(logits(back, ids), logits(ours, ids))

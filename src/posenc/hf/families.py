@@ -107,6 +107,7 @@ FAMILIES: dict[str, Family] = {
             )
         ),
         Family("gemma4_unified_text", "Gemma4UnifiedForCausalLM"),
+        Family("falcon_h1", "FalconH1ForCausalLM"),  # (its attention layers; Mamba mixers beside them keep HF's)
         # q/k norms after RoPE (modeling_hunyuan_v1_dense.py: rotate, then query_layernorm/key_layernorm)
         Family("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", norms_after=("query_layernorm", "key_layernorm")),
         Family("hunyuan_v1_moe", "HunYuanMoEV1ForCausalLM", norms_after=("query_layernorm", "key_layernorm")),

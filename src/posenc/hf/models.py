@@ -75,6 +75,15 @@ class _PosencModel:
         self.set_attn_implementation({fam.sub: NAME} if fam.sub else NAME)  # (a vision tower keeps its own)
         base.register_forward_pre_hook(_check_implementation)
 
+    @classmethod
+    def is_custom_code(cls) -> bool:
+        """False: HF's loader then initialises every module it did not fully load through the stock
+        class's ``_init_weights`` (transformers' own, flag-aware code), as for the stock model. As
+        custom code, modules with no parameters of their own count as loaded, and a buffer only the
+        stock ``_init_weights`` computes stays uninitialised memory (Falcon-H1's ``mup_vector``: NaN
+        logits after ``from_pretrained``). posenc's stack initialises itself (:meth:`_init_weights`)."""
+        return False
+
     @property
     def posenc_stack(self) -> PosencStack:
         return _path(self, self.family.base).posenc
