@@ -180,7 +180,7 @@ def tiny_config(model_type: str):
     own["inkling2_text"] = lambda: test_inkling2.config(vocab_size=V, unpadded_vocab_size=V)
     own["mistral_large4"] = test_hf_dsa.config
     own |= {t: (lambda t=t: test_hf_dsa.dsa_config(t)) for t in test_hf_dsa.DSA_ROWS}
-    own |= {t: (lambda t=t: mla.shared_config(t)) for t in mla.SHARED if t != "kimi_k25"}
+    own |= {t: (lambda t=t: mla.shared_config(t)) for t in mla.SHARED}
     if model_type in own:  # (the MLA and Inkling-2 tests' configs: their sizes follow each other)
         return own[model_type]()
     cls = CONFIG_MAPPING[model_type]
