@@ -272,6 +272,20 @@ def test_cached_generation_equals_uncached(encoding):
         assert_close(cached_logits, want_logits, n=dsa_n(model.config, 14))
 
 
+def test_left_padded_batch_generation_equals_stock():
+    """A left-padded batch: the indexer masks the pads through ``PosencMask[:, 0]`` and the attention
+    through posenc's mask, at every step: the stock model's tokens and step logits."""
+    model = stock()
+    ours = ph.convert(model).eval()
+    ids = torch.randint(1, V - 1, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    got, got_logits = greedy(ours, ids, 8, attention_mask=mask, cache=DynamicCache(config=ours.config))
+    want, want_logits = greedy(model, ids, 8, attention_mask=mask, cache=DynamicCache(config=model.config))
+    assert torch.equal(got, want)
+    assert_close(got_logits, want_logits, n=dsa_n(model.config, 15))
+
+
 def test_save_pretrained_round_trips_bit_for_bit(tmp_path):
     model = ph.convert(stock(), encoding=["lerope", "alibi", "lerope", "nope"]).eval()
     with torch.no_grad():
