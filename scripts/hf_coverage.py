@@ -361,10 +361,6 @@ def candidate(stock, **fields):
 
 # what a plain row misses, read in the modeling files of the types whose plain row fails parity
 MISSED = {
-    # (with norms_after its q/k norms run where they should: what is left is the direction, checked by
-    # running the row against a stock model whose rotate_half is Llama's: parity 0)
-    "nanochat": "q/k norms after RoPE (a row's `norms_after`) and a RoPE that turns the other way "
-    "(`rotate_half` = `cat(x2, -x1)`, no posenc layout)",
     "beam": "its NoPE full layers' position-dependent query scale",
     "granite_swa": "a RoPE θ per layer (`position_embeddings_by_theta`, θ = 0: NoPE)",
     "granitemoe_swa": "a RoPE θ per layer (`position_embeddings_by_theta`, θ = 0: NoPE)",

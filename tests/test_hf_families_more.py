@@ -200,3 +200,58 @@ def test_falcon_h1_round_trip_rebuilds_the_mambas_non_persistent_buffer(tmp_path
     assert not torch.equal(want, torch.ones_like(want))
     assert torch.equal(back.model.layers[1].mamba.mup_vector, stock.model.layers[1].mamba.mup_vector)
     assert torch.equal(logits(back, ids), logits(ours, ids))
+
+
+def _mirrored_rotate_half(x):  # nanochat's (modeling_nanochat.py): cat(x2, -x1), the angle -iθ
+    return torch.cat((x[..., x.shape[-1] // 2 :], -x[..., : x.shape[-1] // 2]), dim=-1)
+
+
+def test_nanochat_mirrored_rope_and_norms_after():
+    """nanochat turns each pair the other way and normalises q/k after: its row (``mirrored``,
+    ``norms_after``) gives stock logits and cached = uncached greedy tokens equal to stock's."""
+    from tests.test_hf import greedy
+
+    cfg = transformers.NanoChatConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        initializer_range=0.3,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    torch.manual_seed(2)
+    stock = transformers.NanoChatForCausalLM(cfg).eval()
+    ours = ph.convert(stock).eval()
+    ids = torch.randint(1, V, (2, 16))
+    assert_close(logits(ours, ids), logits(stock, ids), n=family_n(stock.config, 16))
+    prompt = ids[:, :5]
+    cached, cached_logits = greedy(ours, prompt, 8, cache=DynamicCache(config=ours.config))
+    uncached, _ = greedy(ours, prompt, 8, use_cache=False)
+    assert torch.equal(cached, uncached) and torch.equal(cached, greedy(stock, prompt, 8)[0])
+
+
+def test_mirrored_rope_swaps_back_before_weighted_norms(monkeypatch):
+    """A HunYuan model whose ``rotate_half`` is nanochat's (mirrored) and whose q/k norms carry
+    weights: a row with ``mirrored`` and ``norms_after`` gives its logits (the halves are swapped
+    back before the norms); the row without ``mirrored`` does not."""
+    import dataclasses
+
+    from transformers.models.hunyuan_v1_dense import modeling_hunyuan_v1_dense as hy
+
+    from posenc.hf import models
+    from posenc.hf.families import FAMILIES
+
+    stock = _norms_after_stock("hunyuan_v1_dense")
+    ids = torch.randint(1, V, (2, 16))
+    plain = ph.convert(stock).eval()
+    monkeypatch.setattr(hy, "rotate_half", _mirrored_rotate_half)
+    want = logits(stock, ids)
+    assert (logits(plain, ids) - want).abs().max() > 1e-2
+    monkeypatch.setitem(FAMILIES, "hunyuan_v1_dense", dataclasses.replace(FAMILIES["hunyuan_v1_dense"], mirrored=True))
+    monkeypatch.delitem(models._CLASSES, "hunyuan_v1_dense", raising=False)
+    assert_close(logits(ph.convert(stock).eval(), ids), want, n=family_n(stock.config, 16))

@@ -61,7 +61,16 @@ from ..mask import AttentionMask
 from .keys import rotated_rows
 from .masks import PosencMask, mask_interface
 
-__all__ = ["NAME", "LayerRecord", "PosencMask", "attention_forward", "mask_interface", "register", "layer_encoding"]
+__all__ = [
+    "NAME",
+    "LayerRecord",
+    "PosencMask",
+    "attention_forward",
+    "mask_interface",
+    "register",
+    "layer_encoding",
+    "swap_halves",
+]
 
 NAME = "posenc"
 RECORD = "posenc"  # the attribute of a converted attention module that holds its LayerRecord
@@ -80,7 +89,8 @@ class LayerRecord:
     ``keeps_rotated``: HF's dynamic caches hold this layer's keys rotated (:mod:`posenc.hf.keys`);
     ``rotary_last``: the width of the rotary part HF puts last in each q/k head (MLA), moved to
     the front before the encoding runs (0: none); ``qk_norms``: the module's q/k norms that run after
-    the rotation (HunYuan: ``Family.norms_after``), or None.
+    the rotation (HunYuan: ``Family.norms_after``), or None; ``mirrored``: the model's RoPE turns the
+    other way (``Family.mirrored``): q's and k's halves are swapped before the encoding runs.
     """
 
     encoding: PositionEncoding
@@ -94,6 +104,7 @@ class LayerRecord:
     keeps_rotated: bool = False
     rotary_last: int = 0
     qk_norms: tuple | None = None
+    mirrored: bool = False
 
 
 def layer_record(module: nn.Module) -> LayerRecord:
@@ -176,6 +187,8 @@ def attention_forward(
     q_pos, k_pos, documents = mask.positions(position_ids, B, kwargs, axes, past, multimodal)
     if rec.rotary_last:  # MLA: [nope | rope] -> [rope | nope] in q and k alike (every q·k unchanged)
         query, key = _rotary_first(query, rec.rotary_last), _rotary_first(key, rec.rotary_last)
+    if rec.mirrored:  # nanochat: [x1 | x2] -> [x2 | x1] in q and k alike (the cache keeps raw keys: a new tensor)
+        query, key = swap_halves(query), swap_halves(key)
     qk_proj = rec.qk_proj
     if enc.defines("read_input"):  # FoX, Inkling: read_input on the module's hidden states (posenc.hf.hidden)
         key, value, q_state, k_state, x = rec.hidden.read(module, enc, key, value, mask, documents)
@@ -242,6 +255,12 @@ def _selected(indices, batch: int, q_len: int, k_len: int) -> Tensor | None:
         raise ValueError(f"indices select key slots in [{int(idx.min())}, {int(idx.max())}], outside [0, {k_len - 1}]")
     out = torch.zeros(indices.shape[0], q_len, k_len, dtype=torch.bool, device=indices.device)
     return out.scatter_(-1, idx, True)
+
+
+def swap_halves(x: Tensor) -> Tensor:
+    """``x`` ``(..., Dh)`` with its two halves swapped, ``[x1 | x2] -> [x2 | x1]`` (its own inverse)."""
+    half = x.shape[-1] // 2
+    return torch.cat((x[..., half:], x[..., :half]), dim=-1)
 
 
 def _rotary_first(x: Tensor, width: int) -> Tensor:

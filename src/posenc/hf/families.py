@@ -111,6 +111,8 @@ FAMILIES: dict[str, Family] = {
         # q/k norms after RoPE (modeling_hunyuan_v1_dense.py: rotate, then query_layernorm/key_layernorm)
         Family("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", norms_after=("query_layernorm", "key_layernorm")),
         Family("hunyuan_v1_moe", "HunYuanMoEV1ForCausalLM", norms_after=("query_layernorm", "key_layernorm")),
+        # nanochat: the same order, and a rotate_half of cat(x2, -x1) (modeling_nanochat.py)
+        Family("nanochat", "NanoChatForCausalLM", norms_after=("q_norm", "k_norm"), mirrored=True),
         Family("smollm3", "SmolLM3ForCausalLM", rope_layers="no_rope_layers"),
         Family("exaone4", "Exaone4ForCausalLM", rope_layers="sliding_or_all"),
         Family("exaone_moe", "ExaoneMoeForCausalLM", rope_layers="sliding_or_all"),

@@ -82,6 +82,11 @@ class Family:
             the module's own call of them becomes the identity and
             the attention function runs them after posenc's rotation (empty: the norms, if any, run
             where the module has them, before the rotation).
+        mirrored: the model's RoPE turns each pair the other way (nanochat's ``rotate_half`` is
+            ``cat(x2, -x1)``: the angle ``-iθ`` over the whole head); the attention function swaps
+            the halves of q and k before posenc's rotation (the usual rotation of ``[x2 | x1]`` is
+            the mirrored one of ``[x1 | x2]``; a common permutation of q and k leaves every q·k as
+            it was) and back before the ``norms_after``.
         plain: class names of other modules that call HF's attention interface and carry no
             position (Inkling-2's attention residuals over layers): they keep HF's SDPA.
         rope_elsewhere: keys of ``rope_parameters`` that the model reads for something other than
@@ -123,6 +128,7 @@ class Family:
     rope_elsewhere: tuple = ()
     own_rotation: tuple = ()
     norms_after: tuple = ()
+    mirrored: bool = False
 
     @property
     def rotary_off(self) -> bool:
@@ -175,7 +181,9 @@ class Family:
         max_len = getattr(config, "max_position_embeddings", None)
         last = int(getattr(config, self.rotary_part)) if self.rotary_part else 0
         value = int(getattr(config, self.value_dim)) if self.value_dim else 0
-        return Dims(H, kv, head_dim, config.hidden_size, max_len, rotary_last=last, value_dim=value)
+        return Dims(
+            H, kv, head_dim, config.hidden_size, max_len, rotary_last=last, value_dim=value, mirrored=self.mirrored
+        )
 
     def rotary_factor(self, config) -> float | None:
         """``partial_rotary_factor`` that makes posenc's RoPE turn exactly the ``rotary_part``

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from ..base import PositionEncoding, Stage
 from ..layer.cache import InputHistory, run_input_stage
 from ..layer.setup import build_for_layer, layer_encodings
-from .attention import RECORD, LayerRecord
+from .attention import RECORD, LayerRecord, swap_halves
 from .hidden import HiddenReads, capture
 from .history import PositionHistory
 from .keys import capture_cache, keeps_rotated
@@ -51,6 +51,7 @@ class Dims:
     decoupled RoPE, :attr:`posenc.hf.families.Family.rotary_part`), 0 for none; the attention
     function moves it to the front of q and k before the encoding runs. ``value_dim``: the width
     of a value head where it is not ``head_dim`` (MLA's ``v_head_dim``), 0 for the same.
+    ``mirrored``: the model's RoPE turns the other way (:attr:`posenc.hf.families.Family.mirrored`).
     """
 
     heads: int
@@ -60,6 +61,7 @@ class Dims:
     max_len: int | None
     rotary_last: int = 0
     value_dim: int = 0
+    mirrored: bool = False
 
 
 class _FusedSlice:
@@ -103,9 +105,18 @@ def qk_projections(attn: nn.Module, how: tuple[str, str], dims: Dims) -> tuple |
     return getattr(attn, kind), getattr(attn, name)
 
 
-def _unhooked(norms: tuple | None) -> tuple | None:
-    """The norms' ``forward`` (their call from the module is the identity: :mod:`posenc.hf.off`)."""
-    return None if norms is None else tuple(n.forward for n in norms)
+def _unhooked(norms: tuple | None, mirrored: bool = False) -> tuple | None:
+    """The norms' ``forward`` (their call from the module is the identity: :mod:`posenc.hf.off`),
+    after the halves of a ``mirrored`` layer's q/k are swapped back."""
+    if norms is None:
+        return None
+    if mirrored:
+        return tuple(functools.partial(_swapped_then, n.forward) for n in norms)
+    return tuple(n.forward for n in norms)
+
+
+def _swapped_then(norm, x: Tensor) -> Tensor:
+    return norm(swap_halves(x))
 
 
 def _find(kind, args: tuple, kwargs: dict):
@@ -264,7 +275,8 @@ class PosencStack(nn.Module):
                 scores=hf_scores,
                 keeps_rotated=rotated,
                 rotary_last=self.layer_dims[i].rotary_last,
-                qk_norms=_unhooked(norms_after(attn, norms)),
+                qk_norms=_unhooked(norms_after(attn, norms), self.layer_dims[i].mirrored),
+                mirrored=self.layer_dims[i].mirrored,
             )
         for at, which in before.items():
             hook = functools.partial(self._input_hook, which, at)
