@@ -164,7 +164,7 @@ MIXED = dict(layer_types=["sliding_attention", "full_attention"], sliding_window
 
 def tiny_config(model_type: str):
     """The config of the family's own tests (tests/test_hf_families.py, test_hf_mla.py,
-    test_inkling2.py) where it has one; else the
+    test_inkling2.py, test_hf_dsa.py) where it has one; else the
     config class's defaults with :data:`SMALL`'s sizes (on its text config for a composite one),
     built through the constructor so derived fields (``layer_types``, ...) follow. A class with
     sliding and full layers gets one of each (window 6) where it takes them."""
@@ -173,12 +173,14 @@ def tiny_config(model_type: str):
     for _, cfg in _configs().values():
         if cfg.model_type == model_type:
             return cfg
+    from tests import test_hf_dsa, test_inkling2
     from tests import test_hf_mla as mla
-    from tests import test_inkling2
 
     own = {"deepseek_v3": mla.deepseek_config, "mistral4": mla.mistral4_config}
     own["inkling2_text"] = lambda: test_inkling2.config(vocab_size=V, unpadded_vocab_size=V)
-    own |= {t: (lambda t=t: mla.shared_config(t)) for t in mla.SHARED if t != "kimi_k25"}
+    own["mistral_large4"] = test_hf_dsa.config
+    own |= {t: (lambda t=t: test_hf_dsa.dsa_config(t)) for t in test_hf_dsa.DSA_ROWS}
+    own |= {t: (lambda t=t: mla.shared_config(t)) for t in mla.SHARED}
     if model_type in own:  # (the MLA and Inkling-2 tests' configs: their sizes follow each other)
         return own[model_type]()
     cls = CONFIG_MAPPING[model_type]
@@ -358,11 +360,7 @@ def candidate(stock, **fields):
 
 
 # what a plain row misses, read in the modeling files of the types whose plain row fails parity
-_AFTER = "q/k norms applied after RoPE (posenc rotates in the attention function, after the module's norms)"
 MISSED = {
-    "hunyuan_v1_dense": _AFTER,
-    "hunyuan_v1_moe": _AFTER,
-    "nanochat": _AFTER,
     "beam": "its NoPE full layers' position-dependent query scale",
     "granite_swa": "a RoPE θ per layer (`position_embeddings_by_theta`, θ = 0: NoPE)",
     "granitemoe_swa": "a RoPE θ per layer (`position_embeddings_by_theta`, θ = 0: NoPE)",
@@ -370,10 +368,7 @@ MISSED = {
 
 
 # types whose plain row passes parity but fails another check, found by running it (no row for them)
-BLOCKED = {
-    "falcon_h1": "a plain row reaches stock parity, but from_pretrained of the converted model leaves Mamba's "
-    "non-persistent `mup_vector` uninitialised (NaN logits): no row until that is fixed",
-}
+BLOCKED: dict[str, str] = {}
 
 
 def no_row_reason(stock, head: str) -> str:

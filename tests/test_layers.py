@@ -159,7 +159,7 @@ def test_new_presets_follow_the_hf_configs_layer_rules():
 
     large4 = MistralLarge4TextConfig(num_hidden_layers=8)
     specs = layers("mistral-large4", depth=8)
-    assert [s.encoding == "rope" for s in specs] == [bool(r) for r in large4.no_rope_layers]
+    assert [s.encoding == "lerope" for s in specs] == [bool(r) for r in large4.no_rope_layers]
     yarn = {k: v for k, v in large4.rope_parameters.items() if k not in ("rope_theta", "type")}
     assert specs[0].options["rope_scaling"] == yarn and specs[0].options["base"] == large4.rope_parameters["rope_theta"]
     lfm = t.Lfm3Config(num_hidden_layers=12)

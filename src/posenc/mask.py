@@ -15,6 +15,8 @@ index ``key_start + s``; a rolling KV cache that dropped old keys sets ``key_sta
     chunk C       i // C == j // C        (Llama 4: aligned chunks of C tokens)
     sink tokens S j < S  overrides window and chunk (StreamingLLM keeps the first S
                   tokens visible), never causality
+    selected      sel[i, j]               (DeepSeek Sparse Attention: the keys an indexer's
+                  top-k chose for each query; on top of every rule above)
 
 as HF ``masking_utils`` (``sliding_window_overlay``: ``kv > q - W``; ``chunked_overlay``:
 ``kv // C == q // C``) and Gemma 3 / gpt-oss / Mistral / Llama 4 define them.
@@ -68,6 +70,10 @@ class AttentionMask:
         query_documents: ``(B|1, ≥Lq)`` int64, the documents of the queries when they are
             not keys of this mask (a block cut by :meth:`narrow`); None = read them from
             ``documents`` at ``offset``.
+        selected: ``(B|1, ≥Lq, Lk)`` bool, True where query ``t`` (row ``t``) may see key slot ``s``
+            (column ``s``) by a content-based selection: DeepSeek Sparse Attention's top-k keys
+            per query (HF ``DeepseekV32Indexer``, Mistral Large 4's ``MistralLarge4TextIndexer``),
+            joined with every other rule; None = no selection.
         checked_keys: key slots ``0 .. checked_keys - 1`` were checked for NaN and infinities
             when a cache wrote them, and the caller adds what that check found to the output
             (:mod:`posenc.hf.keys`); the backends' non-finite rule
@@ -87,6 +93,7 @@ class AttentionMask:
     documents: Tensor | None = None
     query_documents: Tensor | None = None
     checked_keys: int = 0
+    selected: Tensor | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.offset, int) or self.offset < 0:
@@ -115,6 +122,13 @@ class AttentionMask:
                     f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}"
                 )
 
+        sel = self.selected
+        if sel is not None and (not isinstance(sel, Tensor) or sel.dtype != torch.bool or sel.dim() != 3):
+            raise ValueError(
+                f"selected must be a bool tensor of shape (B, Lq, Lk) (the keys each query may see), got "
+                f"{getattr(sel, 'dtype', type(sel).__name__)} {tuple(getattr(sel, 'shape', ()))}"
+            )
+
     def check(self, batch: int, q_len: int, k_len: int) -> None:
         """Raise ``ValueError`` if this mask does not fit a call of ``batch`` rows, ``q_len`` queries, ``k_len`` keys."""
         kpm = self.key_padding
@@ -130,17 +144,20 @@ class AttentionMask:
                 raise ValueError(f"document_ids must have shape (B, {k_len}) (B = {batch}), got {tuple(doc.shape)}")
             if self.query_documents is None and self.offset + q_len > k_len:
                 raise ValueError(f"document_ids: offset {self.offset} + {q_len} queries > {k_len} keys")
+        sel = self.selected
+        if sel is not None and (sel.shape[0] not in (1, batch) or sel.shape[1] < q_len or sel.shape[2] != k_len):
+            raise ValueError(f"selected must have shape (B, {q_len}, {k_len}) (B = {batch}), got {tuple(sel.shape)}")
 
     # ------------------------------------------------------------------ properties
     @property
     def batched(self) -> bool:
         """The mask differs between batch rows."""
-        return self.key_padding is not None or self.documents is not None
+        return self.key_padding is not None or self.documents is not None or self.selected is not None
 
     @property
     def may_hide_rows(self) -> bool:
         """Some query row may see no key at all (its output is then 0)."""
-        return self.key_padding is not None
+        return self.key_padding is not None or self.selected is not None
 
     @property
     def limited(self) -> bool:
@@ -153,6 +170,7 @@ class AttentionMask:
             self.causal
             and self.key_padding is None
             and self.documents is None
+            and self.selected is None
             and not self.limited
             and self.offset == 0
             and q_len == k_len
@@ -161,7 +179,8 @@ class AttentionMask:
     def hides_nothing(self, q_len: int, k_len: int) -> bool:
         """Every query sees every key."""
         causal_free = not self.causal or (self.offset + q_len == k_len and q_len == 1)
-        return causal_free and self.key_padding is None and self.documents is None and not self.limited
+        hidden = self.key_padding is not None or self.documents is not None or self.selected is not None
+        return causal_free and not hidden and not self.limited
 
     def visible(self, i: Tensor, j: Tensor) -> Tensor:
         """True where stream index ``i`` (a query) sees stream index ``j`` (a key), padding aside.
@@ -216,7 +235,7 @@ class AttentionMask:
 
     def narrow(self, q_start: int, k_start: int, k_end: int) -> AttentionMask:
         """The mask of the block of queries from ``q_start`` against keys ``[k_start, k_end)``."""
-        kpm, doc = self.key_padding, self.documents
+        kpm, doc, sel = self.key_padding, self.documents, self.selected
         return replace(
             self,
             offset=self.offset + q_start - k_start,
@@ -225,6 +244,7 @@ class AttentionMask:
             documents=None if doc is None else doc[:, k_start:k_end],
             query_documents=None if doc is None else self._query_docs()[:, q_start:],
             checked_keys=max(0, min(self.checked_keys, k_end) - k_start),
+            selected=None if sel is None else sel[:, q_start:, k_start:k_end],
         )
 
     def dense(self, q_len: int, k_len: int, device=None) -> Tensor | None:
@@ -243,13 +263,22 @@ class AttentionMask:
             qd = self._query_docs()[:, None, :q_len, None]  # (B|1, 1, Lq, 1)
             same = qd == self.documents[:, None, None, :k_len]  # (B|1, 1, Lq, Lk)
             mask = same if mask is None else mask & same
+        if self.selected is not None:
+            sel = self.selected[:, None, :q_len, :k_len]  # (B|1, 1, Lq, Lk)
+            mask = sel if mask is None else mask & sel
         return mask
 
     def mask_mod(self) -> MaskMod | None:
         """The rule as a FlexAttention ``mask_mod`` ``(b, h, q_idx, kv_idx) -> bool``; None when nothing is hidden."""
-        if not self.causal and self.key_padding is None and self.documents is None and not self.limited:
+        if not self.causal and not self.batched and not self.limited:
             return None
-        q0, k0, kpm, doc = self.key_start + self.offset, self.key_start, self.key_padding, self.documents
+        q0, k0, kpm, doc, sel = (
+            self.key_start + self.offset,
+            self.key_start,
+            self.key_padding,
+            self.documents,
+            self.selected,
+        )
         qdoc = None if doc is None else self._query_docs()
 
         def mod(b, h, q_idx, kv_idx):
@@ -258,6 +287,8 @@ class AttentionMask:
                 keep = keep & kpm[b if kpm.shape[0] > 1 else 0, kv_idx]
             if doc is not None:
                 keep = keep & (qdoc[b if qdoc.shape[0] > 1 else 0, q_idx] == doc[b if doc.shape[0] > 1 else 0, kv_idx])
+            if sel is not None:
+                keep = keep & sel[b if sel.shape[0] > 1 else 0, q_idx, kv_idx]
             return keep
 
         return mod

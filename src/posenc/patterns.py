@@ -100,10 +100,10 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             "mistral-large4",
-            'rope(base=10000,rope_scaling={"rope_type":"yarn","factor":2048.0,"original_max_position_embeddings":512,'
+            'lerope(base=10000,rope_scaling={"rope_type":"yarn","factor":2048.0,"original_max_position_embeddings":512,'
             '"beta_fast":32.0,"beta_slow":1.0,"attention_factor":1.0})*3,nope',
-            "Mistral Large 4: YaRN (factor 2048 over a 512-token window, attention factor 1) on three layers, "
-            "NoPE every 4th (the RoPE part of its MLA heads; LeRoPE's learned scale starts at 1)",
+            "Mistral Large 4: LeRoPE (learned per-frequency scale, starting at 1) under YaRN (factor 2048 over a "
+            "512-token window, attention factor 1) on three layers, NoPE every 4th (the RoPE part of its MLA heads)",
             2026,
             "HF transformers models/mistral_large4/configuration_mistral_large4.py (rope_parameters, no_rope_layers)",
         ),

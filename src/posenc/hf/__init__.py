@@ -20,7 +20,8 @@ given as it was.
 
 Covered: the families of :data:`posenc.hf.families.FAMILIES` (Llama, GPT-2, Qwen2, Qwen3,
 Mistral, Phi-3, Gemma 2/3/4, gpt-oss, Qwen2-VL, Qwen3-VL, ModernBERT, the MLA families DeepSeek-V2/V3,
-Kimi K2.5, Mistral 4, GLM-4 MoE Lite, Youtu, MiniCPM3, and Inkling-2; the model's own encoding
+Kimi K2.5, Mistral 4, GLM-4 MoE Lite, Youtu, MiniCPM3; with DeepSeek Sparse Attention DeepSeek-V3.2,
+GLM-5 and Mistral Large 4 (LeRoPE), and Inkling-2; the model's own encoding
 switched off), every registered encoding (``complex-order`` without a vocabulary; one that
 builds the token embedding from ids is refused), per-layer windows, chunks and sinks.
 """

@@ -61,7 +61,16 @@ from ..mask import AttentionMask
 from .keys import rotated_rows
 from .masks import PosencMask, mask_interface
 
-__all__ = ["NAME", "LayerRecord", "PosencMask", "attention_forward", "mask_interface", "register", "layer_encoding"]
+__all__ = [
+    "NAME",
+    "LayerRecord",
+    "PosencMask",
+    "attention_forward",
+    "mask_interface",
+    "register",
+    "layer_encoding",
+    "swap_halves",
+]
 
 NAME = "posenc"
 RECORD = "posenc"  # the attribute of a converted attention module that holds its LayerRecord
@@ -79,7 +88,9 @@ class LayerRecord:
     ``(W_Q, W_K)``; ``scores``: HF's ``(scaling, softcap)`` at conversion, which calls must keep;
     ``keeps_rotated``: HF's dynamic caches hold this layer's keys rotated (:mod:`posenc.hf.keys`);
     ``rotary_last``: the width of the rotary part HF puts last in each q/k head (MLA), moved to
-    the front before the encoding runs (0: none).
+    the front before the encoding runs (0: none); ``qk_norms``: the module's q/k norms that run after
+    the rotation (HunYuan: ``Family.norms_after``), or None; ``mirrored``: the model's RoPE turns the
+    other way (``Family.mirrored``): q's and k's halves are swapped before the encoding runs.
     """
 
     encoding: PositionEncoding
@@ -92,6 +103,8 @@ class LayerRecord:
     scores: tuple = (None, None)
     keeps_rotated: bool = False
     rotary_last: int = 0
+    qk_norms: tuple | None = None
+    mirrored: bool = False
 
 
 def layer_record(module: nn.Module) -> LayerRecord:
@@ -174,6 +187,8 @@ def attention_forward(
     q_pos, k_pos, documents = mask.positions(position_ids, B, kwargs, axes, past, multimodal)
     if rec.rotary_last:  # MLA: [nope | rope] -> [rope | nope] in q and k alike (every q·k unchanged)
         query, key = _rotary_first(query, rec.rotary_last), _rotary_first(key, rec.rotary_last)
+    if rec.mirrored:  # nanochat: [x1 | x2] -> [x2 | x1] in q and k alike (the cache keeps raw keys: a new tensor)
+        query, key = swap_halves(query), swap_halves(key)
     qk_proj = rec.qk_proj
     # the q/k side, written once for posenc's layer and this one; grouped heads stay grouped:
     # attend expands them. HF's cache holds rotated keys (rows: only the new ones are rotated,
@@ -188,9 +203,10 @@ def attention_forward(
         key, value = expand_kv(key, value, H)
     if rows is not None:
         c = rows.cached
-        query, key, value, q_pos, k_pos, ctx = encode(enc, query, key[:, :, c:], value[:, :, c:], ctx, cache=rows)
+        new = (key[:, :, c:], value[:, :, c:])
+        query, key, value, q_pos, k_pos, ctx = encode(enc, query, *new, ctx, cache=rows, norms=rec.qk_norms)
     else:
-        query, key, value, q_pos, k_pos, ctx = encode(enc, query, key, value, ctx)
+        query, key, value, q_pos, k_pos, ctx = encode(enc, query, key, value, ctx, norms=rec.qk_norms)
     windows = [w for w in (mask.window, rec.window) if w is not None]
     sinks, backend = kwargs.get("s_aux"), "auto"
     per_query = kwargs.get("sinks")  # Inkling-2: one sink logit per query row, (B, H, Lq, 1)
@@ -208,12 +224,41 @@ def attention_forward(
         chunk=rec.chunk,
         key_start=mask.kv_offset,
         checked_keys=0 if rows is None else rows.checked_keys,  # (their check is on the cache)
+        selected=_selected(kwargs.get("indices"), B, Lq, Lk),
     )
     # the layer's own attend step; HF passes the attention dropout in training and 0 otherwise
     out = attend(enc, query, key, value, q_pos, k_pos, amask, ctx=ctx, sinks=sinks, dropout=dropout, backend=backend)
     if rows is not None:  # NaN in the heads whose cached rows held a NaN or an inf
         out = rows.mark_nonfinite(out)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _selected(indices, batch: int, q_len: int, k_len: int) -> Tensor | None:
+    """DeepSeek Sparse Attention's top-k key slots per query ``(B, Lq, k)`` (HF hands them to any
+    attention function but eager and SDPA as ``indices``, flash-MLA's input) as the
+    :class:`posenc.AttentionMask` ``selected`` field ``(B, Lq, Lk)`` bool; None without them.
+
+    Raises:
+        ValueError: indices of another shape, or a slot outside the ``Lk`` keys.
+    """
+    if indices is None:
+        return None
+    if not isinstance(indices, Tensor) or indices.dim() != 3 or indices.shape[:2] not in ((batch, q_len), (1, q_len)):
+        raise ValueError(
+            f"indices (the keys a sparse-attention indexer selected) must be (B, Lq, k) = ({batch}, {q_len}, k), got "
+            f"{getattr(indices, 'dtype', type(indices).__name__)} {tuple(getattr(indices, 'shape', ()))}"
+        )
+    idx = indices.long()
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= k_len):
+        raise ValueError(f"indices select key slots in [{int(idx.min())}, {int(idx.max())}], outside [0, {k_len - 1}]")
+    out = torch.zeros(indices.shape[0], q_len, k_len, dtype=torch.bool, device=indices.device)
+    return out.scatter_(-1, idx, True)
+
+
+def swap_halves(x: Tensor) -> Tensor:
+    """``x`` ``(..., Dh)`` with its two halves swapped, ``[x1 | x2] -> [x2 | x1]`` (its own inverse)."""
+    half = x.shape[-1] // 2
+    return torch.cat((x[..., half:], x[..., :half]), dim=-1)
 
 
 def _rotary_first(x: Tensor, width: int) -> Tensor:

@@ -21,6 +21,7 @@ from torch import nn
 
 from .families import FAMILIES, family_of
 from .models import _path, posenc_classes
+from .off import rotary_stand_in
 from .specs import check_share, default_specs, layer_specs
 from .stack import PosencStack
 
@@ -98,10 +99,11 @@ def convert(model: nn.Module, encoding=None, *, share: bool | None = None, **opt
         new_base.posenc.to(dtype)
     blocks = list(getattr(new_base, family.layers))
     attns = [getattr(b, family.attention) for b in blocks]
-    rotary = getattr(new_base, family.positions) if family.rotary_off else None
-    new_base.posenc.wire(blocks, attns, family.qk, rotary, new_base if family.default == "mrope" else None)
+    rotary = rotary_stand_in(new_base, family)
+    mrope = new_base if family.default == "mrope" else None
+    new_base.posenc.wire(blocks, attns, family.qk, rotary, mrope, family.norms_after)
     _carry_buffers(model, new, device)
-    _take_over(family, [getattr(b, family.attention) for b in getattr(base, family.layers)], new_base.posenc)
+    _take_over(family, base, [getattr(b, family.attention) for b in getattr(base, family.layers)], new_base.posenc)
     if family.default == "gpt2" and specs[0]["encoding"] == "learned":
         table, wpe = new_base.posenc.encoding(0).table.weight, getattr(base, "wpe", None)
         if isinstance(wpe, nn.Embedding) and wpe.weight.shape == table.shape:
@@ -132,14 +134,16 @@ def _switched_off(family):
 
 
 @torch.no_grad()
-def _take_over(family, attentions: list[nn.Module], stack: PosencStack) -> None:
+def _take_over(family, base: nn.Module, attentions: list[nn.Module], stack: PosencStack) -> None:
     """Each layer's encoding starts from the weights of its module's switched-off parts
-    (``family.takes``) where it has the parameter with that shape (the model's own scheme)."""
+    (``family.takes``; ``"base:"`` paths under the language model ``base``) where it has the
+    parameter with that shape (the model's own scheme)."""
     for i, attn in enumerate(attentions):
         enc = stack.encoding(i)
         for src, dst in family.takes:
+            owner, src = (base, src[5:]) if src.startswith("base:") else (attn, src)
             try:
-                old, new = attn.get_parameter(src), enc.get_parameter(dst)
+                old, new = owner.get_parameter(src), enc.get_parameter(dst)
             except AttributeError:
                 continue
             if old.shape == new.shape:

@@ -24,6 +24,7 @@ from transformers.masking_utils import (
 
 from .. import functional as PF
 from ..context import Tables
+from ..mask import AttentionMask
 
 __all__ = ["PosencMask", "mask_interface"]
 
@@ -44,6 +45,7 @@ class PosencMask:
     int64: the position of the token in each key slot as ``generate`` numbers a padded batch (the
     real tokens before it in the 2-D mask, counting those a sliding-window cache dropped; pads
     0), or None when nothing is padded; what :meth:`positions` uses when HF passes no position ids.
+    ``device``: where HF builds the call's masks (:meth:`dense`'s tensor).
     """
 
     batch_size: int
@@ -56,6 +58,7 @@ class PosencMask:
     window: int | None = None
     dropped: int = 0
     numbering: Tensor | None = None
+    device: torch.device | str | None = None
     _memo: dict = field(default_factory=dict, repr=False)
 
     # HF's generate and create_causal_mask treat a prepared mask like a 4-D tensor
@@ -64,13 +67,23 @@ class PosencMask:
     def contiguous(self) -> PosencMask:
         return self
 
-    def __getitem__(self, index) -> PosencMask:
-        """``mask[:, :, rows, :]`` with ``rows`` a slice keeping the last queries (``slice(-n, None)``).
+    def __getitem__(self, index) -> PosencMask | Tensor:
+        """``mask[:, :, rows, :]`` with ``rows`` a slice keeping the last queries (``slice(-n, None)``):
+        a :class:`PosencMask`; ``mask[:, h]`` / ``mask[:, h, :, :]`` with an int head ``h``: the boolean
+        mask :meth:`dense` ``[:, h]``, for a module that reads its mask as a tensor outside the
+        attention function (the DSA indexer of Mistral Large 4 / DeepSeek-V3.2 masks its scores with it).
 
         Raises:
             ValueError: any other indexing (posenc's masks are built from positions, not sliced).
         """
         full = slice(None)
+        if (
+            isinstance(index, tuple)
+            and 2 <= len(index) <= 4
+            and isinstance(index[1], int)
+            and all(i == full for i in index[:1] + index[2:])
+        ):
+            return self.dense()[index]
         if (
             isinstance(index, tuple)
             and len(index) == 4
@@ -91,6 +104,24 @@ class PosencMask:
                 _memo={},
             )
         raise ValueError(f"a PosencMask takes only [:, :, -n:, :] (the last query rows), got {index!r}")
+
+    def dense(self) -> Tensor:
+        """``(B, 1, Lq, Lk)`` bool, True = attend: what HF's SDPA mask function builds for this call
+        (causality from the cache offset, padded keys, the window), as :class:`posenc.AttentionMask` states it."""
+        if "dense" not in self._memo:
+            rule = AttentionMask(  # (the call as HF made it: rows a model cut off are cut after)
+                causal=self.causal,
+                offset=self.cached - self.dropped,
+                key_padding=self.padding,
+                window=self.window,
+                key_start=self.kv_offset,
+            )
+            device = self.padding.device if self.padding is not None else self.device
+            mask = rule.dense(self.q_length + self.dropped, self.kv_length, device)
+            if mask is None:
+                mask = torch.ones(1, 1, self.q_length + self.dropped, self.kv_length, dtype=torch.bool, device=device)
+            self._memo["dense"] = mask.expand(self.batch_size, -1, -1, -1)[:, :, self.dropped :]
+        return self._memo["dense"]
 
     @property
     def cached(self) -> int:
@@ -268,4 +299,5 @@ def mask_interface(
         kv_offset=int(kv_offset),
         window=window,
         numbering=numbering,
+        device=kwargs.get("device"),
     )

@@ -29,9 +29,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 from ..base import PositionEncoding
 from .attention import NAME, PLAIN, RECORD
 from .families import FAMILIES, Family, family_by_type
+from .off import switch_off
 from .remote import HASH_FIELD, check_remote_code, remote_source, save_remote_code
 from .specs import check_layers, check_share, default_specs
-from .stack import PosencStack, PositionsOff, RotaryOff, build_encoding, switch_off_parts
+from .stack import PosencStack, build_encoding
 
 __all__ = [
     "PosencLlamaConfig",
@@ -64,19 +65,24 @@ class _PosencModel:
         layers = check_layers(config.posenc_layers, len(blocks))
         attns = [getattr(b, fam.attention) for b in blocks]
         width = fam.rotary_widths(config, len(blocks)) if fam.rotary_off else None
-        off = RotaryOff(width, complex_pairs=fam.off == "complex") if fam.rotary_off else PositionsOff()
-        if fam.off != "none":
-            setattr(base, fam.positions, off)
-        switch_off_parts(attns, fam.off_parts)
+        rotary = switch_off(base, attns, fam, width)
         for module in base.modules():  # (attention over other axes than the sequence: HF's own)
             if type(module).__name__ in fam.plain:
                 module.__dict__[RECORD] = PLAIN
         dims = fam.layer_dims(config, len(blocks))
         base.posenc = PosencStack(layers, dims, config.posenc_share, causal=fam.causal)
-        rotary = off if fam.rotary_off else None
-        base.posenc.wire(blocks, attns, fam.qk, rotary, base if fam.default == "mrope" else None)
+        base.posenc.wire(blocks, attns, fam.qk, rotary, base if fam.default == "mrope" else None, fam.norms_after)
         self.set_attn_implementation({fam.sub: NAME} if fam.sub else NAME)  # (a vision tower keeps its own)
         base.register_forward_pre_hook(_check_implementation)
+
+    @classmethod
+    def is_custom_code(cls) -> bool:
+        """False: HF's loader then initialises every module it did not fully load through the stock
+        class's ``_init_weights`` (transformers' own, flag-aware code), as for the stock model. As
+        custom code, modules with no parameters of their own count as loaded, and a buffer only the
+        stock ``_init_weights`` computes stays uninitialised memory (Falcon-H1's ``mup_vector``: NaN
+        logits after ``from_pretrained``). posenc's stack initialises itself (:meth:`_init_weights`)."""
+        return False
 
     @property
     def posenc_stack(self) -> PosencStack:
@@ -132,8 +138,8 @@ class _PosencModel:
 def _check_implementation(base: nn.Module, args) -> None:
     """Forward pre-hook of a converted base model: its attention implementation is still posenc's.
 
-    The model's own encoding is switched off (:class:`~posenc.hf.stack.RotaryOff`,
-    :class:`~posenc.hf.stack.PositionsOff`), so a tool that sets ``_attn_implementation`` to
+    The model's own encoding is switched off (:class:`~posenc.hf.off.RotaryOff`,
+    :class:`~posenc.hf.off.PositionsOff`), so a tool that sets ``_attn_implementation`` to
     ``"sdpa"`` (or anything else) after conversion would run the layers with no position
     encoding at all, without a word.
 

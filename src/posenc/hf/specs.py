@@ -60,7 +60,7 @@ def _defaults(name: str, config, family, layer_type: str | None = None) -> dict:
     """Options the model's own config implies: RoPE's base, partial rotary and scaling, read from
     HF's ``rope_parameters`` (flat, per layer type or per label) by :func:`rope_options_for`,
     which raises rather than fall back to a default base."""
-    if not family.rotary_off or name not in ("rope", "xpos", "mrope"):
+    if not family.rotary_off or name not in ("rope", "xpos", "mrope", "lerope"):
         return {}
     source, params = config, getattr(config, "rope_parameters", None)
     if family.rope_elsewhere and isinstance(params, dict):  # (keys the model reads for something else)
@@ -74,7 +74,7 @@ def _defaults(name: str, config, family, layer_type: str | None = None) -> dict:
         out["layout"] = family.layout
     if name == "xpos":
         return {"base": out["base"]} if "base" in out else {}
-    if name == "rope":
+    if name in ("rope", "lerope"):
         for key in ("mrope_section", "mrope_interleaved"):
             out.pop(key, None)
     return out

@@ -7,8 +7,8 @@ anything global:
 
 * each attention module gets a (non-module) reference to its layer's encoding, which
   :func:`posenc.hf.attention.attention_forward` runs;
-* the model's own encoding is switched off: Llama's rotary embedding returns the identity
-  rotation (``cos = 1``, ``sin = 0``), GPT-2's ``wpe`` returns 0;
+* the model's own encoding is switched off (:mod:`posenc.hf.off`): Llama's rotary embedding
+  returns the identity rotation (``cos = 1``, ``sin = 0``), GPT-2's ``wpe`` returns 0;
 * an input stage (``learned``, ``sinusoidal``, ``conv``, ...) runs where the encoding
   declares it (``input_at``), as in :class:`posenc.TransformerLM`: ``n`` in a forward
   pre-hook of decoder layer ``n`` on the residual stream (0: the token embeddings), once
@@ -33,11 +33,12 @@ from torch import Tensor, nn
 from ..base import PositionEncoding, Stage
 from ..layer.cache import InputHistory, run_input_stage
 from ..layer.setup import build_for_layer, layer_encodings
-from .attention import RECORD, LayerRecord
+from .attention import RECORD, LayerRecord, swap_halves
 from .hidden import HiddenReads, capture
 from .history import PositionHistory
 from .keys import capture_cache, keeps_rotated
 from .masks import PosencMask
+from .off import PartOff, PositionsOff, RotaryOff, norms_after, switch_off_parts
 
 __all__ = ["PosencStack", "RotaryOff", "PositionsOff", "PartOff", "Dims", "switch_off_parts"]
 
@@ -50,6 +51,7 @@ class Dims:
     decoupled RoPE, :attr:`posenc.hf.families.Family.rotary_part`), 0 for none; the attention
     function moves it to the front of q and k before the encoding runs. ``value_dim``: the width
     of a value head where it is not ``head_dim`` (MLA's ``v_head_dim``), 0 for the same.
+    ``mirrored``: the model's RoPE turns the other way (:attr:`posenc.hf.families.Family.mirrored`).
     """
 
     heads: int
@@ -59,74 +61,7 @@ class Dims:
     max_len: int | None
     rotary_last: int = 0
     value_dim: int = 0
-
-
-class RotaryOff(nn.Module):
-    """Stands in for a model's rotary embedding: the identity rotation, ``cos = 1``, ``sin = 0``.
-
-    ``q·1 + rotate_half(q)·0`` is ``q`` exactly, so posenc rotates (or not) in the attention
-    function instead. Takes what the family's rotary module takes (Gemma 3 and ModernBERT add
-    a layer type). With ``complex_pairs`` it returns DeepSeek-V2's ``freqs_cis`` form, ``1 + 0i``.
-    Multimodal position ids ``(A, B, L)`` (Qwen2-VL's ``t, h, w``, as the model
-    built them) are kept in :attr:`positions` for the attention function of this forward.
-    """
-
-    def __init__(self, head_dim: int | dict, complex_pairs: bool = False) -> None:
-        super().__init__()
-        self.head_dim = head_dim  # or {layer_type: width} where layer types differ (Gemma 4)
-        self.complex_pairs = complex_pairs  # DeepSeek-V2: one complex freqs_cis 1 + 0i per pair
-        self.positions: Tensor | None = None
-        self.past: Tensor | None = None  # (A, B, c): positions of the cached tokens (posenc.hf.history)
-
-    def forward(self, x: Tensor, position_ids: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        self.positions = position_ids if position_ids.dim() == 3 else None
-        width = self.head_dim
-        if isinstance(width, dict):
-            width = width[args[0] if args else kwargs["layer_type"]]
-        shape = (*position_ids.shape[-2:], width)  # (B|1, L, Dh)
-        if self.complex_pairs:  # (B|1, L, Dh/2) complex: x·(1 + 0i) = x exactly
-            return torch.ones(*shape[:-1], width // 2, dtype=torch.complex64, device=x.device)
-        return x.new_ones(shape), x.new_zeros(shape)
-
-
-class PartOff(nn.Module):
-    """Stands in for a part of an attention module that is the model's own position handling
-    (:attr:`posenc.hf.families.Family.off_parts`): returns None (a bias HF then leaves out) or its
-    first input unchanged (a position-dependent scale)."""
-
-    def __init__(self, returns: str) -> None:
-        super().__init__()
-        if returns not in ("none", "input"):
-            raise ValueError(f"a part's stand-in returns 'none' or 'input', got {returns!r}")
-        self.returns = returns
-
-    def forward(self, x, *args, **kwargs):
-        return None if self.returns == "none" else x
-
-
-def switch_off_parts(attentions: list[nn.Module], parts: tuple) -> None:
-    """Replace each ``(path, returns)`` of ``parts`` under every attention module by a :class:`PartOff`
-    (a module without that path keeps what it has)."""
-    for attn in attentions:
-        for path, returns in parts:
-            owner_path, _, name = path.rpartition(".")
-            try:
-                owner = attn.get_submodule(owner_path) if owner_path else attn
-            except AttributeError:
-                continue
-            if isinstance(getattr(owner, name, None), nn.Module):
-                setattr(owner, name, PartOff(returns))
-
-
-class PositionsOff(nn.Module):
-    """Stands in for GPT-2's ``wpe``: adds nothing.
-
-    Returns a 0-d float32 zero, which adds to embeddings of any float dtype without
-    promoting them (and, holding no buffer, needs no initialisation when loaded).
-    """
-
-    def forward(self, position_ids: Tensor) -> Tensor:
-        return torch.zeros((), device=position_ids.device)
+    mirrored: bool = False
 
 
 class _FusedSlice:
@@ -168,6 +103,20 @@ def qk_projections(attn: nn.Module, how: tuple[str, str], dims: Dims) -> tuple |
         fused = getattr(attn, name)
         return _RowSlice(fused, 0, q_width), _RowSlice(fused, q_width, q_width + k_width)
     return getattr(attn, kind), getattr(attn, name)
+
+
+def _unhooked(norms: tuple | None, mirrored: bool = False) -> tuple | None:
+    """The norms' ``forward`` (their call from the module is the identity: :mod:`posenc.hf.off`),
+    after the halves of a ``mirrored`` layer's q/k are swapped back."""
+    if norms is None:
+        return None
+    if mirrored:
+        return tuple(functools.partial(_swapped_then, n.forward) for n in norms)
+    return tuple(n.forward for n in norms)
+
+
+def _swapped_then(norm, x: Tensor) -> Tensor:
+    return norm(swap_halves(x))
 
 
 def _find(kind, args: tuple, kwargs: dict):
@@ -252,6 +201,7 @@ class PosencStack(nn.Module):
         qk: tuple[str, str] = ("q_proj", "k_proj"),
         rotary: nn.Module | None = None,
         base: nn.Module | None = None,
+        norms: tuple = (),
     ) -> None:
         """Attach each layer's encoding to its attention module and hook the input stages in.
 
@@ -260,7 +210,8 @@ class PosencStack(nn.Module):
         :meth:`posenc.PositionEncoding.set_scores`. ``qk``: how the family stores ``W_Q``/``W_K``
         (:func:`qk_projections`); ``rotary``: the model's rotary stand-in (multimodal positions);
         ``base``: the language model, hooked to keep the multimodal positions of cached tokens
-        (:class:`posenc.hf.history.PositionHistory`; given for M-RoPE families only).
+        (:class:`posenc.hf.history.PositionHistory`; given for M-RoPE families only); ``norms``: the
+        attributes of the q/k norms the model runs after its RoPE (``Family.norms_after``).
 
         Raises:
             ValueError: an ``input_at`` block index outside the model; layers sharing one
@@ -324,6 +275,8 @@ class PosencStack(nn.Module):
                 scores=hf_scores,
                 keeps_rotated=rotated,
                 rotary_last=self.layer_dims[i].rotary_last,
+                qk_norms=_unhooked(norms_after(attn, norms), self.layer_dims[i].mirrored),
+                mirrored=self.layer_dims[i].mirrored,
             )
         for at, which in before.items():
             hook = functools.partial(self._input_hook, which, at)
