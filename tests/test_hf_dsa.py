@@ -351,3 +351,23 @@ def test_deepseek_v32_and_glm5_convert_through_the_same_mechanism(model_type, mo
 
     monkeypatch.setattr(RotaryTap, "give", lambda self, *a: None)  # the indexers get the identity too
     assert (logits(ph.convert(model), ids) - want).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize(
+    "ext", [{"type": "rerope", "window": 6}, {"type": "self-extend", "window": 6, "group_size": 3}]
+)
+def test_selected_keys_through_the_maps_backend_equal_eager(ext):
+    """The two-map encodings' ``maps`` backend under a top-k selection equals the oracle (``eager``):
+    it hands such a call to ``chunked``, which reads the selection."""
+    torch.manual_seed(0)
+    B, H, L, Dh = 2, 2, 24, 8
+    enc = posenc.build("rope-extension", heads=H, head_dim=Dh, rope_extension=ext)
+    q, k, v = (torch.randn(B, H, L, Dh) for _ in range(3))
+    pos = torch.arange(L)[None]
+    selected = (torch.rand(B, L, L) < 0.5) | torch.eye(L, dtype=torch.bool)
+    mask = AttentionMask(selected=selected)
+    assert "maps" in posenc.supported_backends(enc)
+    want = attend(enc, q, k, v, pos, pos, mask, backend="eager")
+    got = attend(enc, q, k, v, pos, pos, mask, backend="maps")
+    assert_close(got, want, n=attention_n(dim=Dh, length=L, head_dim=Dh))
+    assert (got - attend(enc, q, k, v, pos, pos, AttentionMask(), backend="maps")).abs().max() > 1e-3

@@ -303,7 +303,7 @@ def maps(
     """The encoding's score maps (``score_maps``) through the CPU's fused kernel, each over only the
     keys it holds, merged by log-sum-exp (:mod:`posenc.kernels.maps`); ``k``/``v`` may be grouped.
     Where that does not apply (another device, positions that are not one causal run, padding,
-    a window, learned ``sinks``, dropout, a gradient), ``chunked`` runs."""
+    a window, a top-k selection, learned ``sinks``, dropout, a gradient), ``chunked`` runs."""
     if sinks is None and not dropout and not _needs_grad(q, k, v):
         out = score_map_attention(enc, q, k, v, q_pos, k_pos, mask)
         if out is not None:

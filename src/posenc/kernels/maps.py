@@ -47,6 +47,8 @@ def one_run(q_pos: Tensor, k_pos: Tensor, mask: AttentionMask, q_len: int, k_len
         return None
     if mask.window is not None or mask.chunk is not None or mask.documents is not None or mask.sink_tokens:
         return None
+    if mask.selected is not None:  # (DeepSeek Sparse Attention's top-k: chunked reads it)
+        return None
     if mask.query_documents is not None or (mask.key_padding is not None and not bool(mask.key_padding.all())):
         return None
     if q_pos.shape[-1] != q_len or k_pos.shape[-1] != k_len or q_pos.dim() != 2 or k_pos.dim() != 2:
