@@ -187,3 +187,12 @@ def test_the_estimate_pays_the_attention_of_a_long_context():
     # one warm-up point (or a longer one no slower per token): no cost of context
     assert rates({"tokens": 100, "seconds": 0.5}) == (0.005, 0.0)
     assert rates({"tokens": 100, "seconds": 0.5, "long_tokens": 400, "long_seconds": 1.0}) == (0.005, 0.0)
+
+
+def test_two_map_methods_cost_one_map_on_cpu_and_theirs_elsewhere():
+    """The estimate counts ReRoPE's two maps and DCA's three where ``chunked`` runs them (off the
+    CPU), and about one map on CPU, where ``auto`` runs the ``maps`` backend (each over its own keys)."""
+    from posenc.extend.plan import score_maps
+
+    assert [score_maps(m, "cpu") for m in ("none", "rerope", "self-extend", "dca")] == [1, 1, 1, 1]
+    assert [score_maps(m, "cuda") for m in ("none", "rerope", "self-extend", "dca")] == [1, 2, 2, 3]

@@ -6,8 +6,9 @@ by up to ``L / stride`` of them), and the passkey prompts. The estimate times on
 forward of the model as trained (after an untimed one, so lazy set-up is not counted) and
 fits a cost per token and a cost per token of context to two warm-up forwards (``n`` and
 ``4n`` tokens), so a length past the warm-up pays the attention its context costs: a forward
-over ``L`` tokens takes ``a·L + b·L²/2`` seconds, and ReRoPE and Self-Extend compute two score
-maps (twice the attention), DCA three.
+over ``L`` tokens takes ``a·L + b·L²/2`` seconds; ReRoPE and Self-Extend compute two score
+maps, DCA three, which cost about one on CPU (the ``maps`` backend: each over its own keys)
+and twice or three times the attention elsewhere (:func:`score_maps`).
 
 RULER's tasks (``--tasks``) are counted the same way: one sample of each task at each length is
 made before the run (a task that does not fit a length is not counted, and the plan says why),
@@ -34,12 +35,24 @@ __all__ = ["plan", "sliding_tokens", "describe_plan", "task_prompts", "decode_wa
 _SCORE_MAPS = {"rerope": 2, "leaky-rerope": 2, "self-extend": 2, "dca": 3}  # q·k maps per layer (else 1)
 
 
+def score_maps(method: str, device_type: str) -> int:
+    """The attention a forward of ``method`` costs, in plain maps: on CPU ``auto`` runs the ``maps``
+    backend, each map over only its own keys (about one map in all: docs/bench.md, "Two-map
+    extension methods"); elsewhere ``chunked`` scores every map over every key."""
+    return 1 if device_type == "cpu" else _SCORE_MAPS.get(method, 1)
+
+
 def sliding_tokens(span: int, length: int, stride: int) -> tuple[int, int]:
     """``(windows, tokens read)`` of the sliding pass over ``span`` tokens (evaluate.perplexity's loop)."""
     if span <= length:
         return 1, span
     k = math.ceil((span - length) / stride) + 1
     return k, (k - 1) * length + span - (k - 1) * stride
+
+
+def _device_type(subject) -> str:
+    p = next(iter(subject.model.parameters()), None)
+    return "cpu" if p is None else p.device.type
 
 
 def _applies(subject, method: str, longest: int) -> bool:
@@ -117,7 +130,8 @@ def plan(subject, settings: dict[str, Any], text_len: int, tokens, done: set,
             cells.append({**cell, "runs": True, "windows": n_win, "sliding_windows": slide[0], "stride": stride,
                           "sliding": "sliding" in protocols, "documents": docs, "passkey_prompts": prompts,
                           "tokens_read": read, "tasks": tasks, "task_tokens": sum(k * (p + g) for p, g, k in tasks),
-                          "cost": read * _SCORE_MAPS.get(m, 1)})  # fmt: skip
+                          "maps": score_maps(m, _device_type(subject)),
+                          "cost": read * score_maps(m, _device_type(subject))})  # fmt: skip
     return {"cells": cells, "tokens_read": sum(c.get("tokens_read", 0) for c in cells),
             "task_tokens": sum(c.get("task_tokens", 0) for c in cells)}  # fmt: skip
 
@@ -171,7 +185,7 @@ def rates(warm: dict[str, float]) -> tuple[float, float]:
 def estimate(p: dict[str, Any], warm: dict[str, float]) -> dict[str, Any]:
     """The plan with each cell's ``estimate_s`` and their sum: every token read lies in a forward of
     the cell's length (sliding and non-overlapping windows, documents, passkey prompts), whose
-    attention is ``maps`` score maps (ReRoPE, Self-Extend: 2, DCA: 3); a RULER sample is the
+    attention is ``maps`` plain maps (:func:`score_maps`); a RULER sample is the
     prefill of its ``p`` prompt tokens and ``g - 1`` decode steps (the first answer token comes
     from the prefill) at ``warm["step_seconds"]`` each plus the attention over their context."""
     a, b = rates(warm)
@@ -180,7 +194,7 @@ def estimate(p: dict[str, Any], warm: dict[str, float]) -> dict[str, Any]:
     for c in p["cells"]:
         if c.get("runs"):
             n, read = c["length"], c["tokens_read"]
-            maps = c["cost"] / read if read else _SCORE_MAPS.get(c["method"], 1)
+            maps = c.get("maps", c["cost"] / read if read else 1)
             gen = sum(k * (a * q + maps * b * q * q / 2 + (g - 1) * step + maps * b * (g - 1) * (q + g / 2))
                       for q, g, k in c.get("tasks", []))  # fmt: skip
             c = {**c, "estimate_s": read / n * (a * n + maps * b * n * n / 2) + gen, "tasks_estimate_s": gen}
