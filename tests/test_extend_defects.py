@@ -219,3 +219,14 @@ def test_sliding_tokens_counts_the_loop():
             if end == span:
                 break
         assert sliding_tokens(span, length, stride) == (windows, tokens), (span, length, stride)
+
+
+def test_every_method_line_gets_its_own_colour():
+    """``extend``'s perplexity plot draws up to twenty methods in distinct colours (eleven run by
+    default: matplotlib's ten-colour cycle drew the first and the eleventh alike)."""
+    from matplotlib.colors import to_rgba
+
+    from posenc.extend.report import method_colors
+
+    for n in (1, 10, 11, 20):
+        assert len({to_rgba(c) for c in method_colors(n)}) == n

@@ -226,11 +226,19 @@ def _passkey_reading(methods, lengths, at, inside) -> list[str]:
     return out
 
 
+def method_colors(n: int) -> list:
+    """One colour per method line: matplotlib's ten-colour cycle, or ``tab20``'s twenty past ten
+    (``extend`` runs eleven methods: the cycle would draw the first and the eleventh alike)."""
+    from matplotlib import colormaps
+
+    return [f"C{i}" for i in range(n)] if n <= 10 else [colormaps["tab20"](i % 20) for i in range(n)]
+
+
 def _plots(out: Path, results: dict, subtitle: str) -> None:
     methods, lengths, at = _grid(results)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    plotted = []
+    plotted, colors = [], method_colors(len(methods))
     for i, m in enumerate(methods):
         for (_, key, _), ls in zip(protocols(results), ("-", ":", "--")):
             one = key == "ppl_windows" and "ppl" in {k for _, k, _ in protocols(results)}  # (one pass: one line)
@@ -239,7 +247,7 @@ def _plots(out: Path, results: dict, subtitle: str) -> None:
             if pts:
                 xs, ys = zip(*pts)
                 plotted += ys
-                ax.plot(xs, ys, ls=ls, marker="o", color=f"C{i}", label=m if ls == "-" else None)
+                ax.plot(xs, ys, ls=ls, marker="o", color=colors[i], label=m if ls == "-" else None)
     ax.axvline(results["train_len"], color="gray", ls="--", lw=1, label="training length")
     length_axis(ax, lengths)
     readable_log_axis(ax, plotted)
