@@ -25,11 +25,12 @@ every row once, interleaved, so a change of load hits all. Nothing is asserted: 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
+
+from .measure import thread_clock
 
 __all__ = ["EXTENSION_METHODS", "ExtensionConfig", "extension_markdown", "extension_table", "run_extension"]
 
@@ -99,17 +100,6 @@ def _vocab(cfg: ExtensionConfig) -> int:
     return AutoConfig.from_pretrained(cfg.model, local_files_only=True, trust_remote_code=False).vocab_size
 
 
-def _clock(device: torch.device) -> Callable[[], float]:
-    if device.type == "cuda":
-
-        def wall() -> float:
-            torch.cuda.synchronize(device)
-            return time.perf_counter()
-
-        return wall
-    return time.thread_time
-
-
 def _prefill(subject, path: str, x: torch.Tensor, chunk: int, backend: str, clock) -> float:
     """Seconds of one chunked prefill of ``x`` (``layer``: ``(1, L, D)`` inputs; ``hf``: ``(1, L)`` token
     ids) through a fresh cache."""
@@ -137,7 +127,7 @@ def _prefill(subject, path: str, x: torch.Tensor, chunk: int, backend: str, cloc
 def run_extension(cfg: ExtensionConfig, progress: Callable[[str], None] | None = None) -> list[dict]:
     """One row per path × length × (``rope``, then each method × backend): ms per token, ratio to ``rope``."""
     device, rows = torch.device(cfg.device), []
-    clock = _clock(device)
+    clock = thread_clock(device)
     for path in cfg.paths:
         backends = cfg.backends if path == "layer" else ("auto",)
         cases = [("rope", "auto")] + [(m, b) for m in cfg.methods for b in backends]

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
+
+from .measure import thread_clock
 
 __all__ = ["HF_METHODS", "HFModelConfig", "hf_model_table", "rope_parameters", "run_hf_model"]
 
@@ -89,17 +90,6 @@ def _load(cfg: HFModelConfig, method: str):
     return model(), posenc.hf.convert(model())
 
 
-def _clock(device: torch.device) -> Callable[[], float]:
-    if device.type == "cuda":
-
-        def wall() -> float:
-            torch.cuda.synchronize(device)
-            return time.perf_counter()
-
-        return wall
-    return time.thread_time
-
-
 def _time(model, tokens: torch.Tensor, steps: int, clock) -> tuple[float, float]:
     """``(prefill seconds, median seconds per decoded token)`` of one round."""
     with torch.no_grad():
@@ -118,7 +108,7 @@ def _time(model, tokens: torch.Tensor, steps: int, clock) -> tuple[float, float]
 def run_hf_model(cfg: HFModelConfig, progress: Callable[[str], None] | None = None) -> list[dict]:
     """One row per method × length × phase (``prefill``, ``decode``): stock and posenc ms, the ratio."""
     device, rows = torch.device(cfg.device), []
-    clock = _clock(device)
+    clock = thread_clock(device)
     for method in cfg.methods:
         try:
             stock, ours = _load(cfg, method)

@@ -31,12 +31,25 @@ from torch import Tensor
 
 from ..allocator import allocator_settings
 
-__all__ = ["layer_step", "time_runs", "peak_memory", "machine_record", "top_operators"]
+__all__ = ["layer_step", "time_runs", "peak_memory", "machine_record", "top_operators", "thread_clock"]
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def thread_clock(device: torch.device) -> Callable[[], float]:
+    """The clock of the real-model and extension rows: the calling thread's CPU time on CPU (another
+    job on the machine does not enter it), synchronised wall time on CUDA."""
+    if device.type == "cuda":
+
+        def wall() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+
+        return wall
+    return time.thread_time
 
 
 def time_runs(
