@@ -107,24 +107,25 @@ NORMS_AFTER = {  # model type -> (LM class, config class): rotate, then query_la
 }
 
 
+# a tiny decoder of the families below (no special tokens: the tests' ids use the whole vocabulary)
+_TINY = dict(
+    vocab_size=V,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    initializer_range=0.3,
+    pad_token_id=None,
+    bos_token_id=None,
+    eos_token_id=None,
+)
+
+
 def _norms_after_stock(model_type: str) -> torch.nn.Module:
     lm, cfg = NORMS_AFTER[model_type]
-    fields = dict(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=64,
-        num_experts=2,
-        moe_topk=1,
-        initializer_range=0.3,
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
+    fields = _TINY | dict(head_dim=8, num_experts=2, moe_topk=1)
     known = set(getattr(transformers, cfg)().to_dict())
     torch.manual_seed(3)
     model = getattr(transformers, lm)(getattr(transformers, cfg)(**{k: v for k, v in fields.items() if k in known}))
@@ -211,19 +212,7 @@ def test_nanochat_mirrored_rope_and_norms_after():
     ``norms_after``) gives stock logits and cached = uncached greedy tokens equal to stock's."""
     from tests.test_hf import greedy
 
-    cfg = transformers.NanoChatConfig(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        initializer_range=0.3,
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
+    cfg = transformers.NanoChatConfig(**_TINY)
     torch.manual_seed(2)
     stock = transformers.NanoChatForCausalLM(cfg).eval()
     ours = ph.convert(stock).eval()
