@@ -16,7 +16,7 @@ from tests.conftest import assert_close, attention_n
 
 transformers = pytest.importorskip("transformers")
 from tests.test_hf import greedy  # noqa: E402
-from tests.test_hf_families import logits, trainer_step  # noqa: E402
+from tests.test_hf_families import assert_parity_padded_and_rotation_matters, logits, trainer_step  # noqa: E402
 from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
 
 import posenc  # noqa: E402
@@ -142,15 +142,7 @@ def test_default_conversion_reproduces_stock_logits():
     assert torch.equal(enc.alpha, _text(model).rotary_emb.alpha)  # the learned frequencies, taken over
     ids = torch.randint(1, V - 1, (2, L))
     n = dsa_n(model.config, L)
-    want = logits(model, ids)
-    assert_close(logits(ours, ids), want, n=n)
-    mask = torch.ones_like(ids)
-    mask[1, :7] = 0
-    kw = dict(attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
-    got, want_padded = logits(ours, ids, **kw), logits(model, ids, **kw)
-    assert_close(got[mask.bool()], want_padded[mask.bool()], n=n)
-    # the rotation matters: without it (nope) the logits move
-    assert (logits(ph.convert(model, encoding="nope"), ids) - want).abs().max() > 1e-2
+    assert_parity_padded_and_rotation_matters(model, ours, ids, n)
 
 
 def test_without_the_selection_or_alpha_the_logits_move():

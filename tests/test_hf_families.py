@@ -198,6 +198,19 @@ def logits(model, ids, **kw) -> torch.Tensor:
         return model(ids, **kw).logits
 
 
+def assert_parity_padded_and_rotation_matters(model, ours, ids, n) -> None:
+    """``ours`` (``model`` converted) equals ``model`` on ``ids`` and with the second row left-padded
+    by 7 tokens; converted to ``nope`` instead, the logits move (the rotation is what matched)."""
+    want = logits(model, ids)
+    assert_close(logits(ours, ids), want, n=n)
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    kw = dict(attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+    got, want_padded = logits(ours, ids, **kw), logits(model, ids, **kw)
+    assert_close(got[mask.bool()], want_padded[mask.bool()], n=n)
+    assert (logits(ph.convert(model, encoding="nope"), ids) - want).abs().max() > 1e-2
+
+
 @pytest.fixture(scope="module", params=FAMILIES)
 def pair(request):
     """(family, stock model, the same model converted with encoding="rope")."""

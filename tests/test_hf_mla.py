@@ -14,7 +14,7 @@ from tests.conftest import assert_close, attention_n
 
 transformers = pytest.importorskip("transformers")
 from tests.test_hf import greedy  # noqa: E402
-from tests.test_hf_families import logits, trainer_step  # noqa: E402
+from tests.test_hf_families import assert_parity_padded_and_rotation_matters, logits, trainer_step  # noqa: E402
 from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
 
 import posenc.hf as ph  # noqa: E402
@@ -99,15 +99,7 @@ def test_rope_on_the_decoupled_part_reproduces_stock_logits(variant):
     assert spec["encoding"] == "rope" and ours.model.posenc.encoding(0).rotary_dim == 8
     ids = torch.randint(1, V, (2, 20))  # past original_max_position_embeddings (16) of the YaRN variant
     n = mla_n(model.config, 20)
-    want = logits(model, ids)
-    assert_close(logits(ours, ids), want, n=n)
-    mask = torch.ones_like(ids)
-    mask[1, :7] = 0
-    kw = dict(attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
-    got, want_padded = logits(ours, ids, **kw), logits(model, ids, **kw)
-    assert_close(got[mask.bool()], want_padded[mask.bool()], n=n)
-    # the rotation matters: without it (nope) the logits move
-    assert (logits(ph.convert(model, encoding="nope"), ids) - want).abs().max() > 1e-2
+    assert_parity_padded_and_rotation_matters(model, ours, ids, n)
 
 
 def test_yarn_scores_keep_deepseeks_mscale_squared():
