@@ -176,20 +176,7 @@ def test_falcon_h1_round_trip_rebuilds_the_mambas_non_persistent_buffer(tmp_path
     converted model, loaded back, rebuilds it as the stock one does and gives the same logits."""
     from transformers import AutoModelForCausalLM
 
-    cfg = transformers.FalconH1Config(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=64,
-        ssm_multipliers=[0.5, 2.0, 0.25, 1.5, 3.0],
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
+    cfg = transformers.FalconH1Config(**_TINY | dict(head_dim=8, ssm_multipliers=[0.5, 2.0, 0.25, 1.5, 3.0]))
     torch.manual_seed(1)
     stock = transformers.FalconH1ForCausalLM(cfg).eval()
     ours = ph.convert(stock).eval()
