@@ -176,8 +176,8 @@ def test_the_estimate_pays_the_attention_of_a_long_context():
     warm = {"tokens": 512, "seconds": T(512), "long_tokens": 2048, "long_seconds": T(2048)}
     got = rates(warm)
     assert got == pytest.approx((a, b), rel=1e-9)
-    cells = [{"method": "none", "length": 16384, "runs": True, "tokens_read": 3 * 16384, "cost": 3 * 16384},
-             {"method": "rerope", "length": 8192, "runs": True, "tokens_read": 8192, "cost": 2 * 8192},
+    cells = [{"method": "none", "length": 16384, "runs": True, "tokens_read": 3 * 16384, "maps": 1},
+             {"method": "rerope", "length": 8192, "runs": True, "tokens_read": 8192, "maps": 2},
              {"method": "x", "length": 8192, "runs": False}]  # fmt: skip
     p = estimate({"cells": cells, "tokens_read": 4 * 16384}, warm)
     want = [3 * T(16384), a * 8192 + 2 * b * 8192**2 / 2]

@@ -208,7 +208,7 @@ def test_the_estimate_counts_a_ruler_sample_as_its_prefill_and_decode_steps():
 
     a, b, step = 1e-3, 1e-6, 5e-3
     warm = {"tokens": 100, "seconds": 100 * a, "step_seconds": step}  # one point: b = 0 ...
-    cells = [{"method": "rerope", "length": 1000, "runs": True, "tokens_read": 1000, "cost": 2000,
+    cells = [{"method": "rerope", "length": 1000, "runs": True, "tokens_read": 1000, "maps": 2,
               "tasks": [[900, 50, 3], [700, 128, 2]]}]  # fmt: skip
     got = estimate({"cells": cells, "tokens_read": 1000}, warm)["cells"][0]
     want = 3 * (a * 900 + 49 * step) + 2 * (a * 700 + 127 * step)

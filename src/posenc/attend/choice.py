@@ -27,11 +27,15 @@ _SUPPORTED: dict[tuple[type, bool], tuple[str, ...]] = {}
 
 def supported_backends(enc: PositionEncoding) -> list[str]:
     """Backends able to run ``enc`` (every one of them equals ``eager``)."""
+    return list(_supported_once(enc))
+
+
+def _supported_once(enc: PositionEncoding) -> tuple[str, ...]:
     key = (type(enc), enc.softcap is not None)
     found = _SUPPORTED.get(key)
     if found is None:
         found = _SUPPORTED[key] = tuple(_supported(enc))
-    return list(found)
+    return found
 
 
 def _supported(enc: PositionEncoding) -> list[str]:
@@ -109,7 +113,7 @@ def select_backend(
     if causal is not None and not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool or None, got {causal!r}")
     check_device_type(device_type)
-    ok = _SUPPORTED.get((type(enc), enc.softcap is not None)) or supported_backends(enc)
+    ok = _supported_once(enc)
     if "sdpa" in ok:
         return "sdpa"
     ok = list(ok)

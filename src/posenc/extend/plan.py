@@ -130,8 +130,7 @@ def plan(subject, settings: dict[str, Any], text_len: int, tokens, done: set,
             cells.append({**cell, "runs": True, "windows": n_win, "sliding_windows": slide[0], "stride": stride,
                           "sliding": "sliding" in protocols, "documents": docs, "passkey_prompts": prompts,
                           "tokens_read": read, "tasks": tasks, "task_tokens": sum(k * (p + g) for p, g, k in tasks),
-                          "maps": score_maps(m, _device_type(subject)),
-                          "cost": read * score_maps(m, _device_type(subject))})  # fmt: skip
+                          "maps": score_maps(m, _device_type(subject))})  # fmt: skip
     return {"cells": cells, "tokens_read": sum(c.get("tokens_read", 0) for c in cells),
             "task_tokens": sum(c.get("task_tokens", 0) for c in cells)}  # fmt: skip
 
@@ -194,7 +193,7 @@ def estimate(p: dict[str, Any], warm: dict[str, float]) -> dict[str, Any]:
     for c in p["cells"]:
         if c.get("runs"):
             n, read = c["length"], c["tokens_read"]
-            maps = c.get("maps", c["cost"] / read if read else 1)
+            maps = c.get("maps", 1)
             gen = sum(k * (a * q + maps * b * q * q / 2 + (g - 1) * step + maps * b * (g - 1) * (q + g / 2))
                       for q, g, k in c.get("tasks", []))  # fmt: skip
             c = {**c, "estimate_s": read / n * (a * n + maps * b * n * n / 2) + gen, "tasks_estimate_s": gen}
