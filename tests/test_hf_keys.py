@@ -221,3 +221,17 @@ def test_sink_window_stream_follows_its_evictions():
             kept += ids[s : s + m].tolist()
             s += m
     assert s == 30 and len(kept) < 30  # (it evicted)
+
+
+def test_keep_raw_keys_is_refused_on_a_cache_holding_rotated_keys():
+    """``keep_raw_keys`` on a cache a converted model already filled with rotated keys: one clear error
+    (its rows could not be rotated again at other positions)."""
+    from posenc.hf.keys import keep_raw_keys
+
+    _, ours = _pair(_llama())
+    cache = DynamicCache(config=ours.config)
+    with torch.no_grad():
+        ours(TOKENS[:, :4], cache=cache, use_cache=True)
+    with pytest.raises(ValueError, match="already holds rotated keys"):
+        keep_raw_keys(cache)
+    assert keep_raw_keys(DynamicCache(config=ours.config)).__dict__["posenc_raw_keys"] is True
