@@ -3,7 +3,9 @@
 A converted model runs posenc's encoding in the attention function, so what the stock model does
 with positions is switched off where it happens:
 
-* a rotary embedding: :class:`RotaryOff` returns the identity rotation (``cos = 1``, ``sin = 0``);
+* a rotary embedding: :class:`RotaryOff` returns the identity rotation (``cos = 1``, ``sin = 0``),
+  marked (:data:`IDENTITY`) so that the modeling code's ``apply_rotary_pos_emb``, wrapped by
+  :func:`skip_identity`, returns q and k as they are instead of computing ``q·1 + rotate_half(q)·0``;
   where sub-modules of the attention read the model's own rotation for something other than the
   layer's q/k (:attr:`posenc.hf.families.Family.own_rotation`: the DSA indexer of Mistral Large 4,
   which picks each query's keys with its own RoPE), the rotary module stays and a
@@ -17,6 +19,8 @@ with positions is switched off where it happens:
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import Tensor, nn
 
@@ -29,9 +33,13 @@ __all__ = [
     "switch_off",
     "switch_off_parts",
     "rotary_stand_in",
+    "skip_identity",
+    "IDENTITY",
 ]
 
 TAP = "posenc_tap"  # the attribute of a kept rotary module: its RotaryTap
+IDENTITY = "posenc_identity"  # the attribute that marks the cos tensor of RotaryOff's identity rotation
+SKIPS = "posenc_skips_identity"  # the attribute of a wrapped apply_rotary_pos_emb
 
 
 class RotaryOff(nn.Module):
@@ -59,7 +67,50 @@ class RotaryOff(nn.Module):
         shape = (*position_ids.shape[-2:], width)  # (B|1, L, Dh)
         if self.complex_pairs:  # (B|1, L, Dh/2) complex: x·(1 + 0i) = x exactly
             return torch.ones(*shape[:-1], width // 2, dtype=torch.complex64, device=x.device)
-        return x.new_ones(shape), x.new_zeros(shape)
+        cos = x.new_ones(shape)
+        setattr(cos, IDENTITY, True)  # (skip_identity's wrapper returns q, k for it)
+        return cos, x.new_zeros(shape)
+
+
+def skip_identity(attentions: list[nn.Module]) -> None:
+    """Wrap the ``apply_rotary_pos_emb(q, k, cos, sin, ...)`` that each attention module's
+    ``forward`` calls (a global of the modeling module that defines it: HF's function, or the
+    ``kernels`` package's module standing for it) so that a call with :class:`RotaryOff`'s marked
+    identity returns ``(q, k)`` as they are: the values ``q·1 + rotate_half(q)·0`` has, without
+    its four multiplies, two adds and two ``rotate_half`` per layer (a decoding step of a
+    converted model would otherwise rotate twice where a stock one rotates once). Any other call
+    (a stock model's in the same process, or any call under ``torch.compile``) runs what was there,
+    after one check. Only a function whose first four parameters are ``q, k, cos, sin``, all
+    required (HF's common form, which returns ``(q, k)``), is wrapped; elsewhere the identity is
+    computed as before. Idempotent."""
+    for attn in attentions:
+        scope = getattr(inspect.unwrap(type(attn).forward), "__globals__", {})
+        fn = scope.get("apply_rotary_pos_emb")
+        if callable(fn) and not getattr(fn, SKIPS, False) and _takes_q_k_cos_sin(fn):
+            scope["apply_rotary_pos_emb"] = _skipping(fn)
+
+
+def _takes_q_k_cos_sin(fn) -> bool:
+    try:  # (the kernels package's stand-in is a module; its forward has the function's signature)
+        sig = inspect.signature(type(fn).forward if isinstance(fn, nn.Module) else fn)
+    except (TypeError, ValueError):
+        return False
+    params = [p for p in sig.parameters.values() if p.name != "self"][:4]
+    plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params] == ["q", "k", "cos", "sin"] and all(
+        p.kind in plain and p.default is inspect.Parameter.empty for p in params
+    )
+
+
+def _skipping(fn):
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        if getattr(cos, IDENTITY, False) and not torch.compiler.is_compiling():
+            return q, k
+        return fn(q, k, cos, sin, *args, **kwargs)
+
+    apply_rotary_pos_emb.__wrapped__ = fn
+    setattr(apply_rotary_pos_emb, SKIPS, True)
+    return apply_rotary_pos_emb
 
 
 class PartOff(nn.Module):
@@ -135,6 +186,8 @@ def switch_off(base: nn.Module, attentions: list[nn.Module], family, width) -> R
     off = None
     if family.rotary_off:
         off = RotaryOff(width, complex_pairs=family.off == "complex")
+        if not off.complex_pairs:
+            skip_identity(attentions)
         if family.own_rotation:  # the model's rotary stays, for the sub-modules that read it
             tap = RotaryTap(off)
             rotary = getattr(base, family.positions)

@@ -177,11 +177,12 @@ def propagate_nonfinite(out: Tensor, q: Tensor, k: Tensor, v: Tensor, checked: i
     ``checked``: key rows a cache checked when it wrote them (``AttentionMask.checked_keys``),
     left out of the reductions (a decoding step then reads only its new keys).
     """
-    if checked:
+    every = checked >= k.shape[2]  # (a decoding step whose keys the cache checked: the query alone)
+    if checked and not every:
         k, v = k[:, :, checked:], v[:, :, checked:]
-    if known_finite(q, k, v):  # (CPU: the common case in one sum per tensor, nothing added)
+    if known_finite(q) if every else known_finite(q, k, v):  # (CPU: one sum per tensor, nothing added)
         return out
-    if not k.shape[2]:  # (every key checked: the query alone)
+    if every:
         with torch.no_grad():
             flag = q.sum((-2, -1), keepdim=True, dtype=torch.float32).mul_(0.0)
         return out + flag.to(out.dtype)
