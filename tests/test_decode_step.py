@@ -85,6 +85,9 @@ def test_the_identity_rotation_is_skipped_and_any_other_call_rotates():
     cos, sin = RotaryOff(8)(q, torch.arange(12)[None])
     got_q, got_k = fn(q, k, cos, sin)
     assert got_q is q and got_k is k  # nothing computed for the marked identity
+    kt = torch.randn(1, 12, 2, 8).transpose(1, 2)  # (as HF's projection hands the keys: a transposed view)
+    got_k = fn(q, kt, cos, sin)[1]
+    assert got_k.is_contiguous() and torch.equal(got_k, kt)  # (what HF's cache update copies fastest)
     # an unmarked (cos, sin): HF's rotation, written out (x·cos + rotate_half(x)·sin)
     ang = torch.arange(12)[:, None] * torch.tensor([1.0, 0.1, 0.01, 0.001])
     c, s = torch.cat((ang.cos(), ang.cos()), -1)[None], torch.cat((ang.sin(), ang.sin()), -1)[None]

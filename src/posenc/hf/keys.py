@@ -75,10 +75,14 @@ def capture_cache(module: nn.Module, args: tuple, kwargs: dict) -> None:
     attention function of the same call (HF does not hand it the cache)."""
     cache = cache_of(args, kwargs)
     index, layers = getattr(module, "layer_idx", None), getattr(cache, "layers", None)
-    held = None  # the key tensor the cache layer holds before this call's update
+    intact = False  # the cache layer holds, before this call's update, the key tensor posenc last wrote
     if layers is not None and index is not None and 0 <= index < len(layers):
-        held = getattr(layers[index], "keys", None)
-    module.__dict__[_CAPTURED] = (cache, held)
+        layer = layers[index]
+        wrote = layer.__dict__.get(WROTE)
+        intact = wrote is not None and wrote() is getattr(layer, "keys", None)
+    # (a flag, not the tensor: holding the old keys through HF's update would keep them from being
+    # freed before the values' update allocates, a fresh allocation per layer and step)
+    module.__dict__[_CAPTURED] = (cache, intact)
 
 
 def keep_raw_keys(cache):
@@ -146,7 +150,8 @@ class RotatedRows(CachePolicy):
             key[:, :, c:] = k
         # the check of the rows not checked before, kept for the calls to come
         start = c if self.checked is not None else 0
-        k_new, v_new = key[:, :, start:], self.value[:, :, start:]
+        k_new = k if start == c else key[:, :, start:]  # (the rows just written)
+        v_new = self.value[:, :, start:]
         if (self.checked is None or self.checked is CLEAN) and known_finite(k_new, v_new):
             found = CLEAN  # (CPU: every row finite, nothing to add to any output)
         else:
@@ -175,7 +180,7 @@ def rotated_rows(
         ValueError: a cache layer whose keys this encoding rotated, in a call that cannot add
             rotated keys to it (rows cut off the call, a layer HF changed in between).
     """
-    cache, held_before = module.__dict__.pop(_CAPTURED, (None, None))
+    cache, intact = module.__dict__.pop(_CAPTURED, (None, False))
     index = getattr(module, "layer_idx", None)
     layers = getattr(cache, "layers", None)
     if cache is None or index is None or layers is None or not 0 <= index < len(layers) or cache.__dict__.get(RAW):
@@ -197,8 +202,7 @@ def rotated_rows(
                 f"layer {index}'s cache holds keys rotated by {mark.name!r}, and this call cannot continue it with "
                 f"{enc.name!r} (an encoding swapped, or the cache changed, since): start from an empty cache"
             )
-        wrote = layer.__dict__.get(WROTE)
-        return RotatedRows(key, value, k_pos, c, layer, enc, wrote is not None and wrote() is held_before)
+        return RotatedRows(key, value, k_pos, c, layer, enc, intact)
     if c or not fits:  # raw keys cached before (a cache filled elsewhere): keep them raw
         return None
     return RotatedRows(key, value, k_pos, 0, layer, enc, False)
