@@ -298,9 +298,8 @@ class Rotary(PositionEncoding):
         return PF.axial_rope_angles(pos, inv_freq, self.axis).unsqueeze(1)
 
     def _swap(self, x: Tensor) -> Tensor:
-        if self.layout == "half":
-            x1, x2 = x.chunk(2, dim=-1)
-            return torch.cat((x2, x1), dim=-1)
+        if self.layout == "half":  # [x1 | x2] -> [x2 | x1]: one op (each costs a launch on CPU)
+            return x.roll(x.shape[-1] // 2, dims=-1)
         return torch.stack((x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
 
     def _rotate_one(self, x: Tensor, pos: Tensor, tables: tuple[Tensor, Tensor]) -> Tensor:
