@@ -5,11 +5,13 @@ hands it (posenc.hf.off.skip_identity). Each against a direct computation, not p
 
 from __future__ import annotations
 
+import collections
 import math
 
 import pytest
 import torch
 from tests.conftest import assert_close
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import posenc
 from posenc.attend.backends import _one_row_packed, attend
@@ -56,6 +58,18 @@ def test_one_row_packing_refuses_what_would_change_the_attention():
     assert _one_row_packed(q, k, {"dropout_p": 0.0, "attn_mask": None}) is not None
 
 
+class _Count(TorchDispatchMode):
+    """Counts the aten ops a block runs."""
+
+    def __enter__(self):
+        self.ops = collections.Counter()
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
 def _llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -70,7 +84,7 @@ def test_the_identity_rotation_is_skipped_and_any_other_call_rotates():
     import transformers.models.llama.modeling_llama as ml
 
     import posenc.hf as ph
-    from posenc.hf.off import IDENTITY, RotaryOff
+    from posenc.hf.off import RotaryOff
 
     stock = _llama()
     ids = torch.randint(0, 64, (1, 12))
@@ -79,8 +93,15 @@ def test_the_identity_rotation_is_skipped_and_any_other_call_rotates():
     ours = ph.convert(_llama())
     ph.convert(_llama())  # (a second conversion does not wrap the wrapper)
     fn = ml.apply_rotary_pos_emb
-    assert fn.__wrapped__ is not None and not hasattr(fn.__wrapped__, IDENTITY)
+    assert getattr(fn, "posenc_skips_identity", False)
     assert getattr(fn.__wrapped__, "posenc_skips_identity", False) is False
+    # in the converted model's forward HF's rotate_half no longer runs (its neg, twice a layer in stock)
+    negs = {}
+    for name, model in (("stock", stock), ("ours", ours)):
+        with torch.no_grad(), _Count() as counted:
+            model(ids)
+        negs[name] = counted.ops["aten.neg.default"]
+    assert negs["stock"] >= 2 * 2 and negs["ours"] <= 1, negs  # (ours: the sine table's sign, once a forward)
     q, k = torch.randn(1, 4, 12, 8), torch.randn(1, 2, 12, 8)
     cos, sin = RotaryOff(8)(q, torch.arange(12)[None])
     got_q, got_k = fn(q, k, cos, sin)

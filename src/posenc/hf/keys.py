@@ -150,7 +150,7 @@ class RotatedRows(CachePolicy):
             key[:, :, c:] = k
         # the check of the rows not checked before, kept for the calls to come
         start = c if self.checked is not None else 0
-        k_new = k if start == c else key[:, :, start:]  # (the rows just written)
+        k_new = k if start == c and k.dtype == key.dtype else key[:, :, start:]  # (the rows just written)
         v_new = self.value[:, :, start:]
         if (self.checked is None or self.checked is CLEAN) and known_finite(k_new, v_new):
             found = CLEAN  # (CPU: every row finite, nothing to add to any output)
