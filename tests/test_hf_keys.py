@@ -31,10 +31,10 @@ TOKENS = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(0
 
 def _llama(rope_parameters=None, **kw):
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, **kw,
-    )  # fmt: skip
+    cfg = LlamaConfig(**{
+        "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 64, **kw,
+    })  # fmt: skip
     if rope_parameters is not None:
         cfg.rope_parameters = rope_parameters
     return LlamaForCausalLM(cfg).eval()
@@ -193,6 +193,49 @@ def test_an_inf_after_finite_steps_stays_reported():
     step = torch.cat(steps, 1)
     assert torch.equal(torch.isnan(step), torch.isnan(full))
     torch.testing.assert_close(step[1], full[1], rtol=0, atol=1e-5)
+
+
+def test_a_nan_query_is_reported_and_leaves_the_cache_flag_clean():
+    """The cache's check reads a step's queries with its new rows (one host read on CPU:
+    ``AttentionMask.checked_queries``); a NaN in the queries alone makes that head NaN, as the
+    full forward does, and does not mark the cache: the next finite step is finite again."""
+    _, ours = _pair(_llama(num_hidden_layers=1, attention_bias=True))
+    heads = []
+    ours.model.layers[0].self_attn.o_proj.register_forward_pre_hook(lambda m, a: heads.append(a[0].detach()))
+    bias = ours.model.layers[0].self_attn.q_proj.bias
+    with torch.no_grad():
+        cache = DynamicCache(config=ours.config)
+        ours(TOKENS[:, :8], cache=cache, use_cache=True)
+        kept = bias.clone()
+        bias[:8] = float("nan")  # (query head 0 of 4, head_dim 8)
+        ours(TOKENS[:, 8:9], cache=cache, use_cache=True)
+        step = heads[-1].view(2, 1, 4, 8)
+        assert cache.layers[0].__dict__["posenc_nonfinite"] == "finite"  # (the rows written are finite)
+        ours(TOKENS[:, :9])
+        full = heads[-1][:, 8:9].view(2, 1, 4, 8)
+        bias.copy_(kept)
+        after = ours(TOKENS[:, 9:10], cache=cache, use_cache=True).logits
+    assert torch.isnan(step[:, :, 0]).all() and torch.isfinite(step[:, :, 1:]).all()
+    assert torch.equal(torch.isnan(step), torch.isnan(full))
+    torch.testing.assert_close(step[:, :, 1:], full[:, :, 1:], rtol=0, atol=1e-5)
+    assert torch.isfinite(after).all()
+
+
+def test_checked_queries_and_keys_leave_nothing_to_read():
+    """``propagate_nonfinite`` returns the output itself when the cache checked every key and the
+    queries (a NaN in them is then the cache's to report); with the queries unchecked it reads them."""
+    from posenc.kernels.flash import propagate_nonfinite
+    from posenc.mask import AttentionMask
+
+    q, k, v, out = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 1, 4)
+    q[0, 1] = float("nan")
+    assert propagate_nonfinite(out, q, k, v, 5, True) is out
+    got = propagate_nonfinite(out, q, k, v, 5, False)
+    assert torch.isnan(got[0, 1]).all() and torch.equal(got[0, 0], out[0, 0])
+    mask = AttentionMask(causal=True, offset=4, checked_keys=5, checked_queries=True)
+    assert mask.narrow(0, 1, 5).checked_queries and mask.narrow(0, 1, 5).checked_keys == 4
+    with pytest.raises(ValueError, match="checked_queries must be a bool"):
+        AttentionMask(checked_queries=1)
 
 
 def test_sink_window_stream_follows_its_evictions():

@@ -78,6 +78,8 @@ class AttentionMask:
             when a cache wrote them, and the caller adds what that check found to the output
             (:mod:`posenc.hf.keys`); the backends' non-finite rule
             (:func:`posenc.kernels.flash.propagate_nonfinite`) reads only the later ones. 0: all.
+        checked_queries: the same cache's check read the queries too (one host read for the
+            call's new rows): with every key checked, the backends read nothing.
 
     A query row that sees no key at all (a fully padded row) gets a zero output on every
     backend; :attr:`may_hide_rows` says when that can happen.
@@ -94,6 +96,7 @@ class AttentionMask:
     query_documents: Tensor | None = None
     checked_keys: int = 0
     selected: Tensor | None = None
+    checked_queries: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.offset, int) or self.offset < 0:
@@ -106,6 +109,8 @@ class AttentionMask:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        if not isinstance(self.checked_queries, bool):
+            raise ValueError(f"checked_queries must be a bool, got {self.checked_queries!r}")
         kpm = self.key_padding
         if kpm is not None and (not isinstance(kpm, Tensor) or kpm.dtype != torch.bool or kpm.dim() != 2):
             raise ValueError(

@@ -206,7 +206,7 @@ def sdpa(
 
     c = (options or BlockOptions()).dense_chunk if mask.limited else q.shape[2]
     return propagate_nonfinite(
-        _in_query_blocks(block, c, False, q, k, v, q_pos, k_pos, mask), q, k, v, mask.checked_keys
+        _in_query_blocks(block, c, False, q, k, v, q_pos, k_pos, mask), q, k, v, mask.checked_keys, mask.checked_queries
     )
 
 
@@ -237,7 +237,7 @@ def dense(
     learned_bias = _needs_grad(q, k, v) and any(p.requires_grad for p in enc.parameters())
     recompute = learned_bias and saved_score_bytes(q, k, mask) > o.checkpoint_bytes
     out = _in_query_blocks(block, min(o.chunk_size, o.dense_chunk), recompute, q, k, v, q_pos, k_pos, mask, ctx=ctx)
-    return propagate_nonfinite(out, q, k, v, mask.checked_keys)
+    return propagate_nonfinite(out, q, k, v, mask.checked_keys, mask.checked_queries)
 
 
 # ``chunked`` blocks: at most CHUNKED_ROWS query rows and CHUNKED_SCORES scores per head
@@ -272,7 +272,7 @@ def chunked(
 
     rows = min(o.chunk_size, CHUNKED_ROWS)
     out = _in_query_blocks(block, rows, recompute, q, k, v, q_pos, k_pos, mask, scores=CHUNKED_SCORES, ctx=ctx)
-    return propagate_nonfinite(out, q, k, v, mask.checked_keys)
+    return propagate_nonfinite(out, q, k, v, mask.checked_keys, mask.checked_queries)
 
 
 def eager(
@@ -280,7 +280,7 @@ def eager(
 ) -> Tensor:
     """The oracle: every term materialised at once, float32 throughout."""
     out = materialized(enc, q.float(), k.float(), v.float(), q_pos, k_pos, mask, qk_proj, sinks, ctx, dropout=dropout)
-    return propagate_nonfinite(out, q, k, v, mask.checked_keys).to(q.dtype)
+    return propagate_nonfinite(out, q, k, v, mask.checked_keys, mask.checked_queries).to(q.dtype)
 
 
 def blockwise(
@@ -310,7 +310,9 @@ def blockwise(
             keep_bytes=o.checkpoint_bytes,
         )
         if out is not None:
-            return propagate_nonfinite(out, q, k, v, mask.checked_keys)  # the fused calls would hide a NaN row
+            return propagate_nonfinite(
+                out, q, k, v, mask.checked_keys, mask.checked_queries
+            )  # the fused calls would hide a NaN row
     general = dense if "dense" in supported_backends(enc) else chunked
     kw = {"ctx": ctx, "qk_proj": qk_proj, "options": options, "sinks": sinks, "dropout": dropout}
     return general(enc, q, k, v, q_pos, k_pos, mask, **kw)
@@ -326,7 +328,7 @@ def maps(
     if sinks is None and not dropout and not _needs_grad(q, k, v):
         out = score_map_attention(enc, q, k, v, q_pos, k_pos, mask)
         if out is not None:
-            return propagate_nonfinite(out, q, k, v, mask.checked_keys)
+            return propagate_nonfinite(out, q, k, v, mask.checked_keys, mask.checked_queries)
     k, v = expand_kv(k, v, q.shape[1])
     kw = {"ctx": ctx, "qk_proj": qk_proj, "options": options, "sinks": sinks, "dropout": dropout}
     return chunked(enc, q, k, v, q_pos, k_pos, mask, **kw)

@@ -123,4 +123,4 @@ def flex(
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         run = _flex_attention(q.device.type)
         out = run(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=enc.scale)
-    return propagate_nonfinite(out, q, k, v, mask.checked_keys)
+    return propagate_nonfinite(out, q, k, v, mask.checked_keys, mask.checked_queries)

@@ -205,6 +205,7 @@ def attention_forward(
         c = rows.cached
         new = (key[:, :, c:], value[:, :, c:])
         query, key, value, q_pos, k_pos, ctx = encode(enc, query, *new, ctx, cache=rows, norms=rec.qk_norms)
+        rows.check(query)  # (the rows written and the queries, in one host read on CPU)
     else:
         query, key, value, q_pos, k_pos, ctx = encode(enc, query, key, value, ctx, norms=rec.qk_norms)
     windows = [w for w in (mask.window, rec.window) if w is not None]
@@ -224,6 +225,7 @@ def attention_forward(
         chunk=rec.chunk,
         key_start=mask.kv_offset,
         checked_keys=0 if rows is None else rows.checked_keys,  # (their check is on the cache)
+        checked_queries=rows is not None and rows.checked_queries,
         selected=_selected(kwargs.get("indices"), B, Lq, Lk),
     )
     # the layer's own attend step; HF passes the attention dropout in training and 0 otherwise

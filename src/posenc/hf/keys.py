@@ -118,18 +118,25 @@ class RotatedRows(CachePolicy):
         # tensor posenc wrote (None: nothing cached, or HF moved the rows since: all are checked again)
         self.checked = layer.__dict__.get(FLAG) if cached and intact else None
 
-        self.found: Tensor | str | None = None  # and after update: what every row the layer holds held
+        self.found: Tensor | str | None = None  # and after check: what every row the layer holds held
+        self.queries_finite = False  # check read the queries with the rows, and all were finite
+        self.written: Tensor | None = None
 
     @property
     def checked_keys(self) -> int:
         """Key rows the backends need not check (``AttentionMask.checked_keys``): all, once
-        :meth:`update` checked the rows it wrote (and, with the layer's tensor moved, every row)."""
+        :meth:`check` read the rows :meth:`update` wrote (and, with the layer's tensor moved, every row)."""
         return self.key.shape[2] if self.found is not None else 0
+
+    @property
+    def checked_queries(self) -> bool:
+        """:meth:`check` read the queries too, and found them finite (``AttentionMask.checked_queries``)."""
+        return self.queries_finite
 
     def mark_nonfinite(self, out: Tensor) -> Tensor:
         """``out`` ``(B, H, Lq, Dh)`` with NaN in the heads whose key head's rows (every row the layer
         holds) held a NaN or an inf, ``+ 0`` elsewhere (bit for bit): what the backends, which read
-        only the new rows, leave out; ``out`` as it is before :meth:`update`."""
+        only the new rows, leave out; ``out`` as it is before :meth:`check`."""
         flag = self.found
         if flag is None or flag is CLEAN:
             return out
@@ -139,21 +146,35 @@ class RotatedRows(CachePolicy):
         return out + flag if Hk == H else (out.view(B, Hk, H // Hk, Lq, Dh) + flag[:, :, None]).view(B, H, Lq, Dh)
 
     def update(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Write the new rotated keys ``k`` over the raw ones; returns every key, value and position."""
+        """Write the new rotated keys ``k`` over the raw ones; returns every key, value and position.
+        The layer's check flag is dropped until :meth:`check` reads the rows written."""
         c, key = self.cached, self.key
         if torch.is_grad_enabled() and (key.requires_grad or k.requires_grad):
             # (autograd: a new tensor; the layer keeps its last rows, as HF's update kept them)
             kept = self.layer.keys.shape[2]
             key = torch.cat((key[:, :, :c], k.to(key.dtype)), 2)
+            self.key = key
             self.layer.keys = key[:, :, key.shape[2] - kept :]
         else:
             key[:, :, c:] = k
-        # the check of the rows not checked before, kept for the calls to come
+        self.written = k if k.dtype == key.dtype else None  # (the rows just written, in the cache's dtype)
+        self.layer.__dict__.pop(FLAG, None)  # (a call that stops before check leaves every row to be checked)
+        self.layer.__dict__[WROTE] = weakref.ref(self.layer.keys)
+        self.layer.__dict__[MARK] = self.enc
+        return key, self.value, self.k_pos
+
+    def check(self, q: Tensor) -> None:
+        """Check the rows not checked before (the new ones, or every row) for NaN and infinities,
+        with the queries ``q`` after the q/k stage in the same host read when the rows checked before
+        were finite (:func:`known_finite`); keep what was found on the layer for the calls to come."""
+        c = self.cached
         start = c if self.checked is not None else 0
-        k_new = k if start == c and k.dtype == key.dtype else key[:, :, start:]  # (the rows just written)
+        k_new = self.written if start == c and self.written is not None else self.key[:, :, start:]
         v_new = self.value[:, :, start:]
-        if (self.checked is None or self.checked is CLEAN) and known_finite(k_new, v_new):
-            found = CLEAN  # (CPU: every row finite, nothing to add to any output)
+        if (self.checked is None or self.checked is CLEAN) and known_finite(q, k_new, v_new):
+            found, self.queries_finite = CLEAN, True  # (CPU: every row finite, nothing to add to any output)
+        elif (self.checked is None or self.checked is CLEAN) and known_finite(k_new, v_new):
+            found = CLEAN  # (a non-finite query: the backends' own rule reads it)
         else:
             with torch.no_grad():
                 found = k_new.sum((2, 3), keepdim=True, dtype=torch.float32)
@@ -162,10 +183,7 @@ class RotatedRows(CachePolicy):
                 if isinstance(self.checked, Tensor):
                     found += self.checked
         self.found = found
-        self.layer.__dict__[FLAG] = self.found
-        self.layer.__dict__[WROTE] = weakref.ref(self.layer.keys)
-        self.layer.__dict__[MARK] = self.enc
-        return key, self.value, self.k_pos
+        self.layer.__dict__[FLAG] = found
 
     def update_state(self, state: dict) -> dict:
         return state

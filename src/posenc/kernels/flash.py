@@ -162,7 +162,9 @@ def known_finite(*tensors: Tensor) -> bool:
     return math.isfinite(total)
 
 
-def propagate_nonfinite(out: Tensor, q: Tensor, k: Tensor, v: Tensor, checked: int = 0) -> Tensor:
+def propagate_nonfinite(
+    out: Tensor, q: Tensor, k: Tensor, v: Tensor, checked: int = 0, queries_checked: bool = False
+) -> Tensor:
     """``out`` ``(B, H, Lq, Dh)`` with NaN in every (batch row, head) whose ``q``, ``k`` or ``v`` holds a
     NaN or an infinity (``k``/``v`` may have ``H/g`` heads: grouped, query head ``h`` reads key
     head ``h // g``), unchanged elsewhere (bit for bit: ``x + 0``): every backend's rule
@@ -175,9 +177,13 @@ def propagate_nonfinite(out: Tensor, q: Tensor, k: Tensor, v: Tensor, checked: i
     CPU, where reading the sums back costs no sync, a call whose input is all finite returns
     ``out`` itself after the three sums (:func:`known_finite`).
     ``checked``: key rows a cache checked when it wrote them (``AttentionMask.checked_keys``),
-    left out of the reductions (a decoding step then reads only its new keys).
+    left out of the reductions (a decoding step then reads only its new keys);
+    ``queries_checked``: that check read ``q`` too (``AttentionMask.checked_queries``): with every
+    key checked, nothing is left to read.
     """
     every = checked >= k.shape[2]  # (a decoding step whose keys the cache checked: the query alone)
+    if every and queries_checked:
+        return out
     if checked and not every:
         k, v = k[:, :, checked:], v[:, :, checked:]
     if known_finite(q) if every else known_finite(q, k, v):  # (CPU: one sum per tensor, nothing added)
