@@ -65,3 +65,20 @@ def test_bench_hf_model_flags(tmp_path, capsys, checkpoint):
     assert "no config.json there" in capsys.readouterr().err
     assert main([*base, "--hf-model", str(checkpoint), "--hf-methods", "rope,nosuch"]) == 2
     assert "--hf-methods" in (err := capsys.readouterr().err) and "nosuch" in err
+
+
+def test_the_model_that_runs_first_alternates(checkpoint, monkeypatch):
+    """The second model of a round runs slower: each round swaps the order (stock first in even rounds)."""
+    from posenc.bench import hf_model
+
+    order = []
+
+    def fake_time(model, tokens, steps, clock):
+        order.append("posenc" if model.config._attn_implementation == "posenc" else "stock")
+        return 1.0, 1.0
+
+    monkeypatch.setattr(hf_model, "_time", fake_time)
+    cfg = hf_model.HFModelConfig(str(checkpoint), methods=("rope",), lengths=(8,), steps=1, rounds=4)
+    rows = hf_model.run_hf_model(cfg)
+    assert order == ["stock", "posenc", "posenc", "stock"] * 2
+    assert [r["ratio"] for r in rows] == [1.0, 1.0]

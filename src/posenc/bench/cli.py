@@ -159,7 +159,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"methods of --hf-model ({', '.join(HF_METHODS)}; default rope,yarn)")  # fmt: skip
     p.add_argument("--hf-lengths", type=LENGTHS.parse, default=[2048, 8192], help="prompt tokens of --hf-model")
     p.add_argument("--hf-steps", type=Int(1, 10_000).parse, default=8, help="tokens decoded per --hf-model round")
-    p.add_argument("--hf-rounds", type=Int(1, 1000).parse, default=2, help="interleaved rounds of --hf-model")
+    p.add_argument(
+        "--hf-rounds",
+        type=Int(1, 1000).parse,
+        default=2,
+        help="interleaved rounds of --hf-model (which model runs first alternates)",
+    )
     p.add_argument(
         "--extension",
         action="store_true",
