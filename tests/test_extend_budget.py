@@ -189,6 +189,29 @@ def test_the_estimate_pays_the_attention_of_a_long_context():
     assert rates({"tokens": 100, "seconds": 0.5, "long_tokens": 400, "long_seconds": 1.0}) == (0.005, 0.0)
 
 
+def test_a_warm_up_that_fits_no_context_term_gets_the_attentions_flops():
+    """A busy machine can time the longer warm-up forward no slower per token: the fit then has no
+    cost of context, and a 16k window would be priced at a 512-token one's rate. The context term is
+    at least the attention's FLOPs at the weights' rate (4·Σ H·Dh over 2·P), the short forward's time kept."""
+    from types import SimpleNamespace
+
+    from posenc.extend.plan import context_share, rates
+
+    model = torch.nn.Linear(100, 50)  # 5 050 parameters
+    subject = SimpleNamespace(model=model, encodings=[SimpleNamespace(heads=3, head_dim=8)] * 2)
+    share = context_share(subject)
+    assert share == pytest.approx(4 * (2 * 3 * 8) / (2 * 5050))
+    warm = {"tokens": 100, "seconds": 0.5, "long_tokens": 400, "long_seconds": 1.0, "context_share": share}
+    a, b = rates(warm)
+    assert b == pytest.approx(a * share) and b > 0
+    assert a * 100 + b * 100**2 / 2 == pytest.approx(0.5)  # (the short forward as timed)
+    # a fit above the floor is kept as it is
+    a0, b0 = 2e-3, 1e-6
+    T = lambda n: a0 * n + b0 * n * n / 2  # noqa: E731
+    fit = {"tokens": 512, "seconds": T(512), "long_tokens": 2048, "long_seconds": T(2048), "context_share": 1e-5}
+    assert rates(fit) == pytest.approx((a0, b0), rel=1e-9)
+
+
 def test_two_map_methods_cost_one_map_on_cpu_and_theirs_elsewhere():
     """The estimate counts ReRoPE's two maps and DCA's three where ``chunked`` runs them (off the
     CPU), and about one map on CPU, where ``auto`` runs the ``maps`` backend (each over its own keys)."""

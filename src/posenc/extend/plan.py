@@ -30,7 +30,7 @@ from .evaluate import token_scores
 from .methods import applies, method_options
 from .passkey import DEPTHS, passkey_ids
 
-__all__ = ["plan", "sliding_tokens", "describe_plan", "task_prompts", "decode_warm_up"]
+__all__ = ["context_share", "plan", "sliding_tokens", "describe_plan", "task_prompts", "decode_warm_up"]
 
 _SCORE_MAPS = {"rerope": 2, "leaky-rerope": 2, "self-extend": 2, "dca": 3}  # q·k maps per layer (else 1)
 
@@ -142,7 +142,7 @@ def warm_up(subject, text: torch.Tensor, chunk: int) -> dict[str, float]:
     :func:`estimate` fits its cost per token and per token of context to."""
     n = max(2, min(chunk, 512, subject.train_len, len(text)))
     token_scores(subject.kind, subject.model, text[: min(8, n)], chunk=chunk)  # untimed: lazy set-up
-    out = {}
+    out = {"context_share": context_share(subject)}
     for key, size in (("", n), ("long_", min(4 * n, subject.train_len, len(text)))):
         if key and size <= n:
             break
@@ -169,16 +169,36 @@ def decode_warm_up(subject, text: torch.Tensor, chunk: int, steps: int = 16) -> 
     return {"decode_steps": steps, "step_seconds": max(0.0, (t2 - t1) - (t1 - t0)) / steps}
 
 
+def context_share(subject) -> float:
+    """The attention's FLOPs per token of context over the weights' FLOPs per token: ``4·Σ H·Dh``
+    over the layers (``q·k`` and ``p·v``, a multiply and an add each) over ``2·P`` (every parameter
+    once, a multiply and an add; the embedding counts as the output projection it is tied to, or
+    over-counts, which lowers the share): the least the context can cost at the weights' rate."""
+    params = sum(p.numel() for p in subject.model.parameters())
+    heads = sum(e.heads * e.head_dim for e in subject.encodings)
+    return 4 * heads / (2 * params) if params else 0.0
+
+
 def rates(warm: dict[str, float]) -> tuple[float, float]:
     """``(a, b)`` of a forward over ``n`` tokens taking ``a·n + b·n²/2`` seconds: ``a`` what a token
     costs (the weights), ``b`` what each token of context adds to it (attention), from the two
-    warm-up forwards (``b = 0`` with one, or when the longer one is not slower per token)."""
+    warm-up forwards (``b = 0`` with one, or when the longer one is not slower per token).
+
+    ``b`` is at least ``a`` times ``warm["context_share"]`` (:func:`context_share`: the attention's
+    FLOPs at the weights' rate), with ``a`` set so the short forward still takes what it took: a
+    warm-up on a busy machine, where the longer forward happened to run faster per token, fits no
+    context term and would price a long window at the short one's rate."""
     n1, t1 = warm["tokens"], warm["seconds"]
     n2, t2 = warm.get("long_tokens"), warm.get("long_seconds")
     b = 0.0
     if n2 and n2 > n1:
         b = max(0.0, 2 * (t2 - t1 * n2 / n1) / (n2 * n2 - n1 * n2))
-    return max(t1 / n1 - b * n1 / 2, 0.0), b
+    a = max(t1 / n1 - b * n1 / 2, 0.0)
+    share = warm.get("context_share", 0.0)
+    if b < a * share:  # (a·n1 + b·n1²/2 = t1 with b = a·share)
+        a = t1 / n1 / (1 + share * n1 / 2)
+        b = a * share
+    return a, b
 
 
 def estimate(p: dict[str, Any], warm: dict[str, float]) -> dict[str, Any]:
@@ -234,8 +254,14 @@ def describe_plan(p: dict[str, Any]) -> list[str]:
     if p.get("task_tokens"):
         gen = (f", {p['task_tokens']} RULER tokens (prompts and generation budgets; "
                f"decode step {1000 * w.get('step_seconds', 0.0):.2f} ms + the context's attention)")  # fmt: skip
+    share = w.get("context_share", 0.0)
+    floor = (
+        " (the attention's FLOPs at the weights' rate: the warm-up timed less)"
+        if share and b <= a * share * (1 + 1e-9)
+        else ""
+    )
     out.append(f"plan: {p['tokens_read']} tokens read in all{gen}; warm-up {timed}: {1000 * a:.3f} ms per token "
-               f"+ {1e6 * b:.3f} µs per token of context; estimate {_duration(p['estimate_s'])}")  # fmt: skip
+               f"+ {1e6 * b:.3f} µs per token of context{floor}; estimate {_duration(p['estimate_s'])}")  # fmt: skip
     return out
 
 
