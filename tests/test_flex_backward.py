@@ -7,9 +7,15 @@ the ``score_mod`` before lowering. Seen on an H200 (torch 2.11) for FIRE (causal
 bidirectional) and FoX (bidirectional), whose training on CUDA with ``backend="auto"`` failed
 at the first backward.
 
+Its lowering also needs each captured tensor's gradient as a buffer it can add into, which
+only an indexed capture has (``zeros_and_scatter``): an unindexed captured scalar with a
+gradient stops it at ``assert buf.name is not None`` (pytorch#145208; FIRE on the H200 with
+torch 2.11, after the first fix; torch 2.13's lowering is the same).
+
 Here every encoding with a ``score_mod`` runs posenc's ``flex`` backend with gradients through
 ``torch.compile`` on the CPU with an AOTAutograd backend whose backward compiler hands each
-joint graph to that same inductor function; nothing is executed past that check.
+joint graph to that same inductor function and then reads where each captured gradient comes
+from; nothing is executed past that check.
 """
 
 from __future__ import annotations
@@ -25,6 +31,19 @@ SCALAR = score_mod_modes()
 
 class _Checked(Exception):
     """Raised by the backward compiler once the joint graphs are checked (stops the step)."""
+
+
+def _captured_grads_scattered(graph) -> str:
+    """Returns "ok" when each captured tensor's gradient in the joint graph is a scatter (it was
+    indexed in the ``score_mod``), else which are not: the backward lowering accumulates a captured
+    gradient into a buffer that only ``zeros_and_scatter`` makes; an unindexed captured scalar with
+    a gradient stops it with ``assert buf.name is not None`` (pytorch#145208, in torch 2.11 and
+    2.13; FIRE on an H200 with torch 2.11). The joint graph's outputs: the score's gradient, then
+    one per captured tensor (None without a gradient)."""
+    out = next(n for n in graph.nodes if n.op == "output").args[0]
+    scatter = torch.ops.flex_lib.zeros_and_scatter.default
+    bad = [str(o.target) for o in out[1:] if o is not None and o.target is not scatter]
+    return "ok" if not bad else f"{len(bad)} captured gradients are no scatter: {sorted(set(bad))}"
 
 
 def joint_graph_verdicts(name: str, causal: bool, monkeypatch) -> list[str]:
@@ -46,7 +65,7 @@ def joint_graph_verdicts(name: str, causal: bool, monkeypatch) -> list[str]:
                     graph.eliminate_dead_code()  # as inductor does before its check
                     try:
                         validate_joint_graph(graph)
-                        verdicts.append("ok")
+                        verdicts.append(_captured_grads_scattered(graph))
                     except NotImplementedError as e:
                         verdicts.append(str(e).splitlines()[0])
         raise _Checked

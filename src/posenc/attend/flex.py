@@ -122,5 +122,48 @@ def flex(
         # off CUDA the unfused reference runs on purpose (FlexAttention has no CPU backward)
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         run = _flex_attention(q.device.type)
-        out = run(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=enc.scale)
+        key = (type(enc), q.dtype, q.shape[-1], v.shape[-1], q.device)
+        out = _fitted_call(run, key, q, k, v, score_mod=score_mod, block_mask=block_mask, scale=enc.scale)
     return propagate_nonfinite(out, q, k, v, mask.checked_keys, mask.checked_queries)
+
+
+# Kernel options tried, in order, when the compiled kernel does not fit the GPU's shared memory
+# (inductor: "out of resource ... Reducing block sizes or `num_stages` may help"). Inkling's
+# score_mod (a per-row table gathered at q - k) at 64-channel bfloat16 heads asked for 244 KiB on
+# an H200 (227 KiB there); num_stages 2 and 1 compiled, forward and backward
+# (benchmarks/flex_options_probe.py; benchmarks/RESULTS-cuda.md).
+FLEX_SMALLER_OPTIONS = ({"num_stages": 2}, {"num_stages": 1})
+_fitted: dict = {}  # (encoding class, dtype, q/k and value widths, device) -> the options that compiled
+
+
+def _out_of_resource(err: Exception) -> bool:
+    return "out of resource" in str(err)
+
+
+def _fitted_call(run, key, q, k, v, **kwargs):
+    """``run(q, k, v, **kwargs)``; when its compile runs out of shared memory, again with each of
+    :data:`FLEX_SMALLER_OPTIONS` as ``kernel_options`` until one compiles (remembered per ``key``,
+    with one warning naming it). Any other error, or the last option's, is raised."""
+    if (options := _fitted.get(key)) is not None:
+        return run(q, k, v, kernel_options=options, **kwargs)
+    try:
+        return run(q, k, v, **kwargs)
+    except Exception as err:  # noqa: BLE001 (inductor's errors have no common public type)
+        if not _out_of_resource(err):
+            raise
+        first = err
+    for options in FLEX_SMALLER_OPTIONS:
+        try:
+            out = run(q, k, v, kernel_options=options, **kwargs)
+        except Exception as err:  # noqa: BLE001
+            if not _out_of_resource(err):
+                raise
+            continue
+        _fitted[key] = options
+        warnings.warn(
+            f"FlexAttention's kernel for {key[0].__name__} ({key[1]}, {key[2]}-channel heads) did not fit the GPU's "
+            f"shared memory with inductor's defaults; it runs with kernel_options={options}",
+            stacklevel=4,
+        )
+        return out
+    raise first

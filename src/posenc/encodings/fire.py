@@ -157,23 +157,32 @@ class FIRE(PositionEncoding):
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         """The MLP evaluated inside the closure, unrolled over its hidden units (pointwise only).
 
-        Each weight the closure reads is its own tensor, indexed at most once (the hidden unit's
-        scalars, one column of head weights per unit): FlexAttention's compiled CUDA backward
-        refuses a ``score_mod`` that indexes one tensor with gradients twice."""
-        c = self.c.float()
-        threshold = (self.L_multiplier.float() * self.init_L.float()).abs()
-        w1, b1 = self.mlp[0].weight.float()[:, 0].unbind(), self.mlp[0].bias.float().unbind()
+        Each weight the closure reads is a tensor of its own, indexed by the head exactly once
+        (the scalars spread over the heads, one column of head weights per hidden unit):
+        FlexAttention's compiled CUDA backward refuses a ``score_mod`` that indexes one tensor
+        with gradients twice, and cannot add the gradient of an unindexed captured scalar
+        (pytorch#145208, torch 2.11 and 2.13)."""
+        heads = self.heads
+
+        def per_head(x: Tensor) -> Tensor:  # a scalar as an (H,) tensor the closure indexes at h
+            return x.float().expand(heads).contiguous()
+
+        c = per_head(self.c)
+        threshold = per_head((self.L_multiplier.float() * self.init_L.float()).abs())
+        w1 = [per_head(w) for w in self.mlp[0].weight[:, 0].unbind()]
+        b1 = [per_head(b) for b in self.mlp[0].bias.unbind()]
         w2, b2 = self.mlp[2].weight.float().unbind(1), self.mlp[2].bias.float()
         eps = self.eps
 
         def mod(score, b, h, q_idx, kv_idx):
             i = q_pos[b, q_idx].to(torch.float32)
             rel = k_pos[b, kv_idx].to(torch.float32) - i
-            norm = torch.maximum(i, threshold)
-            u = torch.log((c * rel).abs() + 1) / (torch.log((c * norm).abs() + 1) + eps)
+            c_h = c[h]
+            norm = torch.maximum(i, threshold[h])
+            u = torch.log((c_h * rel).abs() + 1) / (torch.log((c_h * norm).abs() + 1) + eps)
             out = b2[h]
             for w1_m, b1_m, w2_m in zip(w1, b1, w2):
-                out = out + torch.relu(u * w1_m + b1_m) * w2_m[h]
+                out = out + torch.relu(u * w1_m[h] + b1_m[h]) * w2_m[h]
             return score + out
 
         return mod
