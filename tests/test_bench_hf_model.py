@@ -31,7 +31,7 @@ def test_bench_hf_model_rows(tmp_path, checkpoint, one_thread):
     out, md = tmp_path / "out", tmp_path / "R.md"
     argv = ["bench", "--encodings", "rope", "--lengths", "16", "--warmup", "0", "--repeats", "1", "--no-throughput"]
     argv += ["--no-references", "--no-memory", "--hf-model", str(checkpoint), "--hf-methods", "rope,yarn,ntk"]
-    argv += ["--hf-lengths", "24,40", "--hf-steps", "3", "--hf-rounds", "1", "--device", "cpu"]
+    argv += ["--hf-lengths", "24,40", "--hf-steps", "3", "--hf-rounds", "3", "--device", "cpu"]
     argv += ["--out", str(out), "--markdown", str(md), "--quiet"]
     assert main(argv) == 0
     rows = json.loads((out / "hf_model.json").read_text())["rows"]
@@ -39,6 +39,10 @@ def test_bench_hf_model_rows(tmp_path, checkpoint, one_thread):
     assert got == [(m, n, p) for m in ("rope", "yarn", "ntk") for n in (24, 40) for p in ("prefill", "decode")]
     for r in rows:
         assert r["status"] == "ok" and r["stock_ms"] > 0 and r["posenc_ms"] > 0 and r["ratio"] > 0
+        s, p = r["stock_rounds_ms"], r["posenc_rounds_ms"]  # each round's times: the medians' and the ratio's data
+        assert len(s) == len(p) == 3 and sorted(s)[1] == r["stock_ms"] and sorted(p)[1] == r["posenc_ms"]
+        assert abs(sorted(b / a for a, b in zip(s, p))[1] - r["ratio"]) < 2e-3
+    assert "stock_rounds_ms" in (out / "hf_model.csv").read_text().splitlines()[0]
     assert "A real checkpoint: posenc.hf.convert against stock HF" in md.read_text()
 
 

@@ -133,18 +133,21 @@ def run_hf_model(cfg: HFModelConfig, progress: Callable[[str], None] | None = No
                 s = [r[i] for r in got["stock"]]
                 p = [r[i] for r in got["posenc"]]
                 ratio = statistics.median(b / a for a, b in zip(s, p) if a > 0)
-                rows.append(_row(cfg, method, n, phase, statistics.median(s), statistics.median(p), ratio))
+                rows.append(_row(cfg, method, n, phase, statistics.median(s), statistics.median(p), ratio, (s, p)))
         del stock, ours
     return rows
 
 
-def _row(cfg, method, n, phase, stock=None, ours=None, ratio=None, status="ok") -> dict:
+def _row(cfg, method, n, phase, stock=None, ours=None, ratio=None, rounds=((), ()), status="ok") -> dict:
+    """One table row; ``rounds``: each round's stock and posenc seconds (the medians' and ratio's data)."""
+
     def ms(t):
         return None if t is None else round(t * 1000, 3)
 
     keep = {k: v for k, v in asdict(cfg).items() if k not in ("methods", "lengths")}
     return {**keep, "method": method, "tokens": n, "phase": phase, "stock_ms": ms(stock), "posenc_ms": ms(ours),
-            "ratio": None if ratio is None or math.isnan(ratio) else round(ratio, 3), "status": status}  # fmt: skip
+            "ratio": None if ratio is None or math.isnan(ratio) else round(ratio, 3), "status": status,
+            "stock_rounds_ms": [ms(t) for t in rounds[0]], "posenc_rounds_ms": [ms(t) for t in rounds[1]]}  # fmt: skip
 
 
 def hf_model_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
