@@ -143,27 +143,24 @@ def _out_of_resource(err: Exception) -> bool:
 def _fitted_call(run, key, q, k, v, **kwargs):
     """``run(q, k, v, **kwargs)``; when its compile runs out of shared memory, again with each of
     :data:`FLEX_SMALLER_OPTIONS` as ``kernel_options`` until one compiles (remembered per ``key``,
-    with one warning naming it). Any other error, or the last option's, is raised."""
+    with one warning naming it). Any other error, or the first refusal when none fits, is raised."""
     if (options := _fitted.get(key)) is not None:
         return run(q, k, v, kernel_options=options, **kwargs)
-    try:
-        return run(q, k, v, **kwargs)
-    except Exception as err:  # noqa: BLE001 (inductor's errors have no common public type)
-        if not _out_of_resource(err):
-            raise
-        first = err
-    for options in FLEX_SMALLER_OPTIONS:
+    refused = None
+    for options in (None, *FLEX_SMALLER_OPTIONS):
         try:
-            out = run(q, k, v, kernel_options=options, **kwargs)
-        except Exception as err:  # noqa: BLE001
+            out = run(q, k, v, **kwargs) if options is None else run(q, k, v, kernel_options=options, **kwargs)
+        except Exception as err:  # noqa: BLE001 (inductor's errors have no common public type)
             if not _out_of_resource(err):
                 raise
+            refused = refused or err
             continue
-        _fitted[key] = options
-        warnings.warn(
-            f"FlexAttention's kernel for {key[0].__name__} ({key[1]}, {key[2]}-channel heads) did not fit the GPU's "
-            f"shared memory with inductor's defaults; it runs with kernel_options={options}",
-            stacklevel=4,
-        )
+        if options is not None:
+            _fitted[key] = options
+            warnings.warn(
+                f"FlexAttention's kernel for {key[0].__name__} ({key[1]}, {key[2]}-channel heads) did not fit the "
+                f"GPU's shared memory with inductor's defaults; it runs with kernel_options={options}",
+                stacklevel=4,
+            )
         return out
-    raise first
+    raise refused
